@@ -1,0 +1,212 @@
+"""Every option heygem has, as nested dataclasses loaded from configs/*.yaml.
+
+Each leaf field carries its command-line flag and a one-line help text in its
+metadata; the CLI, the web app and the REST API all build on these, so an
+option is described once. Unknown keys in a YAML file or an options dict are
+an error, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from heygem.errors import HeygemError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "default.yaml"
+
+
+def option(default: Any, flag: str, help: str, choices: tuple | None = None):
+    """A config field with its CLI flag and help text."""
+    metadata = {"flag": flag, "help": help, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class MediaConfig:
+    output_height: int | None = option(
+        None, "--output-height", "scale the output to this height in pixels (width follows, kept even); empty keeps the input's size")
+    fps: float = option(25.0, "--fps", "output frame rate when the face is a still image (videos keep their own rate)")
+    crf: int = option(18, "--crf", "x264 quality: lower is better and larger, 18 looks lossless")
+    preset: str = option("veryfast", "--preset", "x264 speed preset", (
+        "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"))
+    audio_bitrate: str = option("192k", "--audio-bitrate", "AAC bitrate when the audio has to be re-encoded")
+    batch_frames: int = option(32, "--batch-frames", "frames per batch through the stages; memory is bounded by this, not by the video's length")
+
+
+@dataclass
+class FaceConfig:
+    pads: list[int] = option(
+        [0, 10, 0, 0], "--pads", "extra pixels around the detected face box: top bottom left right (Wav2Lip's convention)")
+    smooth_window: int = option(5, "--smooth-window", "frames over which face boxes are averaged (1 switches smoothing off)")
+    box: list[int] | None = option(
+        None, "--box", "a fixed face box x1 y1 x2 y2 used on every frame instead of detection's box")
+    face_index: int | None = option(
+        None, "--face-index", "which face to animate when there are several, counted left to right from 0; empty picks the largest")
+    redetect_every: int = option(
+        10, "--redetect-every", "run full face detection every N frames and track landmarks in between")
+    min_confidence: float = option(0.5, "--min-face-confidence", "faces found with less confidence than this are ignored")
+
+
+@dataclass
+class EngineConfig:
+    name: str = option("auto", "--engine", "lip-sync engine: auto uses wav2lip when its weights are in weights/, otherwise the built-in landmark engine",
+                       ("auto", "wav2lip", "landmark"))
+    checkpoint: str | None = option(
+        None, "--checkpoint", "a Wav2Lip or Wav2Lip-GAN checkpoint (.pth); default: the first one found in weights/")
+    device: str = option("auto", "--device", "where the networks run: auto, cpu, cuda or cuda:N")
+    batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip forward pass")
+    mouth_strength: float = option(1.0, "--mouth-strength", "landmark engine: how wide the mouth opens, 1.0 is natural")
+
+
+@dataclass
+class RestoreConfig:
+    enabled: bool = option(True, "--restore", "sharpen the generated mouth region after the generator (use --no-restore to switch off)")
+    method: str = option("sharpen", "--restore-method", "restoration method", ("sharpen",))
+    strength: float = option(0.6, "--restore-strength", "how strongly the mouth region is sharpened, 0..2")
+
+
+@dataclass
+class BlendConfig:
+    feather: float = option(0.15, "--feather", "width of the soft mask edge as a fraction of the face box")
+    color_match: bool = option(True, "--color-match", "match the generated region's colour to the frame before pasting (use --no-color-match to switch off)")
+
+
+@dataclass
+class Config:
+    media: MediaConfig = field(default_factory=MediaConfig)
+    face: FaceConfig = field(default_factory=FaceConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    restore: RestoreConfig = field(default_factory=RestoreConfig)
+    blend: BlendConfig = field(default_factory=BlendConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def iter_options():
+    """Yield (section_name, field) for every leaf option, in declaration order."""
+    hints = get_type_hints(Config)
+    for section in dataclasses.fields(Config):
+        for leaf in dataclasses.fields(hints[section.name]):
+            yield section.name, leaf
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Convert a YAML/JSON/CLI value to the field's type, or raise HeygemError."""
+    args = get_args(annotation)
+    if value is None:
+        if type(None) in args:
+            return None
+        raise HeygemError(f"option {where} may not be empty")
+    if type(None) in args:
+        annotation = next(a for a in args if a is not type(None))
+    origin = get_origin(annotation)
+    try:
+        if origin is list:
+            (item_type,) = get_args(annotation)
+            if isinstance(value, str):
+                value = value.replace(",", " ").split()
+            return [item_type(v) for v in value]
+        if annotation is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if annotation is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return annotation(value)
+    except (TypeError, ValueError):
+        raise HeygemError(f"option {where} has an invalid value {value!r}") from None
+
+
+def apply_overrides(config: Config, overrides: dict) -> Config:
+    """Return a copy of ``config`` with ``overrides`` applied.
+
+    ``overrides`` is nested ({"face": {"pads": [0, 20, 0, 0]}}) or flat with
+    dotted keys ({"face.pads": ...}); unknown sections or keys raise HeygemError.
+    """
+    nested: dict[str, dict] = {}
+    for key, value in (overrides or {}).items():
+        if "." in key:
+            section, leaf = key.split(".", 1)
+            nested.setdefault(section, {})[leaf] = value
+        elif isinstance(value, dict):
+            nested.setdefault(key, {}).update(value)
+        else:
+            raise HeygemError(f"unknown option {key!r}: options are grouped as section.name, e.g. face.pads")
+    hints = get_type_hints(Config)
+    sections = {}
+    for section_field in dataclasses.fields(Config):
+        section_name = section_field.name
+        current = getattr(config, section_name)
+        changes = nested.pop(section_name, {})
+        section_hints = get_type_hints(hints[section_name])
+        known = {f.name for f in dataclasses.fields(current)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise HeygemError(f"unknown option {section_name}.{unknown[0]} (known: {', '.join(sorted(known))})")
+        coerced = {
+            name: _coerce(value, section_hints[name], f"{section_name}.{name}") for name, value in changes.items()
+        }
+        sections[section_name] = dataclasses.replace(current, **coerced)
+    if nested:
+        raise HeygemError(f"unknown option section {sorted(nested)[0]!r} (known: {', '.join(SECTIONS)})")
+    result = Config(**sections)
+    validate(result)
+    return result
+
+
+def validate(config: Config) -> None:
+    """Check ranges and choices; raise HeygemError naming the option."""
+    for section, leaf in iter_options():
+        choices = leaf.metadata.get("choices")
+        value = getattr(getattr(config, section), leaf.name)
+        if choices and value not in choices:
+            raise HeygemError(f"{leaf.metadata['flag']} must be one of {', '.join(choices)}, not {value!r}")
+    face, media = config.face, config.media
+    if len(face.pads) != 4:
+        raise HeygemError("--pads takes four numbers: top bottom left right")
+    if face.box is not None and (len(face.box) != 4 or face.box[2] <= face.box[0] or face.box[3] <= face.box[1]):
+        raise HeygemError("--box takes four numbers x1 y1 x2 y2 with x2 > x1 and y2 > y1")
+    if face.smooth_window < 1 or face.redetect_every < 1:
+        raise HeygemError("--smooth-window and --redetect-every must be at least 1")
+    if not 0 < media.fps <= 120:
+        raise HeygemError("--fps must be between 0 and 120")
+    if media.output_height is not None and not 16 <= media.output_height <= 4320:
+        raise HeygemError("--output-height must be between 16 and 4320")
+    if media.batch_frames < 1 or config.engine.batch_size < 1:
+        raise HeygemError("batch sizes must be at least 1")
+    if not 0 <= media.crf <= 51:
+        raise HeygemError("--crf must be between 0 and 51")
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
+    """Load defaults, then the YAML file (default: configs/default.yaml), then ``overrides``."""
+    import yaml
+
+    config = Config()
+    config_path = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    if path is not None or config_path.exists():
+        if not config_path.is_file():
+            raise HeygemError(f"config file not found: {config_path}")
+        try:
+            data = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as error:
+            raise HeygemError(f"config file {config_path} is not valid YAML: {error}") from None
+        if not isinstance(data, dict):
+            raise HeygemError(f"config file {config_path} must hold sections such as media: and face:")
+        config = apply_overrides(config, data)
+    return apply_overrides(config, overrides or {})

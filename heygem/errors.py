@@ -7,3 +7,7 @@ class HeygemError(Exception):
     The CLI prints it on one line and exits with status 2; the web app and the
     REST API show it as the job's error.
     """
+
+
+class GenerationCancelled(Exception):
+    """Raised inside a generation when its ``should_stop`` callback asks it to stop."""

@@ -1,0 +1,7 @@
+"""``python -m heygem``: see heygem.cli."""
+
+import sys
+
+from heygem.cli import main
+
+sys.exit(main())

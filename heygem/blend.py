@@ -1,0 +1,78 @@
+"""Stage 6: paste generated patches back into their frames without a visible edge.
+
+The patch is colour-matched to the frame on the soft edge of its mask (where a
+seam would show), then alpha-blended with a feathered mask that is exactly 0
+on the box border, so nothing outside the mask changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heygem.config import BlendConfig
+from heygem.types import FacePatch
+
+# mediapipe face-mesh points of the lower face: jaw line from ear to ear under the nose,
+# the nose base and the cheeks beside the mouth
+LOWER_FACE_POINTS = [
+    234, 93, 132, 58, 172, 136, 150, 149, 176, 148, 152, 377, 400, 378, 379, 365, 397, 288, 361, 323, 454,
+    205, 425, 36, 266, 203, 423, 98, 327, 2, 164,
+]
+
+
+def feather_mask(mask: np.ndarray, feather_pixels: float) -> np.ndarray:
+    """Blur a binary (h, w) mask into a soft one that is 0 on the whole border; float32 in [0, 1]."""
+    import cv2
+
+    height, width = mask.shape
+    sigma = max(feather_pixels / 2.5, 0.5)
+    # shrink first so that the blurred edge stays inside the box
+    inset = int(np.ceil(feather_pixels))
+    inner = np.zeros_like(mask, dtype=np.float32)
+    if height > 2 * inset and width > 2 * inset:
+        inner[inset:height - inset, inset:width - inset] = mask[inset:height - inset, inset:width - inset]
+    soft = cv2.GaussianBlur(inner, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_CONSTANT)
+    soft[0, :] = soft[-1, :] = 0.0
+    soft[:, 0] = soft[:, -1] = 0.0
+    return np.clip(soft, 0.0, 1.0)
+
+
+def lower_face_mask(patch: FacePatch, feather: float) -> np.ndarray:
+    """The default (h, w) mask for a patch: the lower face from landmarks, else an ellipse in the box."""
+    import cv2
+
+    x1, y1, x2, y2 = patch.box
+    height, width = y2 - y1, x2 - x1
+    feather_pixels = max(2.0, feather * min(height, width))
+    hard = np.zeros((height, width), dtype=np.float32)
+    face = patch.face
+    if face is not None and face.landmarks is not None:
+        points = face.landmarks[LOWER_FACE_POINTS] - np.array([x1, y1], dtype=np.float32)
+        hull = cv2.convexHull(np.round(points).astype(np.int32))
+        cv2.fillConvexPoly(hard, hull, 1.0, lineType=cv2.LINE_AA)
+    else:
+        center = (int(width * 0.5), int(height * 0.7))
+        axes = (int(width * 0.36), int(height * 0.26))
+        cv2.ellipse(hard, center, axes, 0, 0, 360, 1.0, thickness=-1, lineType=cv2.LINE_AA)
+    return feather_mask(hard, feather_pixels)
+
+
+def match_colour(patch_bgr: np.ndarray, target_bgr: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Shift the patch's mean colour to the target's over the mask's soft edge; (h, w, 3) float32."""
+    edge = (mask > 0.02) & (mask < 0.7)
+    patch = patch_bgr.astype(np.float32)
+    if edge.sum() < 16:
+        return patch
+    shift = target_bgr[edge].astype(np.float32).mean(axis=0) - patch[edge].mean(axis=0)  # (3,)
+    return patch + shift
+
+
+def blend_patch(frame_bgr: np.ndarray, patch: FacePatch, config: BlendConfig) -> None:
+    """Blend ``patch`` into ``frame_bgr`` (H, W, 3) uint8 BGR in place."""
+    x1, y1, x2, y2 = patch.box
+    region = frame_bgr[y1:y2, x1:x2]
+    mask = patch.mask if patch.mask is not None else lower_face_mask(patch, config.feather)
+    new_pixels = match_colour(patch.image_bgr, region, mask) if config.color_match else patch.image_bgr.astype(np.float32)
+    alpha = mask[:, :, None]
+    mixed = region.astype(np.float32) * (1.0 - alpha) + new_pixels * alpha
+    region[...] = np.clip(np.rint(mixed), 0, 255).astype(np.uint8)

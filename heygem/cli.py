@@ -1,0 +1,133 @@
+"""Command line: ``python -m heygem generate|batch|jobs ...``.
+
+Every generation option comes from heygem.config, so ``--help`` always matches
+configs/default.yaml. Problems the user can fix end with one line on stderr and
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from heygem.config import iter_options, load_config
+from heygem.errors import GenerationCancelled, HeygemError
+
+logger = logging.getLogger("heygem")
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per config option; unset flags stay out of the namespace (the config decides)."""
+    for section, leaf in iter_options():
+        meta = leaf.metadata
+        kwargs = {"dest": f"{section}.{leaf.name}", "default": argparse.SUPPRESS, "help": meta["help"],
+                  "metavar": leaf.name.upper()}
+        if meta.get("choices"):
+            kwargs["choices"] = meta["choices"]
+            kwargs.pop("metavar")
+        annotation = str(leaf.type)
+        if annotation == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+            del kwargs["metavar"]
+        elif annotation.startswith("list"):
+            kwargs["nargs"] = 4
+            kwargs["type"] = int
+            kwargs["metavar"] = "N"
+        elif "int" in annotation:
+            kwargs["type"] = int
+        elif "float" in annotation:
+            kwargs["type"] = float
+        parser.add_argument(meta["flag"], **kwargs)
+
+
+def option_overrides(args: argparse.Namespace) -> dict:
+    """The config overrides given on the command line, as {"section.name": value}."""
+    return {key: value for key, value in vars(args).items() if "." in key}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m heygem",
+        description="heygem: a face (video or photo) plus speech in, a lip-synced talking-head MP4 out.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what each stage does")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    generate = commands.add_parser(
+        "generate", help="make one lip-synced video",
+        description="Make one lip-synced MP4 from a face video or photo and an audio file (or a video's audio).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    generate.add_argument("--face", required=True, type=Path, help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
+    generate.add_argument("--audio", required=True, type=Path, help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
+    generate.add_argument("--output", "-o", required=True, type=Path, help="the MP4 to write; a .json summary is written beside it")
+    generate.add_argument("--config", type=Path, default=None, help="a YAML config instead of configs/default.yaml")
+    add_option_flags(generate)
+    generate.set_defaults(handler=run_generate)
+
+    try:
+        from heygem.batch import add_batch_parser, add_jobs_parser
+    except ImportError:
+        pass
+    else:
+        add_batch_parser(commands)
+        add_jobs_parser(commands)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from heygem.pipeline import generate
+
+    config = load_config(args.config, option_overrides(args))
+    bars: dict[str, tqdm] = {}
+    stage_spans = {}
+
+    def show_progress(stage: str, overall: float) -> None:
+        from heygem.pipeline import PROGRESS_SPANS
+
+        start, end = PROGRESS_SPANS[stage]
+        if stage not in bars:
+            for bar in bars.values():
+                bar.n = bar.total
+                bar.close()
+            bars.clear()
+            bars[stage] = tqdm(total=100, desc=f"{stage:>8}", unit="%", leave=True,
+                               bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}")
+            stage_spans[stage] = (start, end)
+        bar = bars[stage]
+        bar.n = int(round(100 * (overall - start) / max(end - start, 1e-9)))
+        bar.refresh()
+
+    try:
+        summary = generate(args.face, args.audio, args.output, config, progress=show_progress)
+    finally:
+        for bar in bars.values():
+            bar.close()
+    print(
+        f"wrote {summary.output_path} ({summary.width}x{summary.height}, {summary.frames} frames at "
+        f"{summary.fps:g} fps, {summary.audio_seconds:.2f} s) with the {summary.engine} engine "
+        f"[{summary.engine_reason}]; frames without a face: {summary.frames_without_face}; "
+        f"{summary.total_seconds:.1f} s"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return args.handler(args)
+    except HeygemError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except GenerationCancelled:
+        print("cancelled", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

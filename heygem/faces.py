@@ -1,0 +1,220 @@
+"""Stage 3: find the face and its landmarks in every frame.
+
+mediapipe's face mesh (its models ship inside the wheel, nothing is downloaded)
+gives 468 landmarks per face; in video mode it tracks faces from frame to frame
+and re-runs its detector when tracking is lost. heygem picks one face per frame
+(the largest, or the N-th from the left), re-applies that choice every
+``redetect_every`` frames and otherwise follows the same face by overlap. Boxes
+are padded as Wav2Lip pads them and averaged over a centred window of frames.
+Frames where no face is found are recorded as such; the pipeline passes them
+through unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from heygem.config import FaceConfig
+from heygem.errors import HeygemError
+from heygem.types import Box, Face
+
+logger = logging.getLogger("heygem")
+
+LANDMARK_COUNT = 468
+MAX_FACES = 4  # faces the mesh looks for per frame, so that the choice policy has something to choose from
+
+
+@dataclass
+class FaceTrack:
+    """Per-frame face results for a whole source video, stored as arrays.
+
+    The landmark array can live in a memory-mapped file, so a long video costs
+    disk, not RAM.
+    """
+
+    found: np.ndarray  # (F,) bool, a face was found in source frame f
+    raw_boxes: np.ndarray  # (F, 4) float32, tight landmark box x1 y1 x2 y2 (NaN where not found)
+    landmarks: np.ndarray  # (F, 468, 2) float32 pixels (NaN where not found)
+    boxes: np.ndarray | None = None  # (F, 4) int32 padded, smoothed crop boxes, set by finalize()
+
+    @property
+    def frame_count(self) -> int:
+        return int(self.found.shape[0])
+
+    @property
+    def frames_without_face(self) -> int:
+        return int((~self.found).sum())
+
+    def face(self, index: int) -> Face | None:
+        """The face of source frame ``index`` (after :func:`finalize_track`), or None."""
+        if not self.found[index]:
+            return None
+        landmarks = np.asarray(self.landmarks[index], dtype=np.float32)
+        if np.isnan(landmarks).any():
+            landmarks = None  # a fixed box on a frame where the mesh found nothing
+        return Face(box=tuple(int(v) for v in self.boxes[index]), landmarks=landmarks)
+
+
+class FaceFinder:
+    """Landmarks for a stream of frames (video mode) or for single images."""
+
+    def __init__(self, config: FaceConfig, still_images: bool = False):
+        try:
+            import mediapipe as mp
+        except ImportError:  # pragma: no cover - mediapipe is a hard requirement
+            raise HeygemError("mediapipe is not installed: pip install 'mediapipe==0.10.14'") from None
+        self.config = config
+        self._mesh = mp.solutions.face_mesh.FaceMesh(
+            static_image_mode=still_images,
+            max_num_faces=MAX_FACES if config.face_index is None else max(MAX_FACES, config.face_index + 1),
+            refine_landmarks=False,
+            min_detection_confidence=config.min_confidence,
+            min_tracking_confidence=0.5,
+        )
+        self._frames_seen = 0
+        self._previous_box: np.ndarray | None = None
+
+    def close(self) -> None:
+        self._mesh.close()
+
+    def __enter__(self) -> "FaceFinder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def all_faces(self, frame_bgr: np.ndarray) -> list[np.ndarray]:
+        """Every face mesh in ``frame_bgr`` (H, W, 3) uint8 BGR, each (468, 2) float32 pixels."""
+        import cv2
+
+        height, width = frame_bgr.shape[:2]
+        result = self._mesh.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB))
+        meshes = []
+        for face_landmarks in result.multi_face_landmarks or []:
+            points = np.array([(p.x, p.y) for p in face_landmarks.landmark], dtype=np.float32)  # (468, 2) relative
+            points *= np.array([width, height], dtype=np.float32)
+            meshes.append(points)
+        return meshes
+
+    def find(self, frame_bgr: np.ndarray) -> np.ndarray | None:
+        """The chosen face's landmarks in the next frame of the stream, or None."""
+        meshes = self.all_faces(frame_bgr)
+        frame_number = self._frames_seen
+        self._frames_seen += 1
+        if not meshes:
+            return None
+        boxes = np.array([tight_box(points) for points in meshes])
+        reapply_policy = self._previous_box is None or frame_number % self.config.redetect_every == 0
+        if reapply_policy:
+            chosen = choose_face(boxes, self.config.face_index)
+        else:
+            chosen = int(np.argmax(box_overlap(self._previous_box, boxes)))
+            if box_overlap(self._previous_box, boxes[chosen : chosen + 1])[0] < 0.1:
+                chosen = choose_face(boxes, self.config.face_index)
+        if chosen is None:
+            return None
+        self._previous_box = boxes[chosen]
+        return meshes[chosen]
+
+
+def tight_box(landmarks: np.ndarray) -> np.ndarray:
+    """(4,) float32 x1 y1 x2 y2 around (468, 2) landmarks."""
+    return np.concatenate([landmarks.min(axis=0), landmarks.max(axis=0)]).astype(np.float32)
+
+
+def choose_face(boxes: np.ndarray, face_index: int | None) -> int | None:
+    """Index into ``boxes`` (K, 4): the largest face, or the ``face_index``-th from the left."""
+    if face_index is None:
+        areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        return int(np.argmax(areas))
+    order = np.argsort(boxes[:, 0])
+    return int(order[face_index]) if face_index < len(order) else None
+
+
+def box_overlap(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Intersection over union of ``box`` (4,) with each of ``boxes`` (K, 4)."""
+    x1 = np.maximum(box[0], boxes[:, 0])
+    y1 = np.maximum(box[1], boxes[:, 1])
+    x2 = np.minimum(box[2], boxes[:, 2])
+    y2 = np.minimum(box[3], boxes[:, 3])
+    intersection = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    return intersection / np.maximum(area + areas - intersection, 1e-6)
+
+
+def new_track(frame_count: int, landmarks_path: Path | None = None) -> FaceTrack:
+    """An empty track for ``frame_count`` frames; landmarks memory-mapped to ``landmarks_path`` if given."""
+    if landmarks_path is not None:
+        landmarks = np.lib.format.open_memmap(landmarks_path, mode="w+", dtype=np.float32,
+                                              shape=(frame_count, LANDMARK_COUNT, 2))
+    else:
+        landmarks = np.empty((frame_count, LANDMARK_COUNT, 2), dtype=np.float32)
+    return FaceTrack(found=np.zeros(frame_count, dtype=bool),
+                     raw_boxes=np.full((frame_count, 4), np.nan, dtype=np.float32),
+                     landmarks=landmarks)
+
+
+def record(track: FaceTrack, index: int, landmarks: np.ndarray | None) -> None:
+    """Store frame ``index``'s landmarks (or the absence of a face) in ``track``."""
+    if landmarks is None:
+        track.found[index] = False
+        track.landmarks[index] = np.nan
+        return
+    track.found[index] = True
+    track.landmarks[index] = landmarks
+    track.raw_boxes[index] = tight_box(landmarks)
+
+
+def truncate(track: FaceTrack, frame_count: int) -> FaceTrack:
+    """The first ``frame_count`` frames of ``track`` (decoders may deliver fewer frames than probed)."""
+    return FaceTrack(found=track.found[:frame_count], raw_boxes=track.raw_boxes[:frame_count],
+                     landmarks=track.landmarks[:frame_count])
+
+
+def smooth_boxes(boxes: np.ndarray, found: np.ndarray, window: int) -> np.ndarray:
+    """Average each found frame's box (F, 4) over a centred window of found frames."""
+    if window <= 1 or not found.any():
+        return boxes.copy()
+    valid = found.astype(np.float64)
+    filled = np.where(found[:, None], boxes, 0.0).astype(np.float64)
+    kernel = np.ones(window, dtype=np.float64)
+    sums = np.stack([np.convolve(filled[:, k], kernel, mode="same") for k in range(4)], axis=1)
+    counts = np.convolve(valid, kernel, mode="same")[:, None]
+    smoothed = sums / np.maximum(counts, 1e-9)
+    return np.where(found[:, None], smoothed, np.nan).astype(np.float32)
+
+
+def pad_and_clip(boxes: np.ndarray, pads: list[int], width: int, height: int) -> np.ndarray:
+    """Apply Wav2Lip's padding (top, bottom, left, right) to (F, 4) boxes and clip them to the frame."""
+    top, bottom, left, right = pads
+    padded = boxes + np.array([-left, -top, right, bottom], dtype=np.float32)
+    padded = np.nan_to_num(padded, nan=0.0)
+    x1 = np.clip(np.floor(padded[:, 0]), 0, width - 2)
+    y1 = np.clip(np.floor(padded[:, 1]), 0, height - 2)
+    x2 = np.clip(np.ceil(padded[:, 2]), x1 + 2, width)
+    y2 = np.clip(np.ceil(padded[:, 3]), y1 + 2, height)
+    return np.stack([x1, y1, x2, y2], axis=1).astype(np.int32)
+
+
+def finalize_track(track: FaceTrack, config: FaceConfig, width: int, height: int) -> FaceTrack:
+    """Turn raw landmark boxes into the padded, smoothed crop boxes the engines use."""
+    if config.box is not None:
+        x1, y1, x2, y2 = config.box
+        fixed = np.array([[max(0, x1), max(0, y1), min(width, x2), min(height, y2)]], dtype=np.int32)
+        track.boxes = np.repeat(fixed, track.frame_count, axis=0)
+        track.found[:] = True  # a fixed box is a face on every frame
+        return track
+    smoothed = smooth_boxes(track.raw_boxes, track.found, config.smooth_window)
+    track.boxes = pad_and_clip(smoothed, config.pads, width, height)
+    return track
+
+
+def face_box_for_still(landmarks: np.ndarray, config: FaceConfig, width: int, height: int) -> Box:
+    """The padded crop box of a single image's face."""
+    box = pad_and_clip(tight_box(landmarks)[None], config.pads, width, height)[0]
+    return tuple(int(v) for v in box)

@@ -1,0 +1,324 @@
+"""Stage 1 and 7: probe and decode inputs, encode and mux the output, all through ffmpeg.
+
+ffmpeg is the system binary when one is on PATH, otherwise the one bundled in
+the imageio-ffmpeg wheel, so ``pip install`` alone is enough. Arguments are
+built by small pure functions (``*_args``) with ffmpeg-python and run without a
+shell; frames travel through pipes in bounded batches, so memory does not grow
+with the length of the video.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from heygem.errors import HeygemError
+from heygem.types import FrameGeometry, MediaInfo
+
+logger = logging.getLogger("heygem")
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
+_IMAGE_FORMATS = {"image2", "png_pipe", "jpeg_pipe", "webp_pipe", "bmp_pipe", "tiff_pipe", "jpegls_pipe"}
+
+
+@functools.lru_cache(maxsize=1)
+def ffmpeg_binary() -> str:
+    """The ffmpeg executable: the system one if present, else imageio-ffmpeg's bundled binary."""
+    override = os.environ.get("HEYGEM_FFMPEG")
+    if override:
+        return override
+    system = shutil.which("ffmpeg")
+    if system:
+        return system
+    try:
+        import imageio_ffmpeg
+
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except (ImportError, RuntimeError):
+        raise HeygemError(
+            "ffmpeg was not found: install it (apt install ffmpeg, brew install ffmpeg) "
+            "or `pip install imageio-ffmpeg`, which bundles one"
+        ) from None
+
+
+# ---------------------------------------------------------------------------- probing
+
+
+def probe(path: str | Path) -> MediaInfo:
+    """Describe a face or audio file: kind, display size (rotation applied), fps, audio stream."""
+    import av
+
+    path = Path(path)
+    if not path.is_file():
+        raise HeygemError(f"file not found: {path}")
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError, ValueError):
+        raise HeygemError(f"{path.name} is not a media file heygem can read (expected a video, image or audio file)") from None
+    with container:
+        video = next((s for s in container.streams.video), None)
+        audio = next((s for s in container.streams.audio), None)
+        format_names = set(container.format.name.split(","))
+        container_seconds = float(container.duration / 1_000_000) if container.duration else 0.0
+
+        audio_fields = {}
+        if audio is not None:
+            audio_seconds = float(audio.duration * audio.time_base) if audio.duration else container_seconds
+            audio_fields = dict(
+                has_audio=True,
+                audio_codec=audio.codec_context.name,
+                audio_sample_rate=int(audio.codec_context.sample_rate or 0),
+                audio_channels=int(audio.codec_context.channels or 0),
+                audio_duration=audio_seconds,
+            )
+        if video is None:
+            if audio is None:
+                raise HeygemError(f"{path.name} has neither video nor audio")
+            return MediaInfo(path=path, kind="audio", duration=audio_fields["audio_duration"], **audio_fields)
+
+        is_image = bool(format_names & _IMAGE_FORMATS) or (
+            path.suffix.lower() in IMAGE_SUFFIXES and (video.frames or 1) <= 1
+        )
+        width, height, rotation = video.codec_context.width, video.codec_context.height, 0
+        try:
+            first_frame = next(container.decode(video))
+            width, height = first_frame.width, first_frame.height
+            rotation = int(getattr(first_frame, "rotation", 0) or 0)
+        except (av.error.FFmpegError, StopIteration):
+            raise HeygemError(f"{path.name}: its video stream cannot be decoded") from None
+        if rotation % 180 == 90 or rotation % 180 == -90:
+            width, height = height, width
+        if is_image:
+            return MediaInfo(path=path, kind="image", width=width, height=height, frame_count=1, **audio_fields)
+
+        rate = video.average_rate or video.guessed_rate or video.base_rate
+        if not rate or rate <= 0:
+            raise HeygemError(f"{path.name}: cannot tell its frame rate")
+        rate = Fraction(rate).limit_denominator(1001)
+        video_seconds = float(video.duration * video.time_base) if video.duration else container_seconds
+        frame_count = int(video.frames) if video.frames else int(round(video_seconds * float(rate)))
+        return MediaInfo(
+            path=path,
+            kind="video",
+            width=width,
+            height=height,
+            fps=float(rate),
+            fps_fraction=f"{rate.numerator}/{rate.denominator}",
+            frame_count=max(frame_count, 1),
+            duration=max(video_seconds, audio_fields.get("audio_duration", 0.0)),
+            **audio_fields,
+        )
+
+
+def working_geometry(info: MediaInfo, output_height: int | None) -> FrameGeometry:
+    """The frame size heygem works at: the display size made even, or scaled to ``output_height``."""
+    if output_height:
+        height = output_height - output_height % 2
+        width = int(round(info.width * height / info.height / 2)) * 2
+        return FrameGeometry(width=max(width, 2), height=max(height, 2))
+    return FrameGeometry(width=info.width - info.width % 2, height=info.height - info.height % 2)
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, source: MediaInfo) -> list[str]:
+    """ffmpeg arguments that decode ``path`` to raw BGR frames of ``geometry`` at a constant rate."""
+    import ffmpeg
+
+    stream = ffmpeg.input(str(path)).video.filter("fps", fps=fps_fraction)
+    if (geometry.width, geometry.height) == (source.width - source.width % 2, source.height - source.height % 2):
+        stream = stream.filter("crop", geometry.width, geometry.height, 0, 0)
+    else:
+        stream = stream.filter("scale", geometry.width, geometry.height, flags="area")
+    output = stream.output("pipe:", format="rawvideo", pix_fmt="bgr24")
+    return ["-nostdin", "-v", "error", *output.get_args()]
+
+
+def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
+    """Decode a video as (N, H, W, 3) uint8 BGR batches of at most ``batch_frames`` frames."""
+    args = video_decode_args(info.path, info.fps_fraction, geometry, info)
+    frame_bytes = geometry.width * geometry.height * 3
+    with tempfile.TemporaryFile() as stderr_file:
+        process = subprocess.Popen([ffmpeg_binary(), *args], stdout=subprocess.PIPE, stderr=stderr_file,
+                                   stdin=subprocess.DEVNULL)
+        try:
+            while True:
+                data = _read_exactly(process.stdout, frame_bytes * batch_frames)
+                count = len(data) // frame_bytes
+                if count:
+                    batch = np.frombuffer(data[: count * frame_bytes], dtype=np.uint8)
+                    yield batch.reshape(count, geometry.height, geometry.width, 3)
+                if count < batch_frames:
+                    break
+        finally:
+            process.stdout.close()
+            if process.poll() is None:
+                process.kill()
+            return_code = process.wait()
+        if return_code not in (0, -9):
+            stderr_file.seek(0)
+            message = stderr_file.read().decode(errors="replace").strip().splitlines()
+            raise HeygemError(f"could not decode {info.path.name}: {message[-1] if message else 'ffmpeg failed'}")
+
+
+def _read_exactly(stream, size: int) -> bytes:
+    chunks, remaining = [], size
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def load_image(info: MediaInfo, geometry: FrameGeometry) -> np.ndarray:
+    """Read a still image as (H, W, 3) uint8 BGR: EXIF orientation applied, grey expanded,
+    alpha composited over white, 16-bit reduced to 8-bit."""
+    import cv2
+
+    raw = np.fromfile(str(info.path), dtype=np.uint8)
+    image = cv2.imdecode(raw, cv2.IMREAD_COLOR)  # applies EXIF orientation
+    if image is None:
+        raise HeygemError(f"{info.path.name} is not an image heygem can read")
+    unchanged = cv2.imdecode(raw, cv2.IMREAD_UNCHANGED)
+    if unchanged is not None and unchanged.ndim == 3 and unchanged.shape[2] == 4 \
+            and unchanged.shape[:2] == image.shape[:2]:
+        alpha = unchanged[:, :, 3:4].astype(np.float32)
+        alpha /= 65535.0 if unchanged.dtype == np.uint16 else 255.0
+        image = (image.astype(np.float32) * alpha + 255.0 * (1.0 - alpha)).round().astype(np.uint8)
+    height, width = image.shape[:2]
+    if (width, height) == (geometry.width + width % 2, geometry.height + height % 2):
+        return np.ascontiguousarray(image[: geometry.height, : geometry.width])
+    return cv2.resize(image, (geometry.width, geometry.height), interpolation=cv2.INTER_AREA)
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def encode_args(
+    geometry: FrameGeometry,
+    fps_fraction: str,
+    audio_path: Path,
+    audio_info: MediaInfo,
+    output_path: Path,
+    *,
+    crf: int = 18,
+    preset: str = "veryfast",
+    audio_bitrate: str = "192k",
+) -> list[str]:
+    """ffmpeg arguments that read raw BGR frames on stdin and write an H.264/AAC MP4 with the audio."""
+    import ffmpeg
+
+    frames = ffmpeg.input("pipe:", format="rawvideo", pix_fmt="bgr24",
+                          s=f"{geometry.width}x{geometry.height}", framerate=fps_fraction)
+    sound = ffmpeg.input(str(audio_path))["a:0"]
+    audio_options = {"c:a": "copy"} if audio_info.audio_codec == "aac" else {"c:a": "aac", "b:a": audio_bitrate}
+    output = ffmpeg.output(
+        frames, sound, str(output_path),
+        **{"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf,
+           "movflags": "+faststart", "f": "mp4"},
+        **audio_options,
+    )
+    return ["-nostdin", "-v", "error", "-y", *output.get_args()]
+
+
+class VideoEncoder:
+    """Pipes BGR frames into ffmpeg from a background thread; the MP4 appears atomically on close.
+
+    ``write`` only queues the batch (the queue is bounded, so memory stays bounded)
+    and returns, letting frame generation and encoding overlap.
+    """
+
+    def __init__(self, args_without_output: list[str], output_path: Path, queue_depth: int = 2):
+        self.output_path = Path(output_path)
+        self.partial_path = self.output_path.with_name(f".{self.output_path.stem}.{uuid.uuid4().hex}.partial.mp4")
+        args = list(args_without_output)
+        args[args.index(str(self.output_path))] = str(self.partial_path)
+        self._stderr = tempfile.TemporaryFile()
+        self._process = subprocess.Popen([ffmpeg_binary(), *args], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=self._stderr)
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_depth)
+        self._error: BaseException | None = None
+        self.frames_written = 0
+        self.seconds_waiting = 0.0
+        self._thread = threading.Thread(target=self._pump, name="heygem-encoder", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        while True:
+            frames = self._queue.get()
+            if frames is None:
+                break
+            if self._error is not None:
+                continue
+            try:
+                self._process.stdin.write(np.ascontiguousarray(frames).tobytes())
+            except (BrokenPipeError, OSError) as error:
+                self._error = error
+
+    def write(self, frames_bgr: np.ndarray) -> None:
+        """Queue (N, H, W, 3) uint8 BGR frames for encoding."""
+        import time
+
+        started = time.perf_counter()
+        self._queue.put(frames_bgr)
+        self.seconds_waiting += time.perf_counter() - started
+        self.frames_written += len(frames_bgr)
+
+    def close(self) -> Path:
+        """Finish encoding and move the finished file into place; raises HeygemError on failure."""
+        self._queue.put(None)
+        self._thread.join()
+        try:
+            self._process.stdin.close()
+        except OSError:
+            pass
+        return_code = self._process.wait()
+        self._stderr.seek(0)
+        message = self._stderr.read().decode(errors="replace").strip()
+        self._stderr.close()
+        if return_code != 0 or self._error is not None:
+            self.partial_path.unlink(missing_ok=True)
+            last_line = message.splitlines()[-1] if message else str(self._error)
+            raise HeygemError(f"encoding the output failed: {last_line}")
+        os.replace(self.partial_path, self.output_path)
+        return self.output_path
+
+    def abort(self) -> None:
+        """Stop ffmpeg and remove the partial file."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        self._process.wait()
+        self._stderr.close()
+        self.partial_path.unlink(missing_ok=True)
+
+
+def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, audio_info: MediaInfo,
+                 output_path: Path, *, crf: int, preset: str, audio_bitrate: str) -> VideoEncoder:
+    """Start an encoder writing ``output_path`` (see :func:`encode_args`)."""
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    args = encode_args(geometry, fps_fraction, audio_path, audio_info, output_path,
+                       crf=crf, preset=preset, audio_bitrate=audio_bitrate)
+    return VideoEncoder(args, output_path)
+
+
+def fps_to_fraction(fps: float) -> str:
+    """A frame rate as an exact ffmpeg fraction: 29.97 -> 30000/1001, 25 -> 25/1."""
+    rate = Fraction(fps).limit_denominator(1001)
+    return f"{rate.numerator}/{rate.denominator}"

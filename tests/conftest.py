@@ -1,0 +1,63 @@
+"""Shared fixtures: the bundled samples and small media files made with ffmpeg."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heygem.media import ffmpeg_binary, probe
+
+REPO = Path(__file__).resolve().parent.parent
+ASSETS = REPO / "assets"
+
+
+def run_ffmpeg(*args: str) -> None:
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
+
+
+def decode_frames(path: Path) -> np.ndarray:
+    """All frames of a video as (N, H, W, 3) uint8 BGR (tests only: small files)."""
+    info = probe(path)
+    result = subprocess.run(
+        [ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:"],
+        check=True, stdout=subprocess.PIPE,
+    )
+    frames = np.frombuffer(result.stdout, dtype=np.uint8)
+    return frames.reshape(-1, info.height, info.width, 3)
+
+
+@pytest.fixture(scope="session")
+def face_photo() -> Path:
+    return ASSETS / "astronaut.jpg"
+
+
+@pytest.fixture(scope="session")
+def speech_wav() -> Path:
+    return ASSETS / "speech_en.wav"
+
+
+@pytest.fixture(scope="session")
+def media_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture(scope="session")
+def short_speech(media_dir, speech_wav) -> Path:
+    """The first 2.5 s of the English sample: speech, then the start of the pause."""
+    path = media_dir / "short speech.wav"
+    run_ffmpeg("-i", str(speech_wav), "-t", "2.5", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def face_video(media_dir, face_photo) -> Path:
+    """A 2 s, 29.97 fps, 320x240 video of the portrait drifting slowly (a face on every frame)."""
+    path = media_dir / "face video.mp4"
+    run_ffmpeg("-loop", "1", "-i", str(face_photo), "-f", "lavfi", "-i", "sine=frequency=300:duration=2",
+               "-vf", "scale=330:250,crop=320:240:x='4+4*sin(t*3)':y='4+3*cos(t*2)',format=yuv420p",
+               "-r", "30000/1001", "-t", "2", "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac",
+               "-shortest", str(path))
+    return path

@@ -1,0 +1,109 @@
+"""Probing, decoding and encoding through ffmpeg."""
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import decode_frames, run_ffmpeg
+from heygem import media
+from heygem.errors import HeygemError
+from heygem.types import FrameGeometry, MediaInfo
+
+
+def test_decode_and_encode_arguments_are_plain_lists():
+    info = MediaInfo(path=Path("in put.mp4"), kind="video", width=641, height=361, fps=29.97, fps_fraction="30000/1001")
+    geometry = media.working_geometry(info, None)
+    assert (geometry.width, geometry.height) == (640, 360)
+    args = media.video_decode_args(info.path, info.fps_fraction, geometry, info)
+    assert args[args.index("-i") + 1] == "in put.mp4"  # one argument, no shell quoting needed
+    assert "fps=fps=30000/1001" in args[args.index("-filter_complex") + 1]
+    assert "crop=640:360:0:0" in args[args.index("-filter_complex") + 1]
+    assert args[-5:] == ["-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:"]
+
+    scaled = media.working_geometry(info, 241)
+    assert (scaled.width, scaled.height) == (426, 240)
+    scaled_args = media.video_decode_args(info.path, info.fps_fraction, scaled, info)
+    assert "scale=426:240:flags=area" in scaled_args[scaled_args.index("-filter_complex") + 1]
+
+    audio_info = MediaInfo(path=Path("a.m4a"), kind="audio", has_audio=True, audio_codec="aac")
+    encode = media.encode_args(geometry, "30000/1001", Path("a.m4a"), audio_info, Path("out.mp4"))
+    joined = " ".join(encode)
+    assert "-c:v libx264" in joined and "-pix_fmt yuv420p" in joined and "-movflags +faststart" in joined
+    assert "-c:a copy" in joined  # AAC is kept as it is
+    assert "-s 640x360" in joined and "-framerate 30000/1001" in joined
+    mp3_info = MediaInfo(path=Path("a.mp3"), kind="audio", has_audio=True, audio_codec="mp3")
+    reencode = " ".join(media.encode_args(geometry, "25/1", Path("a.mp3"), mp3_info, Path("out.mp4")))
+    assert "-c:a aac" in reencode and "-b:a 192k" in reencode
+
+
+def test_fps_fractions():
+    assert media.fps_to_fraction(25) == "25/1"
+    assert media.fps_to_fraction(29.97002997) == "30000/1001"
+    assert media.fps_to_fraction(60) == "60/1"
+
+
+def test_probe_applies_rotation_and_decoding_matches(media_dir):
+    source = media_dir / "plain.mp4"
+    rotated = media_dir / "rotated.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", "testsrc=size=160x90:rate=30", "-t", "1", "-pix_fmt", "yuv420p", str(source))
+    run_ffmpeg("-i", str(source), "-c", "copy", "-metadata:s:v", "rotate=90", str(rotated))
+    info = media.probe(rotated)
+    assert info.kind == "video" and (info.width, info.height) == (90, 160)
+    assert info.fps_fraction == "30/1" and info.frame_count == 30 and not info.has_audio
+    geometry = media.working_geometry(info, None)
+    batches = list(media.iter_video_batches(info, geometry, batch_frames=8))
+    assert [len(b) for b in batches] == [8, 8, 8, 6]
+    assert batches[0].shape[1:] == (160, 90, 3)
+
+
+def test_images_grey_alpha_and_odd_sizes(tmp_path):
+    grey = np.tile(np.arange(101, dtype=np.uint8), (77, 1))  # 101x77: odd both ways
+    cv2.imwrite(str(tmp_path / "grey.png"), grey)
+    info = media.probe(tmp_path / "grey.png")
+    assert info.kind == "image" and (info.width, info.height) == (101, 77)
+    image = media.load_image(info, media.working_geometry(info, None))
+    assert image.shape == (76, 100, 3)
+    np.testing.assert_array_equal(image[:, :, 0], grey[:76, :100])
+
+    rgba = np.zeros((40, 60, 4), dtype=np.uint8)
+    rgba[:, :30] = (0, 0, 255, 255)  # opaque red on the left, transparent on the right
+    cv2.imwrite(str(tmp_path / "alpha.png"), rgba)
+    info = media.probe(tmp_path / "alpha.png")
+    image = media.load_image(info, media.working_geometry(info, None))
+    assert tuple(image[5, 5]) == (0, 0, 255) and tuple(image[5, 50]) == (255, 255, 255)
+
+    cv2.imwrite(str(tmp_path / "photo.webp"), np.full((50, 64, 3), 90, np.uint8))
+    assert media.probe(tmp_path / "photo.webp").kind == "image"
+
+
+def test_user_errors_are_clear(tmp_path):
+    with pytest.raises(HeygemError, match="file not found"):
+        media.probe(tmp_path / "missing.mp4")
+    junk = tmp_path / "notes.mp4"
+    junk.write_text("this is not a video")
+    with pytest.raises(HeygemError, match="not a media file"):
+        media.probe(junk)
+
+
+def test_encoder_writes_an_mp4_with_audio(tmp_path, short_speech):
+    geometry = FrameGeometry(width=64, height=48)
+    audio_info = media.probe(short_speech)
+    encoder = media.open_encoder(geometry, "25/1", short_speech, audio_info, tmp_path / "out.mp4",
+                                 crf=18, preset="ultrafast", audio_bitrate="128k")
+    frames = np.zeros((10, 48, 64, 3), dtype=np.uint8)
+    for value in range(6):
+        frames[:] = value * 40
+        encoder.write(frames.copy())
+    encoder.close()
+    info = media.probe(tmp_path / "out.mp4")
+    assert info.kind == "video" and info.has_audio and info.audio_codec == "aac"
+    assert info.frame_count == 60 and (info.width, info.height) == (64, 48)
+    decoded = decode_frames(tmp_path / "out.mp4")
+    assert abs(int(decoded[0].mean()) - 0) <= 2 and abs(int(decoded[-1].mean()) - 200) <= 3
+    assert not list(tmp_path.glob(".*partial*"))  # the partial file was moved into place
+
+
+def test_ffmpeg_binary_is_found():
+    assert Path(media.ffmpeg_binary()).exists()

@@ -1,0 +1,144 @@
+"""The public Wav2Lip generator as a heygem lip-sync engine.
+
+Per batch: crop each face box and shrink it to 96x96, mask the lower half,
+run the generator on the masked crop plus the unmasked crop as reference and the
+frame's mel window, and scale the 96x96 result back to the box size. Pasting the
+patch into the frame is the blend stage's job.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from heygem.config import EngineConfig
+from heygem.device import configure_backends, inference_context, pick_device, run_in_batches
+from heygem.models.wav2lip import Wav2Lip
+from heygem.types import Box, EngineBatch, FacePatch
+from heygem.weights import load_state_dict_strict
+
+logger = logging.getLogger("heygem")
+
+FACE_SIZE = Wav2Lip.face_size  # 96
+
+
+def crop_face(frame_bgr: np.ndarray, box: Box) -> np.ndarray:
+    """The box's pixels shrunk to (96, 96, 3) uint8 BGR; INTER_AREA averages instead of aliasing."""
+    x1, y1, x2, y2 = box
+    return cv2.resize(frame_bgr[y1:y2, x1:x2], (FACE_SIZE, FACE_SIZE), interpolation=cv2.INTER_AREA)
+
+
+def prepare_faces(crops_bgr: torch.Tensor) -> torch.Tensor:
+    """(B, 96, 96, 3) uint8 BGR crops -> (B, 6, 96, 96) float generator input in [0, 1].
+
+    Channels 0-2 are the crop with rows 48: zeroed (the mouth to generate),
+    channels 3-5 the whole crop as the reference for identity and pose.
+    """
+    reference = crops_bgr.permute(0, 3, 1, 2).float().div_(255.0)  # (B, 3, 96, 96)
+    masked = reference.clone()
+    masked[:, :, FACE_SIZE // 2:] = 0.0  # (B, 3, 96, 96), lower half zero
+    return torch.cat((masked, reference), dim=1)  # (B, 6, 96, 96)
+
+
+def prepare_mel_windows(mel_windows: np.ndarray) -> torch.Tensor:
+    """(B, 80, 16) float32 mel windows -> (B, 1, 80, 16) generator input."""
+    return torch.from_numpy(np.ascontiguousarray(mel_windows, dtype=np.float32)).unsqueeze(1)
+
+
+def to_uint8_images(generated: torch.Tensor) -> torch.Tensor:
+    """(B, 3, 96, 96) float in [0, 1] -> (B, 96, 96, 3) uint8 BGR, rounded rather than truncated."""
+    return generated.float().mul(255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def resize_to_box(image_bgr: np.ndarray, box: Box) -> np.ndarray:
+    """Scale a 96x96 result to the box size.
+
+    Boxes are almost always larger than 96 px, and bicubic keeps the generated
+    lips and teeth sharper than bilinear (cv2 saturates its overshoot to 0..255);
+    boxes smaller than 96 px are shrunk with INTER_AREA to avoid aliasing.
+    """
+    x1, y1, x2, y2 = box
+    width, height = x2 - x1, y2 - y1
+    upscaling = width * height >= FACE_SIZE * FACE_SIZE
+    interpolation = cv2.INTER_CUBIC if upscaling else cv2.INTER_AREA
+    return cv2.resize(image_bgr, (width, height), interpolation=interpolation)
+
+
+def clip_box(box: Box, frame_height: int, frame_width: int) -> Box | None:
+    """``box`` limited to the frame, or None if nothing of it is inside."""
+    x1, y1, x2, y2 = (int(value) for value in box)
+    x1, x2 = max(0, x1), min(frame_width, x2)
+    y1, y2 = max(0, y1), min(frame_height, y2)
+    return (x1, y1, x2, y2) if x2 > x1 and y2 > y1 else None
+
+
+class Wav2LipEngine:
+    """Lip sync with the public Wav2Lip or Wav2Lip-GAN generator weights."""
+
+    name = "wav2lip"
+
+    def __init__(self, checkpoint_path: Path, config: EngineConfig):
+        self.device = pick_device(config.device)
+        self.batch_size = config.batch_size  # lowered for good if a batch runs out of memory
+        self.precision = "auto"  # fp16 autocast on CUDA, fp32 on the CPU
+        with torch.device("meta"):  # no random init: every value comes from the checkpoint
+            model = Wav2Lip()
+        model.to_empty(device=self.device)
+        load_state_dict_strict(model, checkpoint_path)
+        model.eval()
+        if self.device.type == "cuda":
+            configure_backends()
+            # NHWC is what fp16 tensor-core convolutions want; on the CPU it measured slower.
+            model.to(memory_format=torch.channels_last)
+        self.model = model
+        logger.info("wav2lip engine on %s, batches of %d", self.device, self.batch_size)
+
+    def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
+        frame_count, frame_height, frame_width = batch.frames_bgr.shape[:3]
+        if not len(batch.faces) == len(batch.mel_windows) == frame_count:
+            raise ValueError(f"batch of {frame_count} frames has {len(batch.faces)} faces "
+                             f"and {len(batch.mel_windows)} mel windows")
+        patches: list[FacePatch | None] = [None] * frame_count
+
+        face_rows: list[int] = []  # frame positions in the batch that have a usable face box
+        boxes: list[Box] = []
+        for row, face in enumerate(batch.faces):
+            box = clip_box(face.box, frame_height, frame_width) if face is not None else None
+            if box is not None:
+                face_rows.append(row)
+                boxes.append(box)
+        if not face_rows:
+            return patches
+
+        crops_bgr = torch.from_numpy(np.stack(
+            [crop_face(batch.frames_bgr[row], box) for row, box in zip(face_rows, boxes)]))  # (F, 96, 96, 3) uint8
+        mel_windows = prepare_mel_windows(batch.mel_windows[face_rows])  # (F, 1, 80, 16)
+        generated = self.run_generator(crops_bgr, mel_windows).numpy()  # (F, 96, 96, 3) uint8 BGR
+
+        for row, box, image_bgr in zip(face_rows, boxes, generated):
+            patches[row] = FacePatch(
+                box=box, image_bgr=resize_to_box(image_bgr, box), mask=None, face=batch.faces[row])
+        return patches
+
+    def run_generator(self, crops_bgr: torch.Tensor, mel_windows: torch.Tensor) -> torch.Tensor:
+        """(F, 96, 96, 3) uint8 crops + (F, 1, 80, 16) mel -> (F, 96, 96, 3) uint8 on the CPU.
+
+        Runs in batches of ``self.batch_size``, halving it when the device runs out of memory.
+        Only uint8 pixels cross the bus; the float conversion happens on the device.
+        """
+        memory_format = torch.channels_last if self.device.type == "cuda" else torch.contiguous_format
+
+        def run_batch(rows: torch.Tensor) -> torch.Tensor:
+            with inference_context(self.device, self.precision):
+                crops = crops_bgr[rows].to(self.device)  # (b, 96, 96, 3) uint8
+                faces = prepare_faces(crops).contiguous(memory_format=memory_format)  # (b, 6, 96, 96)
+                mel = mel_windows[rows].to(self.device)  # (b, 1, 80, 16)
+                generated = self.model(mel, faces)  # (b, 3, 96, 96) in [0, 1]
+                return to_uint8_images(generated).cpu()  # (b, 96, 96, 3) uint8
+
+        outputs, self.batch_size = run_in_batches(run_batch, torch.arange(len(crops_bgr)), self.batch_size)
+        return torch.cat(outputs)

@@ -1,0 +1,1 @@
+"""Network definitions, each checkpoint-compatible with its public weight files."""

@@ -26,6 +26,7 @@ logger = logging.getLogger("heygem")
 
 LANDMARK_COUNT = 468
 MAX_FACES = 4  # faces the mesh looks for per frame, so that the choice policy has something to choose from
+FACE_PIXELS = 256  # frames are shrunk for the mesh until the chosen face is about this tall; it sees 192x192
 
 
 @dataclass
@@ -77,6 +78,7 @@ class FaceFinder:
         )
         self._frames_seen = 0
         self._previous_box: np.ndarray | None = None
+        self._scale = 1.0  # frames are resized by this before the mesh sees them
 
     def close(self) -> None:
         self._mesh.close()
@@ -88,10 +90,13 @@ class FaceFinder:
         self.close()
 
     def all_faces(self, frame_bgr: np.ndarray) -> list[np.ndarray]:
-        """Every face mesh in ``frame_bgr`` (H, W, 3) uint8 BGR, each (468, 2) float32 pixels."""
+        """Every face mesh in ``frame_bgr`` (H, W, 3) uint8 BGR, each (468, 2) float32 pixels of that frame."""
         import cv2
 
         height, width = frame_bgr.shape[:2]
+        if self._scale < 1.0:
+            frame_bgr = cv2.resize(frame_bgr, (max(1, round(width * self._scale)), max(1, round(height * self._scale))),
+                                   interpolation=cv2.INTER_AREA)
         result = self._mesh.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB))
         meshes = []
         for face_landmarks in result.multi_face_landmarks or []:
@@ -118,6 +123,10 @@ class FaceFinder:
         if chosen is None:
             return None
         self._previous_box = boxes[chosen]
+        if reapply_policy:
+            # a big face needs no full-resolution frame: the mesh works on a 192x192 crop of it
+            face_size = float(max(boxes[chosen][2] - boxes[chosen][0], boxes[chosen][3] - boxes[chosen][1]))
+            self._scale = min(1.0, np.ceil(8 * FACE_PIXELS / max(face_size, 1.0)) / 8)
         return meshes[chosen]
 
 

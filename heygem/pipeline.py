@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -92,13 +93,13 @@ def generate(
         fps_fraction = face_info.fps_fraction if face_info.kind == "video" else media.fps_to_fraction(fps)
     report("prepare", 0.3)
 
-    # 2. audio features
+    # 2. audio: decode now (the output's length follows it); the mel is computed in the
+    #    background while faces are found
     with timer("audio"):
         samples_16k = audio.load_audio_16k(audio_path)
-        mel = audio.melspectrogram(samples_16k)
         audio_seconds = samples_16k.shape[0] / audio.SAMPLE_RATE
         frame_count = audio.output_frame_count(audio_seconds, fps)
-        window_starts = audio.mel_window_starts(frame_count, fps, mel.shape[1])
+    mel_future = _BACKGROUND.submit(_timed, audio.melspectrogram, samples_16k)
     report("prepare", 0.7)
 
     # 3. engine
@@ -118,6 +119,10 @@ def generate(
             raise HeygemError(f"no face was found in {face_path.name}: use a clearer frontal face or give --box")
         logger.info("faces found in %d of %d source frames", track.frame_count - track.frames_without_face,
                     track.frame_count)
+
+        mel, mel_seconds = mel_future.result()
+        timer.seconds["audio"] += mel_seconds
+        window_starts = audio.mel_window_starts(frame_count, fps, mel.shape[1])
 
         # 5. generate, restore, blend, encode in bounded batches
         encoder = media.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
@@ -170,6 +175,14 @@ def generate(
                                                 encoding="utf-8")
     report("finish", 1.0)
     return summary
+
+
+_BACKGROUND = ThreadPoolExecutor(max_workers=2, thread_name_prefix="heygem-audio")
+
+
+def _timed(function, *args):
+    started = time.perf_counter()
+    return function(*args), time.perf_counter() - started
 
 
 # ---------------------------------------------------------------------------- engine choice

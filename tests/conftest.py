@@ -46,9 +46,9 @@ def media_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def short_speech(media_dir, speech_wav) -> Path:
-    """The first 2.5 s of the English sample: speech, then the start of the pause."""
+    """The first 3.4 s of the English sample: 2.2 s of speech, then most of its 0.9 s pause."""
     path = media_dir / "short speech.wav"
-    run_ffmpeg("-i", str(speech_wav), "-t", "2.5", str(path))
+    run_ffmpeg("-i", str(speech_wav), "-t", "3.4", str(path))
     return path
 
 
@@ -61,3 +61,23 @@ def face_video(media_dir, face_photo) -> Path:
                "-r", "30000/1001", "-t", "2", "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac",
                "-shortest", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_weights(tmp_path_factory, monkeypatch):
+    """Tests never see checkpoints a developer keeps in weights/: each starts with none."""
+    empty = tmp_path_factory.mktemp("weights")
+    monkeypatch.setenv("HEYGEM_WEIGHTS", str(empty))
+    return empty
+
+
+def silent_frames(audio_path: Path, fps: float, threshold: float = 0.004) -> np.ndarray:
+    """Output frame numbers whose 1/fps of audio is near silence."""
+    from heygem.audio import load_audio_16k
+
+    samples = load_audio_16k(audio_path)
+    per_frame = 16000 / fps
+    count = int(round(len(samples) / per_frame))
+    rms = np.array([np.sqrt(np.mean(samples[int(i * per_frame): int((i + 1) * per_frame)] ** 2) + 1e-12)
+                    for i in range(count)])
+    return np.flatnonzero(rms < threshold)

@@ -1,5 +1,6 @@
 """Probing, decoding and encoding through ffmpeg."""
 
+import subprocess
 from pathlib import Path
 
 import cv2
@@ -48,7 +49,10 @@ def test_probe_applies_rotation_and_decoding_matches(media_dir):
     source = media_dir / "plain.mp4"
     rotated = media_dir / "rotated.mp4"
     run_ffmpeg("-f", "lavfi", "-i", "testsrc=size=160x90:rate=30", "-t", "1", "-pix_fmt", "yuv420p", str(source))
-    run_ffmpeg("-i", str(source), "-c", "copy", "-metadata:s:v", "rotate=90", str(rotated))
+    try:  # ffmpeg 6 and newer set the display matrix with an input option
+        run_ffmpeg("-display_rotation", "90", "-i", str(source), "-c", "copy", str(rotated))
+    except subprocess.CalledProcessError:  # older ones with the rotate tag
+        run_ffmpeg("-i", str(source), "-c", "copy", "-metadata:s:v", "rotate=90", str(rotated))
     info = media.probe(rotated)
     assert info.kind == "video" and (info.width, info.height) == (90, 160)
     assert info.fps_fraction == "30/1" and info.frame_count == 30 and not info.has_audio

@@ -1,0 +1,102 @@
+"""The command line as a user runs it: exit codes, one-line errors, a Wav2Lip checkpoint in the official layout."""
+
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import REPO, decode_frames
+from heygem import media
+
+
+def heygem(*args, env_weights=None):
+    import os
+
+    env = dict(os.environ)
+    if env_weights is not None:
+        env["HEYGEM_WEIGHTS"] = str(env_weights)
+    return subprocess.run([sys.executable, "-m", "heygem", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_help_lists_every_option():
+    result = heygem("generate", "--help")
+    assert result.returncode == 0
+    for flag in ("--face", "--audio", "--output", "--engine", "--pads", "--box", "--fps", "--output-height",
+                 "--smooth-window", "--face-index", "--no-restore", "--checkpoint"):
+        assert flag in result.stdout
+
+
+@pytest.fixture(scope="module")
+def user_error_inputs(tmp_path_factory, face_video):
+    folder = tmp_path_factory.mktemp("user errors")
+    (folder / "notes.txt").write_text("hello")
+    cv2.imwrite(str(folder / "wall.png"), np.full((64, 64, 3), 90, np.uint8))
+    silent_video = folder / "silent.mp4"
+    subprocess.run([media.ffmpeg_binary(), "-v", "error", "-i", str(face_video), "-an", "-c:v", "copy",
+                    str(silent_video)], check=True)
+    return folder
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing face", "file not found"),
+    ("not media", "not a media file"),
+    ("no face", "no face was found"),
+    ("no audio stream", "has no audio stream"),
+    ("bad option value", "--output-height must be"),
+    ("wav2lip without weights", "needs a checkpoint"),
+])
+def test_user_errors_exit_2_with_one_line(case, message, user_error_inputs, face_photo, short_speech, tmp_path):
+    folder = user_error_inputs
+    face, audio, extra = face_photo, short_speech, []
+    if case == "missing face":
+        face = folder / "nobody.jpg"
+    elif case == "not media":
+        audio = folder / "notes.txt"
+    elif case == "no face":
+        face = folder / "wall.png"
+    elif case == "no audio stream":
+        audio = folder / "silent.mp4"
+    elif case == "bad option value":
+        extra = ["--output-height", "4"]
+    elif case == "wav2lip without weights":
+        extra = ["--engine", "wav2lip"]
+    result = heygem("generate", "--face", face, "--audio", audio, "--output", tmp_path / "out.mp4", *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out.mp4").exists()
+
+
+def test_unsupported_choice_is_refused_by_the_parser(tmp_path, face_photo, short_speech):
+    result = heygem("generate", "--face", face_photo, "--audio", short_speech, "--output", tmp_path / "o.mp4",
+                    "--engine", "sadtalker")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_wav2lip_checkpoint_in_the_official_layout_runs_end_to_end(tmp_path, face_photo, short_speech):
+    import torch
+
+    from heygem.models.wav2lip import Wav2Lip
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    torch.manual_seed(0)
+    model = Wav2Lip()
+    state = {f"module.{key}": value for key, value in model.state_dict().items()}
+    torch.save({"state_dict": state, "optimizer": {}, "global_step": 1, "global_epoch": 1}, weights / "wav2lip_gan.pth")
+    output = tmp_path / "wav2lip.mp4"
+    result = heygem("generate", "--face", face_photo, "--audio", short_speech, "--output", output,
+                    "--output-height", "256", env_weights=weights)
+    assert result.returncode == 0, result.stderr
+    assert "wav2lip engine" in result.stdout and "wav2lip_gan.pth" in result.stdout
+    frames = decode_frames(output)
+    assert frames.shape == (85, 256, 256, 3)
+    # random weights paint noise into the lower face, and only there
+    source = cv2.resize(cv2.imread(str(face_photo)), (256, 256), interpolation=cv2.INTER_AREA).astype(np.int16)
+    difference = np.abs(frames[10].astype(np.int16) - source).mean(axis=2)
+    assert difference[:40].mean() < 3 and difference[150:].mean() < 3
+    assert difference[60:110, 80:150].mean() > 5

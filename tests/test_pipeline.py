@@ -1,0 +1,134 @@
+"""End to end: real inputs in, an MP4 out, decoded and checked frame by frame."""
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import decode_frames, run_ffmpeg, silent_frames
+from heygem import faces, media
+from heygem.config import FaceConfig
+from heygem.pipeline import generate
+
+
+@pytest.fixture(scope="module")
+def photo_result(tmp_path_factory, face_photo, short_speech):
+    output = tmp_path_factory.mktemp("photo") / "talking astronaut.mp4"
+    stages = []
+    summary = generate(face_photo, short_speech, output, progress=lambda stage, fraction: stages.append((stage, fraction)))
+    return summary, output, stages
+
+
+def mouth_box(face_photo):
+    image = cv2.imread(str(face_photo))
+    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+        landmarks = finder.find(image)
+    lips = landmarks[[61, 291, 0, 17]]
+    (x1, y1), (x2, y2) = lips.min(axis=0), lips.max(axis=0)
+    return int(x1) - 4, int(y1) - 4, int(x2) + 4, int(y2) + 12, landmarks
+
+
+def test_photo_and_speech_make_a_valid_mp4(photo_result, short_speech):
+    summary, output, stages = photo_result
+    info = media.probe(output)
+    audio_in = media.probe(short_speech)
+    assert info.kind == "video" and (info.width, info.height) == (512, 512)
+    assert info.fps_fraction == "25/1" and info.audio_codec == "aac" and info.has_audio
+    expected_frames = round(3.4 * 25)
+    frames = decode_frames(output)
+    assert len(frames) == expected_frames == summary.frames
+    assert abs(info.audio_duration - expected_frames / 25) <= 1 / 25 + 0.03  # within a frame (+AAC priming)
+    assert info.audio_sample_rate == audio_in.audio_sample_rate  # the user's audio, not the 16 kHz copy
+    assert summary.engine == "landmark" and "no Wav2Lip checkpoint" in summary.engine_reason
+    saved = json.loads(output.with_suffix(".json").read_text())
+    assert saved["frames"] == expected_frames and saved["frames_without_face"] == 0
+    assert {"faces", "generate", "blend", "encode"} <= set(saved["seconds_per_stage"])
+    fractions = [fraction for _, fraction in stages]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+def test_mouth_moves_with_speech_and_rests_in_silence(photo_result, face_photo, short_speech):
+    _, output, _ = photo_result
+    frames = decode_frames(output)
+    x1, y1, x2, y2, _ = mouth_box(face_photo)
+    mouths = frames[:, y1:y2, x1:x2].astype(np.int16)
+    speaking = range(5, 50)
+    silent = [i for i in silent_frames(short_speech, 25) if 60 <= i < len(frames) - 1]
+    assert len(silent) >= 8
+    change_while_speaking = np.mean([np.abs(mouths[i] - mouths[i - 1]).mean() for i in speaking])
+    change_in_silence = np.mean([np.abs(mouths[i] - mouths[i - 1]).mean() for i in silent[4:]])
+    assert change_while_speaking > 2.0, change_while_speaking
+    assert change_in_silence < 0.5, change_in_silence
+    spread = mouths[list(speaking)].std(axis=0).mean()
+    assert spread > 4.0  # the mouth takes on many shapes, not one
+
+
+def test_pixels_far_from_the_mouth_equal_the_input(photo_result, face_photo):
+    _, output, _ = photo_result
+    frames = decode_frames(output)
+    source = cv2.imread(str(face_photo))
+    x1, y1, x2, y2, landmarks = mouth_box(face_photo)
+    far = np.ones(source.shape[:2], dtype=bool)
+    chin_y = int(landmarks[152, 1])
+    far[max(0, y1 - 60): chin_y + 40, max(0, x1 - 70): x2 + 70] = False  # the mouth, jaw and cheeks may change
+    for index in (0, 20, 40, 70):
+        difference = np.abs(frames[index].astype(np.int16) - source.astype(np.int16))[far]
+        assert difference.mean() < 2.5, (index, difference.mean())  # x264 at crf 18 and 4:2:0 chroma only
+
+
+def test_video_input_keeps_its_rate_and_size(tmp_path, face_video, short_speech):
+    output = tmp_path / "video.mp4"
+    summary = generate(face_video, short_speech, output)
+    info = media.probe(output)
+    assert info.fps_fraction == "30000/1001" and (info.width, info.height) == (320, 240)
+    assert summary.frames == round(3.4 * 30000 / 1001) == len(decode_frames(output))
+    assert summary.frames_without_face == 0
+
+
+def test_video_shorter_than_audio_plays_back_and_forth(tmp_path, face_video, short_speech):
+    # the 2 s video is shorter than the 3.4 s speech: frames run 0..59, then back down
+    output = tmp_path / "pingpong.mp4"
+    generate(face_video, short_speech, output, overrides={"restore.enabled": False})
+    result = decode_frames(output).astype(np.int16)
+    source = decode_frames(face_video).astype(np.int16)
+    assert len(source) == 60 and len(result) == 102
+    top = slice(0, 60)  # above the face box: untouched by the engine
+    for output_index, source_index in [(10, 10), (59, 59), (60, 58), (80, 38), (101, 17)]:
+        own = np.abs(result[output_index, top] - source[source_index, top]).mean()
+        other = np.abs(result[output_index, top] - source[(source_index + 15) % 60, top]).mean()
+        assert own < 3 and own < other, (output_index, own, other)
+
+
+def test_video_longer_than_audio_is_cut_and_its_own_audio_can_be_used(tmp_path, face_video, media_dir):
+    clip = media_dir / "one second.m4a"
+    run_ffmpeg("-i", str(face_video), "-t", "1", "-vn", "-c:a", "aac", str(clip))
+    output = tmp_path / "cut.mp4"
+    summary = generate(face_video, clip, output)
+    assert summary.frames == 30 and len(decode_frames(output)) == 30
+    own = tmp_path / "own audio.mp4"
+    summary = generate(face_video, face_video, own)
+    assert summary.frames == 60 and media.probe(own).has_audio
+
+
+def test_frames_without_a_face_pass_through_unchanged(tmp_path, face_video, short_speech):
+    covered = tmp_path / "covered.mp4"
+    run_ffmpeg("-i", str(face_video), "-vf", "drawbox=enable='between(n,20,34)':x=0:y=0:w=iw:h=ih:color=gray:t=fill",
+               "-c:v", "libx264", "-preset", "ultrafast", "-crf", "10", "-c:a", "copy", str(covered))
+    output = tmp_path / "some faceless.mp4"
+    summary = generate(covered, short_speech, output)
+    assert summary.frames_without_face >= 15
+    result = decode_frames(output).astype(np.int16)
+    source = decode_frames(covered).astype(np.int16)
+    for index in range(22, 33):
+        assert np.abs(result[index] - source[index]).mean() < 2.0
+
+
+def test_no_face_anywhere_is_a_user_error(tmp_path, short_speech):
+    from heygem.errors import HeygemError
+
+    blank = tmp_path / "wall.png"
+    cv2.imwrite(str(blank), np.full((120, 160, 3), 200, np.uint8))
+    with pytest.raises(HeygemError, match="no face was found"):
+        generate(blank, short_speech, tmp_path / "never.mp4")
+    assert not (tmp_path / "never.mp4").exists()

@@ -1,0 +1,592 @@
+"""The built-in lip-sync engine: no weights, no downloads.
+
+It animates the mouth from the audio with the face's own mediapipe landmarks:
+
+1. the audio gives each frame a mouth shape (openness, spread/rounding; see mouth_shapes.py);
+2. the lower face is warped so that the lips part along their own curve: the upper lip
+   lifts a little, the lower lip, the jaw and the chin move down, the corners spread or
+   round. A mouth that is already open in the source is closed or opened toward the target;
+3. the mouth interior is rendered inside the new inner-lip contour: a shaded cavity,
+   darker toward the throat, the upper teeth under the upper lip, a hint of the tongue
+   and of the lower teeth, with colours taken from the face's own lips and skin.
+
+The warp is one dense backward map per face, applied with a single cv2.remap, so the
+skin keeps its real texture. It is built in a "mouth frame" aligned with the line
+between the mouth corners: within each column across the mouth, seven levels (under
+the nose, the outer and inner edges of both lips, the jaw line, the neck) move
+vertically and the map between them is piecewise linear, which lets the lips part
+(a gap opens) or close (a gap collapses) without folding the skin around them.
+
+A frame whose source mouth is closed and whose target is closed comes back unchanged,
+with an all-zero mask.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from heygem.config import EngineConfig
+from heygem.engines.mouth_shapes import MouthShapeTracker, smoothstep
+from heygem.types import Box, EngineBatch, Face, FacePatch
+
+logger = logging.getLogger("heygem")
+
+# Mediapipe face-mesh (468 points) contours, each from the left mouth corner (in the image) to the right.
+UPPER_OUTER_LIP = (61, 185, 40, 39, 37, 0, 267, 269, 270, 409, 291)
+LOWER_OUTER_LIP = (61, 146, 91, 181, 84, 17, 314, 405, 321, 375, 291)
+UPPER_INNER_LIP = (78, 191, 80, 81, 82, 13, 312, 311, 310, 415, 308)
+LOWER_INNER_LIP = (78, 95, 88, 178, 87, 14, 317, 402, 318, 324, 308)
+JAW_LINE = (93, 132, 58, 172, 136, 150, 149, 176, 148, 152, 377, 400, 378, 379, 365, 397, 288, 361, 323)
+LEFT_MOUTH_CORNER, RIGHT_MOUTH_CORNER = 61, 291
+UNDER_NOSE = 2
+CHIN = 152
+
+# Mouth motion, as fractions of the mouth width (corner to corner).
+MAX_LIP_GAP = 0.30  # inner-lip gap at the centre for openness 1
+CLOSED_GAP = 0.07  # a source gap up to this counts as a closed mouth and is left as it is
+OPEN_GAP = 0.12  # a source gap from this on is closed when the target is closed
+SPREAD = 0.07  # each corner moves out this much for a full "ee"
+ROUNDING = 0.10  # ... and in this much for a full "oo"
+OPENING_NARROWS = 0.04  # a wide-open mouth is a little narrower
+UPPER_LIP_SHARE = 0.25  # the upper lip takes this share of a change of the gap, the lower lip the rest
+UPPER_LIP_STRETCH = 0.35  # the upper lip's outer edge moves this fraction of its inner edge
+LOWER_LIP_STRETCH = 0.9  # the lower lip's outer edge moves this fraction of its inner edge
+CORNER_DROP = 0.15  # the corners follow the lower lip down by this fraction
+JAW_FOLLOWS = 0.8  # the chin moves this fraction of the lower lip
+TEETH_LENGTH = 0.12  # visible upper incisors at most, as a fraction of the mouth width
+GAP_SHAPE_POWER = 0.6  # profile of the opening across the mouth: (1 - s^2) ** power
+
+# The seven levels of every column across the mouth, top to bottom: rows of the (7, C) level arrays.
+LEVEL_NAMES = ("under_nose", "upper_outer", "upper_inner", "lower_inner", "lower_outer", "jaw", "neck")
+TOP, UPPER_OUTER, UPPER_INNER, LOWER_INNER, LOWER_OUTER, JAW, NECK = range(7)
+
+
+@dataclass(frozen=True)
+class MouthFrame:
+    """A coordinate frame on the mouth: u along the corner line (to the image right), v down."""
+
+    origin: np.ndarray  # (2,) float64, midpoint of the mouth corners, frame pixels
+    axis_u: np.ndarray  # (2,) unit vector from the left corner to the right corner
+    axis_v: np.ndarray  # (2,) unit vector perpendicular to axis_u, pointing down the face
+
+    @classmethod
+    def from_landmarks(cls, landmarks: np.ndarray) -> MouthFrame:
+        left = landmarks[LEFT_MOUTH_CORNER].astype(np.float64)
+        right = landmarks[RIGHT_MOUTH_CORNER].astype(np.float64)
+        axis_u = (right - left) / max(float(np.linalg.norm(right - left)), 1e-6)
+        return cls(origin=(left + right) / 2.0, axis_u=axis_u, axis_v=np.array([-axis_u[1], axis_u[0]]))
+
+    def to_mouth(self, points: np.ndarray) -> np.ndarray:
+        """(N, 2) frame pixels -> (N, 2) mouth coordinates (u, v)."""
+        offsets = points.astype(np.float64) - self.origin
+        return np.stack([offsets @ self.axis_u, offsets @ self.axis_v], axis=1)
+
+    def to_frame(self, u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mouth coordinates -> frame pixel x, y (arrays of the same shape)."""
+        return (self.origin[0] + u * self.axis_u[0] + v * self.axis_v[0],
+                self.origin[1] + u * self.axis_u[1] + v * self.axis_v[1])
+
+
+def _contour(mouth_points: np.ndarray, indices: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A contour as (u, v) arrays with u increasing, ready for np.interp."""
+    points = mouth_points[list(indices)]
+    points = points[np.argsort(points[:, 0], kind="stable")]
+    return points[:, 0], points[:, 1]
+
+
+@dataclass(frozen=True)
+class MouthGeometry:
+    """The source face's mouth and jaw in mouth coordinates."""
+
+    frame: MouthFrame
+    mouth_width: float  # corner to corner, pixels
+    outer_half_width: float  # half the outer lip width along u
+    inner_centre: float  # u of the middle between the inner corners
+    inner_half_width: float
+    under_nose: float  # v of the point under the nose
+    chin: float  # v of the chin's lowest point
+    jaw_half_width: float  # widest |u| of the jaw line
+    contours: dict  # level name -> (u, v) arrays
+
+    @classmethod
+    def from_landmarks(cls, landmarks: np.ndarray) -> MouthGeometry:
+        frame = MouthFrame.from_landmarks(landmarks)
+        mouth_points = frame.to_mouth(landmarks)  # (468, 2)
+        contours = {
+            "upper_outer": _contour(mouth_points, UPPER_OUTER_LIP),
+            "upper_inner": _contour(mouth_points, UPPER_INNER_LIP),
+            "lower_inner": _contour(mouth_points, LOWER_INNER_LIP),
+            "lower_outer": _contour(mouth_points, LOWER_OUTER_LIP),
+            "jaw": _contour(mouth_points, JAW_LINE),
+        }
+        left_inner, right_inner = mouth_points[UPPER_INNER_LIP[0], 0], mouth_points[UPPER_INNER_LIP[-1], 0]
+        mouth_width = float(np.linalg.norm(landmarks[RIGHT_MOUTH_CORNER] - landmarks[LEFT_MOUTH_CORNER]))
+        return cls(
+            frame=frame,
+            mouth_width=max(mouth_width, 1.0),
+            outer_half_width=max(mouth_width / 2.0, 1.0),
+            inner_centre=float(left_inner + right_inner) / 2.0,
+            inner_half_width=max(float(right_inner - left_inner) / 2.0, 1.0),
+            under_nose=float(mouth_points[UNDER_NOSE, 1]),
+            chin=float(mouth_points[CHIN, 1]),
+            jaw_half_width=float(np.abs(contours["jaw"][0]).max()),
+            contours=contours,
+        )
+
+    @property
+    def half_extent_u(self) -> float:
+        """Half the width of the region that may move, along u."""
+        return 1.1 * max(self.jaw_half_width, 1.8 * self.outer_half_width)
+
+    @property
+    def top(self) -> float:
+        return min(self.under_nose, -2.0)
+
+    @property
+    def neck(self) -> float:
+        """v below which nothing moves: under the chin, into the neck."""
+        return self.chin + 0.6 * max(self.chin, 4.0)
+
+
+def patch_box(geometry: MouthGeometry, frame_width: int, frame_height: int) -> Box | None:
+    """The frame-aligned box around the region that may move, clipped to the frame."""
+    half_u = geometry.half_extent_u
+    u = np.array([-half_u, half_u, half_u, -half_u])
+    v = np.array([geometry.top - 2.0, geometry.top - 2.0, geometry.neck + 2.0, geometry.neck + 2.0])
+    xs, ys = geometry.frame.to_frame(u, v)
+    x1, y1 = max(int(np.floor(xs.min())), 0), max(int(np.floor(ys.min())), 0)
+    x2, y2 = min(int(np.ceil(xs.max())) + 1, frame_width), min(int(np.ceil(ys.max())) + 1, frame_height)
+    if x2 - x1 < 8 or y2 - y1 < 8:
+        return None
+    return (x1, y1, x2, y2)
+
+
+@dataclass(frozen=True)
+class MouthTarget:
+    """Where each level goes, per column of the mouth frame."""
+
+    columns: np.ndarray  # (C,) float32, u of each column, 1 pixel apart
+    source_levels: np.ndarray  # (7, C) float32, v of each level in the source
+    target_levels: np.ndarray  # (7, C) float32, v of each level in the output
+    corner_shift: float  # pixels each corner moves outward (negative: inward)
+    closing: np.ndarray  # (C,) float32, pixels by which the source gap was closed (>= 0)
+    interior: np.ndarray  # (C,) float32 in [0, 1], how much of the opening is drawn anew: all of it when
+    # the source mouth was open (its own inside is replaced), only what was added when it was closed
+
+
+def _column_levels(geometry: MouthGeometry, columns: np.ndarray) -> np.ndarray:
+    """(7, C) source v of every level at every column, ordered top to bottom."""
+    levels = np.empty((7, len(columns)), np.float64)
+    levels[TOP] = geometry.top
+    for index, name in zip((UPPER_OUTER, UPPER_INNER, LOWER_INNER, LOWER_OUTER, JAW), LEVEL_NAMES[1:6]):
+        u, v = geometry.contours[name]
+        levels[index] = np.interp(columns, u, v)
+    levels[NECK] = geometry.neck
+    return np.maximum.accumulate(levels, axis=0)
+
+
+def mouth_target(geometry: MouthGeometry, openness: float, width: float) -> MouthTarget:
+    """Move the levels toward a mouth opened by ``openness`` (0..~1.5) and spread by ``width`` (-1..1)."""
+    half_u = geometry.half_extent_u
+    columns = np.arange(-np.ceil(half_u), np.ceil(half_u) + 1.0)  # (C,)
+    source = _column_levels(geometry, columns)  # (7, C)
+    mouth_width = geometry.mouth_width
+
+    across = (columns - geometry.inner_centre) / geometry.inner_half_width
+    gap_profile = np.clip(1.0 - across**2, 0.0, 1.0) ** GAP_SHAPE_POWER  # (C,) 1 at the centre, 0 at the corners
+    source_gap = source[LOWER_INNER] - source[UPPER_INNER]  # (C,)
+    centre_column = int(np.argmin(np.abs(columns - geometry.inner_centre)))
+    keep_source = 1.0 - float(smoothstep(CLOSED_GAP, OPEN_GAP, source_gap[centre_column] / mouth_width))
+    target_gap = np.maximum(openness * MAX_LIP_GAP * mouth_width * gap_profile, keep_source * source_gap)
+    gap_change = target_gap - source_gap  # (C,) > 0 opens, < 0 closes
+
+    lower_drop_centre = (1.0 - UPPER_LIP_SHARE) * gap_change[centre_column]
+    distance = np.abs(columns)
+    corner_profile = 1.0 - smoothstep(geometry.outer_half_width, 1.8 * geometry.outer_half_width, distance)
+    jaw_profile = 1.0 - smoothstep(0.35 * geometry.jaw_half_width, geometry.jaw_half_width, distance)
+    fade_out = 1.0 - smoothstep(0.85 * half_u, half_u, distance)  # nothing moves at the region's sides
+    corners_down = CORNER_DROP * lower_drop_centre * corner_profile
+
+    moves = np.zeros_like(source)  # (7, C) vertical displacement of each level
+    moves[UPPER_INNER] = -UPPER_LIP_SHARE * gap_change + corners_down
+    moves[UPPER_OUTER] = -UPPER_LIP_SHARE * UPPER_LIP_STRETCH * gap_change + corners_down
+    moves[LOWER_INNER] = (1.0 - UPPER_LIP_SHARE) * gap_change + corners_down
+    moves[LOWER_OUTER] = (1.0 - UPPER_LIP_SHARE) * LOWER_LIP_STRETCH * gap_change + corners_down
+    moves[JAW] = JAW_FOLLOWS * lower_drop_centre * jaw_profile
+    moves *= fade_out
+    target = np.maximum.accumulate(source + moves, axis=0)
+
+    spread = SPREAD if width > 0 else ROUNDING
+    corner_shift = (width * spread - OPENING_NARROWS * min(openness, 1.0)) * mouth_width
+    return MouthTarget(
+        columns=columns.astype(np.float32),
+        source_levels=source.astype(np.float32),
+        target_levels=target.astype(np.float32),
+        corner_shift=float(corner_shift),
+        closing=np.maximum(-gap_change, 0.0).astype(np.float32),
+        interior=np.maximum(smoothstep(0.0, 1.5, gap_change), 1.0 - keep_source).astype(np.float32),
+    )
+
+
+def _horizontal_shift(geometry: MouthGeometry, corner_shift: float, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Outward displacement along u of output points (u, v) when the corners move by ``corner_shift``."""
+    if corner_shift == 0.0:
+        return np.zeros_like(u)
+    along = u / geometry.outer_half_width
+    # t * exp(-(t/1.4)^4), normalised to 1 at the corners: linear across the mouth, fading out by ~2 half-widths.
+    along_profile = along * np.exp((1.0 / 1.4) ** 4 - (along / 1.4) ** 4)
+    upper_lip_top = float(np.interp(0.0, *geometry.contours["upper_outer"]))
+    lower_lip_bottom = float(np.interp(0.0, *geometry.contours["lower_outer"]))
+    height_profile = smoothstep(geometry.top, upper_lip_top, v) * (1.0 - smoothstep(lower_lip_bottom, geometry.chin, v))
+    return (corner_shift * along_profile * height_profile).astype(np.float32)
+
+
+def _levels_at(levels: np.ndarray, columns: np.ndarray, u: np.ndarray) -> list[np.ndarray]:
+    """(L, C) levels sampled at fractional columns ``u`` (h, w): L arrays (h, w), linear between columns."""
+    table = np.ascontiguousarray(levels.T[None], dtype=np.float32)  # (1, C, L) a one-row image
+    position = (u - columns[0]).astype(np.float32)
+    sampled = cv2.remap(table, position, np.zeros_like(position), cv2.INTER_LINEAR,
+                        borderMode=cv2.BORDER_REPLICATE)  # (h, w, L)
+    return list(cv2.split(sampled))
+
+
+def _inverse_vertical(v: np.ndarray, source: list[np.ndarray], target: list[np.ndarray]) -> np.ndarray:
+    """Source v for output v, piecewise linear between the levels (a gap collapsed in the output is a jump)."""
+    source_v = v + (source[0] - target[0])
+    for k in range(len(source) - 1):
+        target_span = target[k + 1] - target[k]
+        extra = (source[k + 1] - source[k]) - target_span
+        step = np.clip((v - target[k]) / np.maximum(target_span, 1e-3), 0.0, 1.0)
+        source_v += extra * step
+    return source_v
+
+
+def _border_fade(height: int, width: int) -> np.ndarray:
+    """(h, w) float32: 0 on the box border, rising smoothly to 1 a few pixels in."""
+    margin = max(3.0, 0.06 * min(height, width))
+    ys = np.arange(height, dtype=np.float32)
+    xs = np.arange(width, dtype=np.float32)
+    fade_y = smoothstep(0.0, margin, np.minimum(ys, height - 1 - ys))
+    fade_x = smoothstep(0.0, margin, np.minimum(xs, width - 1 - xs))
+    return np.outer(fade_y, fade_x).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class FaceColours:
+    """Colours sampled from the source face, BGR float32 in 0..255."""
+
+    lips: np.ndarray  # (3,)
+    skin: np.ndarray  # (3,)
+    teeth: np.ndarray  # (3,)
+
+
+def _polygon_mask(shape: tuple[int, int], polygons: list[np.ndarray], holes: list[np.ndarray] = ()) -> np.ndarray:
+    """(h, w) uint8 mask, 1 inside ``polygons`` and 0 inside ``holes`` (arrays of (n, 2) pixel points)."""
+    mask = np.zeros(shape, np.uint8)
+    cv2.fillPoly(mask, [np.round(polygon * 4).astype(np.int32) for polygon in polygons], 1, cv2.LINE_8, 2)
+    if holes:
+        cv2.fillPoly(mask, [np.round(hole * 4).astype(np.int32) for hole in holes], 0, cv2.LINE_8, 2)
+    return mask
+
+
+class TeethColour:
+    """The colour of the teeth over a video: what the source showed, smoothed over the frames
+    that show them, so that it does not jump when the source mouth closes and opens."""
+
+    def __init__(self):
+        self.bgr: np.ndarray | None = None  # (3,) float32
+
+    def update(self, seen_bgr: np.ndarray | None) -> np.ndarray | None:
+        if seen_bgr is not None:
+            self.bgr = seen_bgr if self.bgr is None else (0.8 * self.bgr + 0.2 * seen_bgr).astype(np.float32)
+        return self.bgr
+
+
+def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
+                   geometry: MouthGeometry, teeth_memory: TeethColour | None = None) -> FaceColours:
+    """Lip, skin and teeth colours of the source patch.
+
+    ``patch_origin`` (2,) is the patch's top-left corner in the frame and ``landmarks``
+    (468, 2) the face-mesh points in frame pixels. Teeth come from the source when it
+    shows them (the brightest pixels between the inner lips; remembered in ``teeth_memory``
+    for the frames that do not), otherwise from the skin's light: a warm off-white a
+    little brighter than the skin.
+    """
+    shape = patch_bgr.shape[:2]
+    luma_weights = np.array([0.114, 0.587, 0.299], np.float32)
+    outer = landmarks[list(UPPER_OUTER_LIP + LOWER_OUTER_LIP[-2:0:-1])] - patch_origin
+    inner = landmarks[list(UPPER_INNER_LIP + LOWER_INNER_LIP[-2:0:-1])] - patch_origin
+    frame = geometry.frame
+    lower_lip_bottom = float(np.interp(0.0, *geometry.contours["lower_outer"]))
+    chin_height = geometry.chin - lower_lip_bottom
+    u = np.array([-0.5, 0.5, 0.5, -0.5]) * geometry.outer_half_width
+    v = lower_lip_bottom + np.array([0.2, 0.2, 0.75, 0.75]) * chin_height
+    chin_x, chin_y = frame.to_frame(u, v)
+    chin = np.stack([chin_x, chin_y], axis=1) - patch_origin
+    lips_mask = _polygon_mask(shape, [outer], [inner])
+    chin_mask = _polygon_mask(shape, [chin])
+    skin = np.array(cv2.mean(patch_bgr, chin_mask if chin_mask.any() else None)[:3], np.float32)
+    if lips_mask.any():
+        lips = np.array(cv2.mean(patch_bgr, lips_mask)[:3], np.float32)
+    else:
+        lips = skin * np.array([0.8, 0.75, 1.0], np.float32)
+    skin_luma = float(skin @ luma_weights)
+
+    seen_teeth = None
+    opening = _polygon_mask(shape, [inner])
+    if int(opening.sum()) >= 12:
+        inside = patch_bgr[opening > 0].astype(np.float32)  # (n, 3)
+        inside_luma = inside @ luma_weights
+        bright = inside[inside_luma >= np.percentile(inside_luma, 70)]
+        if len(bright) and float(bright.mean(axis=0) @ luma_weights) > 0.85 * skin_luma:
+            seen_teeth = bright.mean(axis=0).astype(np.float32)
+    teeth = teeth_memory.update(seen_teeth) if teeth_memory is not None else seen_teeth
+    if teeth is None:
+        teeth = 0.4 * skin + 0.6 * min(skin_luma * 1.12, 235.0)
+    return FaceColours(lips=lips, skin=skin, teeth=np.clip(teeth, 0, 255).astype(np.float32))
+
+
+# Tooth edges of the upper front teeth, across the mouth from its centre, as fractions of the mouth width:
+# central incisors, lateral incisors, canines, first premolars.
+TOOTH_EDGES = np.array([-0.48, -0.40, -0.30, -0.17, 0.0, 0.17, 0.30, 0.40, 0.48], np.float32)
+
+
+def _draw_upper_teeth(colour: np.ndarray, u: np.ndarray, v: np.ndarray, upper: np.ndarray, gap: np.ndarray,
+                      across: np.ndarray, geometry: MouthGeometry, colours: FaceColours) -> np.ndarray:
+    """Composite the upper teeth over ``colour`` (h, w, 3): rounded, slightly convex teeth
+    hanging from the upper lip, in the lip's shadow at the top, darker toward the corners,
+    with small dark notches between them at the biting edge."""
+    mouth_width = geometry.mouth_width
+    position = (u - geometry.inner_centre) / mouth_width  # (h, w) across the mouth, in mouth widths
+    right_edge_index = np.clip(np.searchsorted(TOOTH_EDGES, position), 1, len(TOOTH_EDGES) - 1)
+    left_edge, right_edge = TOOTH_EDGES[right_edge_index - 1], TOOTH_EDGES[right_edge_index]
+    within_tooth = np.clip((position - (left_edge + right_edge) / 2) / ((right_edge - left_edge) / 2), -1.0, 1.0)
+    near_edge = smoothstep(0.75, 1.0, np.abs(within_tooth))  # 0 in a tooth's middle, 1 at its edges
+
+    length = TEETH_LENGTH * mouth_width * (1.0 - 0.45 * np.minimum(np.abs(position) / 0.45, 1.0) ** 2)
+    length = np.minimum(length * (1.0 - 0.3 * near_edge**2), 0.62 * gap + 0.3)  # rounded corners of each tooth
+    below_lip = v - upper
+    alpha = np.clip(length - below_lip + 0.5, 0.0, 1.0) * (1.0 - smoothstep(0.6, 0.95, np.abs(across)))
+    toward_edge = np.clip(below_lip / np.maximum(length, 1e-3), 0.0, 1.0)  # 0 at the lip, 1 at the biting edge
+
+    lip_shadow = 0.74 + 0.26 * smoothstep(0.0, 0.4, toward_edge)
+    convex = 1.0 - 0.1 * within_tooth**2
+    notch = 1.0 - 0.2 * near_edge**2 * (0.25 + 0.75 * toward_edge)
+    depth = 1.0 - 0.55 * np.minimum(np.abs(position) / 0.5, 1.0) ** 2
+    shade = lip_shadow * convex * notch * depth
+    translucent = (0.15 * smoothstep(0.6, 1.0, toward_edge))[..., None]  # the biting edge is a little see-through
+    teeth = shade[..., None] * colours.teeth
+    teeth = teeth + translucent * (colour - teeth)
+    return colour + alpha[..., None] * (teeth - colour)
+
+
+def render_interior(u: np.ndarray, u_column: np.ndarray, v: np.ndarray, target_levels_px: list[np.ndarray],
+                    closing_px: np.ndarray, interior_weight: np.ndarray, geometry: MouthGeometry,
+                    colours: FaceColours) -> tuple[np.ndarray, np.ndarray]:
+    """The mouth's inside between the output inner lips.
+
+    ``u``, ``v`` (h, w) are the output pixels in mouth coordinates, ``u_column`` the
+    source column each comes from (the opening's shape follows the lips, so it is drawn
+    in columns; the teeth are fixed to the skull, so they are drawn at ``u``). The levels
+    are sampled at those columns; ``closing_px`` (h, w) is how far the source's opening was
+    closed there and ``interior_weight`` (h, w) how much of the opening to draw (see
+    MouthTarget.interior). Returns (colour (h, w, 3) float32 BGR, alpha (h, w) float32).
+    """
+    upper = target_levels_px[UPPER_INNER]  # (h, w)
+    lower = target_levels_px[LOWER_INNER]
+    gap = np.maximum(lower - upper, 0.0)
+    mouth_width = geometry.mouth_width
+    # Anti-aliased coverage of the opening: a one-pixel ramp at each lip edge.
+    across = (u_column - geometry.inner_centre) / geometry.inner_half_width  # -1..1 between the inner corners
+    inside_corners = 1.0 - smoothstep(0.92, 1.0, np.abs(across))
+    coverage = (np.clip(v - upper + 0.5, 0.0, 1.0) * np.clip(lower - v + 0.5, 0.0, 1.0)
+                * smoothstep(0.0, 1.0, gap) * inside_corners * interior_weight)
+    # Where the warp pressed an open mouth shut, the lips meet along a soft dark line.
+    middle = (upper + lower) / 2.0
+    seam = (0.55 * smoothstep(0.0, 1.5, closing_px) * np.exp(-(((v - middle) / 0.8) ** 2))
+            * smoothstep(2.0, 0.5, gap) * inside_corners)
+    alpha = np.maximum(coverage, seam).astype(np.float32)
+
+    depth_down = np.clip((v - upper) / np.maximum(gap, 1e-3), 0.0, 1.0)  # 0 at the upper lip, 1 at the lower
+    # The cavity: red-brown from the lips' own colour, lit a little near the lips and the
+    # corners, darkest at the back of the throat.
+    cavity = colours.lips * np.array([0.5, 0.55, 1.0], np.float32)
+    radial = np.sqrt(across**2 + ((depth_down - 0.45) / 0.55) ** 2)
+    cavity_light = 0.07 + 0.38 * smoothstep(0.3, 1.15, radial)
+    colour = cavity_light[..., None] * cavity  # (h, w, 3)
+
+    # A hint of the tongue, low in the mouth, rounded, shaded toward its back.
+    tongue_shape = (across / 0.55) ** 2 + ((depth_down - 1.05) / 0.55) ** 2
+    tongue_alpha = (1.0 - smoothstep(0.45, 1.0, tongue_shape)) * smoothstep(0.1, 0.24, gap / mouth_width) * 0.7
+    tongue_light = 0.22 + 0.33 * smoothstep(0.4, 1.0, depth_down)
+    tongue_colour = tongue_light[..., None] * (colours.lips * np.array([0.7, 0.72, 1.0], np.float32))
+    colour += tongue_alpha[..., None] * (tongue_colour - colour)
+
+    # A hint of the lower teeth just above the lower lip, in shadow, when the mouth is wide open.
+    lower_teeth_height = 0.045 * mouth_width
+    lower_teeth = (smoothstep(lower_teeth_height + 0.5, lower_teeth_height - 0.5, lower - v)
+                   * (1.0 - smoothstep(0.35, 0.7, np.abs(across))) * smoothstep(0.2, 0.3, gap / mouth_width) * 0.35)
+    colour += lower_teeth[..., None] * (colours.teeth * 0.55 - colour)
+
+    # The upper teeth: a band under the upper lip, shorter toward the sides, limited by the opening.
+    colour = _draw_upper_teeth(colour, u, v, upper, gap, across, geometry, colours)
+
+    # Lips meeting after a closure show their own darkened colour, not the cavity's.
+    seam_only = seam > coverage
+    colour[seam_only] = colours.lips * 0.45
+    # As soft as a photo: the drawn edges between teeth and cavity get a touch of blur.
+    colour = cv2.GaussianBlur(colour.astype(np.float32), (0, 0), 0.6)
+    return colour, alpha
+
+
+@dataclass(frozen=True)
+class WarpField:
+    """The backward warp at a set of output pixels, in mouth coordinates."""
+
+    u: np.ndarray  # (h, w) float32, output pixel positions along the corner line
+    v: np.ndarray  # (h, w) float32, ... and down the face
+    u_column: np.ndarray  # (h, w) float32, the source column each output pixel comes from
+    source_v: np.ndarray  # (h, w) float32, the source height each output pixel comes from
+    target_levels: list  # 7 x (h, w) float32, output v of each level at each pixel's column
+
+
+def warp_field(geometry: MouthGeometry, target: MouthTarget, xs: np.ndarray, ys: np.ndarray) -> WarpField:
+    """Where the output pixels at frame positions ``xs``, ``ys`` (h, w) come from."""
+    frame = geometry.frame
+    origin_x, origin_y = float(frame.origin[0]), float(frame.origin[1])
+    (ux, uy), (vx, vy) = frame.axis_u.astype(np.float32), frame.axis_v.astype(np.float32)
+    u = (xs - origin_x) * ux + (ys - origin_y) * uy
+    v = (xs - origin_x) * vx + (ys - origin_y) * vy
+    u_column = u - _horizontal_shift(geometry, target.corner_shift, u, v)
+    levels_px = _levels_at(np.concatenate([target.target_levels, target.source_levels]), target.columns, u_column)
+    target_px, source_px = levels_px[:7], levels_px[7:]
+    return WarpField(u=u, v=v, u_column=u_column, source_v=_inverse_vertical(v, source_px, target_px),
+                     target_levels=target_px)
+
+
+def _lips_window(target: MouthTarget, geometry: MouthGeometry, box: Box) -> tuple[slice, slice]:
+    """Patch rows and columns around the lips: where the warp has its sharp features (a gap
+    opening or collapsing) and the interior is drawn; computed exactly, pixel by pixel."""
+    near_mouth = np.abs(target.columns) <= geometry.outer_half_width + 1.0
+    margin_u = abs(target.corner_shift) + 2.0
+    u = np.array([target.columns[near_mouth].min() - margin_u, target.columns[near_mouth].max() + margin_u])
+    levels = np.concatenate([target.target_levels[:, near_mouth], target.source_levels[:, near_mouth]], axis=1)
+    v = np.array([levels[UPPER_OUTER].min() - 2.0, levels[LOWER_OUTER].max() + 2.0])
+    xs, ys = geometry.frame.to_frame(np.repeat(u, 2), np.tile(v, 2))
+    x1, y1, x2, y2 = box
+    left, right = max(int(np.floor(xs.min())) - x1, 0), min(int(np.ceil(xs.max())) + 1 - x1, x2 - x1)
+    top, bottom = max(int(np.floor(ys.min())) - y1, 0), min(int(np.ceil(ys.max())) + 1 - y1, y2 - y1)
+    return slice(top, max(bottom, top)), slice(left, max(right, left))
+
+
+def _active_window(active: np.ndarray) -> tuple[slice, slice] | None:
+    """The bounding rows and columns of the True pixels of ``active`` (h, w), or None."""
+    rows, columns = np.flatnonzero(active.any(axis=1)), np.flatnonzero(active.any(axis=0))
+    if len(rows) == 0:
+        return None
+    return slice(rows[0], rows[-1] + 1), slice(columns[0], columns[-1] + 1)
+
+
+def _coarse_shifts(geometry: MouthGeometry, target: MouthTarget, box: Box, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The warp's shifts along u and v over the whole box, computed every ``step`` pixels and
+    interpolated: the field is smooth away from the lips (which are computed exactly)."""
+    x1, y1, x2, y2 = box
+    height, width = y2 - y1, x2 - x1
+    coarse_height, coarse_width = -(-height // step), -(-width // step)
+    offset = (step - 1) / 2.0  # coarse samples sit at the centres of step x step blocks, as cv2.resize expects
+    xs, ys = np.meshgrid(x1 + offset + step * np.arange(coarse_width, dtype=np.float32),
+                         y1 + offset + step * np.arange(coarse_height, dtype=np.float32))
+    field = warp_field(geometry, target, xs, ys)
+    size = (coarse_width * step, coarse_height * step)
+    shift_u = cv2.resize(field.u_column - field.u, size, interpolation=cv2.INTER_LINEAR)[:height, :width]
+    shift_v = cv2.resize(field.source_v - field.v, size, interpolation=cv2.INTER_LINEAR)[:height, :width]
+    return shift_u, shift_v
+
+
+def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
+                  face: Face | None = None, teeth_memory: TeethColour | None = None) -> FacePatch | None:
+    """New pixels for the lower face of ``frame_bgr`` with the mouth in the given shape.
+
+    ``landmarks`` (468, 2) float32 are the frame's mediapipe face-mesh points in pixels;
+    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread). Returns None
+    when the face is too small or outside the frame.
+    """
+    frame_height, frame_width = frame_bgr.shape[:2]
+    geometry = MouthGeometry.from_landmarks(landmarks)
+    box = patch_box(geometry, frame_width, frame_height)
+    if box is None:
+        return None
+    x1, y1, x2, y2 = box
+    target = mouth_target(geometry, openness, width)
+
+    # 1. The backward map: for each output pixel, where it comes from in the source. Coarse
+    #    over the box (the field is smooth there), exact around the lips.
+    step = int(np.clip(geometry.mouth_width // 50, 1, 6))
+    shift_u, shift_v = _coarse_shifts(geometry, target, box, step)  # (h, w) each
+    lips = _lips_window(target, geometry, box)
+    xs, ys = np.meshgrid(np.arange(x1 + lips[1].start, x1 + lips[1].stop, dtype=np.float32),
+                         np.arange(y1 + lips[0].start, y1 + lips[0].stop, dtype=np.float32))
+    lips_field = warp_field(geometry, target, xs, ys)
+    shift_u[lips] = lips_field.u_column - lips_field.u
+    shift_v[lips] = lips_field.source_v - lips_field.v
+
+    fade = _border_fade(y2 - y1, x2 - x1)
+    shift_u *= fade
+    shift_v *= fade
+    (ux, uy), (vx, vy) = geometry.frame.axis_u.astype(np.float32), geometry.frame.axis_v.astype(np.float32)
+    map_x = np.arange(x1, x2, dtype=np.float32)[None, :] + shift_u * ux + shift_v * vx
+    map_y = np.arange(y1, y2, dtype=np.float32)[:, None] + shift_u * uy + shift_v * vy
+    image = cv2.remap(frame_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)  # (h, w, 3)
+    mask = np.clip(np.sqrt(shift_u**2 + shift_v**2) * 2.0, 0.0, 1.0)  # (h, w): ours from half a pixel of movement on
+
+    # 2. The mouth interior (or the line where closed lips meet), drawn where the lips parted.
+    closing_px = np.interp(lips_field.u_column, target.columns, target.closing).astype(np.float32)
+    interior_weight = np.interp(lips_field.u_column, target.columns, target.interior).astype(np.float32)
+    gap = lips_field.target_levels[LOWER_INNER] - lips_field.target_levels[UPPER_INNER]
+    inside = _active_window(((gap > 0.05) & (interior_weight > 0.0)) | (closing_px > 0.05))
+    if inside is not None:
+        colours = sample_colours(frame_bgr[y1:y2, x1:x2], np.array([x1, y1], np.float32), landmarks, geometry,
+                                 teeth_memory)
+        interior, alpha = render_interior(lips_field.u[inside], lips_field.u_column[inside], lips_field.v[inside],
+                                          [level[inside] for level in lips_field.target_levels],
+                                          closing_px[inside], interior_weight[inside], geometry, colours)
+        window = (slice(lips[0].start + inside[0].start, lips[0].start + inside[0].stop),
+                  slice(lips[1].start + inside[1].start, lips[1].start + inside[1].stop))
+        alpha *= fade[window]
+        region = image[window].astype(np.float32)
+        image[window] = np.clip(region + alpha[..., None] * (interior - region) + 0.5, 0, 255).astype(np.uint8)
+        mask[window] = np.maximum(mask[window], alpha)
+
+    if mask.max() > 0.0:
+        mask = np.maximum(mask, cv2.GaussianBlur(mask, (0, 0), max(1.0, 0.04 * geometry.mouth_width)))
+    mask *= fade
+    return FacePatch(box=box, image_bgr=image, mask=mask.astype(np.float32), face=face)
+
+
+class LandmarkEngine:
+    """Lip sync from landmarks and audio alone: a warp of the lower face plus a rendered mouth interior."""
+
+    name = "landmark"
+
+    def __init__(self, config: EngineConfig, fps: float):
+        self.mouth_strength = float(config.mouth_strength)
+        self.fps = float(fps)
+        self.shapes = MouthShapeTracker(fps)
+        self.teeth = TeethColour()
+        logger.debug("landmark engine at %.3f fps, mouth strength %.2f", self.fps, self.mouth_strength)
+
+    def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
+        """One patch per frame; None where the frame has no face or no landmarks."""
+        shapes = self.shapes.update(batch.mel_windows)  # advances with every frame, face or not
+        patches: list[FacePatch | None] = []
+        for frame_bgr, face, openness, width in zip(batch.frames_bgr, batch.faces, shapes.openness, shapes.width):
+            if face is None or face.landmarks is None:
+                patches.append(None)
+                continue
+            patches.append(animate_mouth(frame_bgr, face.landmarks, float(openness) * self.mouth_strength,
+                                         float(width), face=face, teeth_memory=self.teeth))
+        return patches

@@ -1,0 +1,266 @@
+"""The built-in landmark engine on the bundled portrait, with landmarks from mediapipe's face mesh.
+
+The portrait smiles with her upper teeth showing (her lips are parted by about a sixth of
+the mouth's width), so silence closes her mouth; a closed mouth (that closed portrait,
+re-detected by the face mesh) is left exactly as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from heygem.config import EngineConfig
+from heygem.engines.landmark import LOWER_INNER_LIP, UPPER_INNER_LIP, LandmarkEngine
+from heygem.engines.mouth_shapes import MouthShapeTracker
+from heygem.types import EngineBatch, Face, FacePatch
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+FPS = 25.0
+SILENT_WINDOW = np.full((80, 16), -4.0, np.float32)
+MEL_UNITS_PER_DB = 8.0 / 100.0  # Wav2Lip's normalisation: 100 dB span onto [-4, 4]
+
+
+@pytest.fixture(scope="module")
+def face_mesh():
+    import mediapipe as mp
+
+    with mp.solutions.face_mesh.FaceMesh(static_image_mode=True, refine_landmarks=False, max_num_faces=1) as mesh:
+        yield mesh
+
+
+def find_landmarks(face_mesh, image_bgr: np.ndarray) -> np.ndarray:
+    """(468, 2) float32 face-mesh points in pixels, as the faces stage gives them."""
+    result = face_mesh.process(cv2.cvtColor(image_bgr, cv2.COLOR_BGR2RGB))
+    assert result.multi_face_landmarks, "the face mesh found no face"
+    height, width = image_bgr.shape[:2]
+    points = result.multi_face_landmarks[0].landmark
+    return np.array([[point.x * width, point.y * height] for point in points], np.float32)
+
+
+def lip_gap(landmarks: np.ndarray) -> float:
+    """Inner-lip gap at the mouth's centre, in pixels."""
+    return float(np.linalg.norm(landmarks[14] - landmarks[13]))
+
+
+def mouth_width(landmarks: np.ndarray) -> float:
+    return float(np.linalg.norm(landmarks[291] - landmarks[61]))
+
+
+def paste(frame_bgr: np.ndarray, patch: FacePatch) -> np.ndarray:
+    """The frame with the patch blended in through its mask, as the blend stage does."""
+    result = frame_bgr.astype(np.float32)
+    x1, y1, x2, y2 = patch.box
+    alpha = patch.mask[:, :, None]
+    result[y1:y2, x1:x2] = result[y1:y2, x1:x2] * (1.0 - alpha) + patch.image_bgr * alpha
+    return np.clip(np.rint(result), 0, 255).astype(np.uint8)
+
+
+def inner_lip_luma(image_bgr: np.ndarray, landmarks: np.ndarray) -> float:
+    """Mean brightness inside the inner-lip contour."""
+    polygon = landmarks[list(UPPER_INNER_LIP + LOWER_INNER_LIP[-2:0:-1])]
+    mask = np.zeros(image_bgr.shape[:2], np.uint8)
+    cv2.fillPoly(mask, [np.round(polygon).astype(np.int32)], 1)
+    return float(cv2.cvtColor(image_bgr, cv2.COLOR_BGR2GRAY)[mask > 0].mean())
+
+
+def count_dark_mouth_pixels(image_bgr: np.ndarray, landmarks: np.ndarray) -> int:
+    """Dark pixels (an open mouth's cavity) around the mouth: corner to corner, nose to chin."""
+    x1, x2 = int(landmarks[61, 0]) - 4, int(landmarks[291, 0]) + 4
+    y1, y2 = int(landmarks[2, 1]), int(landmarks[152, 1])
+    return int((cv2.cvtColor(image_bgr[y1:y2, x1:x2], cv2.COLOR_BGR2GRAY) < 60).sum())
+
+
+@pytest.fixture(scope="module")
+def portrait() -> np.ndarray:
+    return cv2.imread(str(ASSETS / "astronaut.jpg"))
+
+
+@pytest.fixture(scope="module")
+def portrait_landmarks(face_mesh, portrait) -> np.ndarray:
+    return find_landmarks(face_mesh, portrait)
+
+
+@pytest.fixture(scope="module")
+def speech_mel() -> np.ndarray:
+    """(80, T) Wav2Lip mel of the English sample, computed with Wav2Lip's formula."""
+    import librosa
+
+    samples, _ = librosa.load(str(ASSETS / "speech_en.wav"), sr=16000)
+    emphasised = np.append(samples[0], samples[1:] - 0.97 * samples[:-1])
+    magnitude = np.abs(librosa.stft(y=emphasised, n_fft=800, hop_length=200, win_length=800))
+    mel_basis = librosa.filters.mel(sr=16000, n_fft=800, n_mels=80, fmin=55, fmax=7600)
+    decibels = 20.0 * np.log10(np.maximum(1e-5, mel_basis @ magnitude)) - 20.0
+    return np.clip(8.0 * ((decibels + 100.0) / 100.0) - 4.0, -4.0, 4.0).astype(np.float32)
+
+
+def speech_windows(mel: np.ndarray, count: int, first_frame: int = 0) -> np.ndarray:
+    """(count, 80, 16) windows for output frames first_frame.., as the audio stage makes them."""
+    starts = [min(int((first_frame + i) * 80 / FPS), mel.shape[1] - 16) for i in range(count)]
+    return np.stack([mel[:, start:start + 16] for start in starts])
+
+
+@pytest.fixture(scope="module")
+def loud_window(speech_mel) -> np.ndarray:
+    """The window of the sample's loudest vowel."""
+    windows = speech_windows(speech_mel, int(speech_mel.shape[1] * FPS / 80) - 1)
+    voiced_level = windows[:, 5:45, :4].mean(axis=(1, 2))
+    return windows[int(np.argmax(voiced_level))]
+
+
+def make_batch(frame_bgr: np.ndarray, landmarks: np.ndarray | None, windows: np.ndarray,
+               first_index: int = 0, faces: list | None = None) -> EngineBatch:
+    count = len(windows)
+    if faces is None:
+        faces = [Face(box=(0, 0, frame_bgr.shape[1], frame_bgr.shape[0]), landmarks=landmarks)] * count
+    return EngineBatch(frame_indices=np.arange(first_index, first_index + count, dtype=np.int64),
+                       frames_bgr=np.repeat(frame_bgr[None], count, axis=0), faces=faces,
+                       mel_windows=windows, fps=FPS)
+
+
+def held_patch(frame_bgr: np.ndarray, landmarks: np.ndarray, window: np.ndarray, frames: int = 6) -> FacePatch:
+    """The patch after ``frames`` frames of the same sound (the smoothing has settled)."""
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    patches = engine.generate(make_batch(frame_bgr, landmarks, np.repeat(window[None], frames, axis=0)))
+    return patches[-1]
+
+
+def assert_patch_shape(patch: FacePatch, frame_bgr: np.ndarray) -> None:
+    x1, y1, x2, y2 = patch.box
+    assert 0 <= x1 < x2 <= frame_bgr.shape[1] and 0 <= y1 < y2 <= frame_bgr.shape[0]
+    assert patch.image_bgr.shape == (y2 - y1, x2 - x1, 3) and patch.image_bgr.dtype == np.uint8
+    assert patch.mask.shape == (y2 - y1, x2 - x1) and patch.mask.dtype == np.float32
+    assert patch.mask.min() >= 0.0 and patch.mask.max() <= 1.0
+    border = np.concatenate([patch.mask[0], patch.mask[-1], patch.mask[:, 0], patch.mask[:, -1]])
+    assert np.all(border == 0.0)
+
+
+def test_frames_without_a_face_or_landmarks_get_no_patch(portrait, portrait_landmarks, loud_window):
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    box = (150, 60, 300, 200)
+    faces = [None, Face(box=box, landmarks=None), Face(box=box, landmarks=portrait_landmarks)]
+    patches = engine.generate(make_batch(portrait, None, np.repeat(loud_window[None], 3, axis=0), faces=faces))
+    assert patches[0] is None and patches[1] is None
+    assert isinstance(patches[2], FacePatch)
+
+
+def test_patch_covers_the_lower_face_and_its_mask_is_zero_on_the_border(portrait, portrait_landmarks, loud_window):
+    for window in (SILENT_WINDOW, loud_window):
+        patch = held_patch(portrait, portrait_landmarks, window)
+        assert_patch_shape(patch, portrait)
+        x1, y1, x2, y2 = patch.box
+        assert portrait_landmarks[[145, 374], 1].max() < y1 < portrait_landmarks[0, 1]  # from under the eyes...
+        assert y2 > portrait_landmarks[152, 1] + 5  # ... to below the chin
+        assert x1 < portrait_landmarks[61, 0] - 10 and x2 > portrait_landmarks[291, 0] + 10  # out to the cheeks
+    # A face whose chin touches the frame's edge: the box is clipped and the mask still ends at 0.
+    cropped = np.ascontiguousarray(portrait[:int(portrait_landmarks[152, 1]) + 4])
+    patch = held_patch(cropped, portrait_landmarks, loud_window)
+    assert patch.box[3] == cropped.shape[0]
+    assert_patch_shape(patch, cropped)
+
+
+def test_silence_closes_an_open_mouth_and_leaves_a_closed_one_untouched(face_mesh, portrait, portrait_landmarks):
+    assert lip_gap(portrait_landmarks) > 0.12 * mouth_width(portrait_landmarks)  # she smiles with her teeth showing
+
+    closed_patch = held_patch(portrait, portrait_landmarks, SILENT_WINDOW)
+    closed = paste(portrait, closed_patch)
+    closed_landmarks = find_landmarks(face_mesh, closed)
+    assert lip_gap(closed_landmarks) < 0.07 * mouth_width(closed_landmarks)
+
+    untouched = held_patch(closed, closed_landmarks, SILENT_WINDOW)
+    assert_patch_shape(untouched, closed)
+    x1, y1, x2, y2 = untouched.box
+    difference = np.abs(untouched.image_bgr.astype(int) - closed[y1:y2, x1:x2].astype(int))
+    assert difference.max() <= 2
+    assert untouched.mask.max() == 0.0
+    assert np.abs(paste(closed, untouched).astype(int) - closed.astype(int)).max() <= 2
+
+
+def test_louder_speech_opens_the_mouth_wider_and_shows_a_dark_interior(face_mesh, portrait, portrait_landmarks,
+                                                                        loud_window):
+    gaps, dark_pixels, results = [], [], []
+    for quieter_db in (24.0, 18.0, 12.0, 6.0):  # the loudest vowel, played quieter
+        window = np.clip(loud_window - quieter_db * MEL_UNITS_PER_DB, -4.0, 4.0)
+        result = paste(portrait, held_patch(portrait, portrait_landmarks, window))
+        landmarks = find_landmarks(face_mesh, result)
+        results.append((result, landmarks))
+        gaps.append(lip_gap(landmarks))
+        dark_pixels.append(count_dark_mouth_pixels(result, portrait_landmarks))
+    # The face mesh sees the lips part further with each step up to a clear opening...
+    assert gaps[0] < gaps[1] < gaps[2] and gaps[2] > gaps[0] + 3.0, gaps
+    assert gaps[3] >= gaps[2] - 0.5, gaps
+    # ... and the rendered cavity grows with every step.
+    assert all(later > earlier for earlier, later in zip(dark_pixels, dark_pixels[1:])), dark_pixels
+    assert dark_pixels[-1] > dark_pixels[0] + 80, dark_pixels
+    # Inside the lips it is dark now, where her teeth were bright.
+    loudest, loudest_landmarks = results[-1]
+    assert inner_lip_luma(loudest, loudest_landmarks) < inner_lip_luma(portrait, portrait_landmarks) - 40
+
+
+def test_pixels_outside_the_mask_are_unchanged(portrait, portrait_landmarks, loud_window):
+    patch = held_patch(portrait, portrait_landmarks, loud_window)
+    x1, y1, x2, y2 = patch.box
+    outside = patch.mask == 0.0
+    assert outside.any() and (patch.mask == 1.0).any()
+    assert np.array_equal(patch.image_bgr[outside], portrait[y1:y2, x1:x2][outside])
+    changed = np.abs(paste(portrait, patch).astype(int) - portrait.astype(int)).max(axis=2) > 0
+    rows, columns = np.nonzero(changed)
+    assert rows.min() >= y1 and rows.max() < y2 and columns.min() >= x1 and columns.max() < x2
+    assert rows.min() > portrait_landmarks[1, 1] - 1  # the nose tip and everything above it are untouched
+
+
+def test_a_tilted_face_opens_along_its_own_axis(face_mesh, portrait, portrait_landmarks, loud_window):
+    rotation = cv2.getRotationMatrix2D((256.0, 256.0), 20.0, 1.0)  # (2, 3)
+    tilted = cv2.warpAffine(portrait, rotation, (512, 512), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
+    landmarks = find_landmarks(face_mesh, tilted)
+    closed = find_landmarks(face_mesh, paste(tilted, held_patch(tilted, landmarks, SILENT_WINDOW)))
+    patch = held_patch(tilted, landmarks, loud_window)
+    assert_patch_shape(patch, tilted)
+    opened = find_landmarks(face_mesh, paste(tilted, patch))
+    assert lip_gap(opened) > lip_gap(closed) + 4.0
+
+
+def test_two_engines_give_identical_results(portrait, portrait_landmarks, speech_mel):
+    windows = speech_windows(speech_mel, 12, first_frame=8)
+    first = LandmarkEngine(EngineConfig(), FPS).generate(make_batch(portrait, portrait_landmarks, windows))
+    second = LandmarkEngine(EngineConfig(), FPS).generate(make_batch(portrait, portrait_landmarks, windows))
+    for a, b in zip(first, second):
+        assert a.box == b.box and np.array_equal(a.image_bgr, b.image_bgr) and np.array_equal(a.mask, b.mask)
+
+
+def test_a_batch_split_in_two_gives_the_same_frames(portrait, portrait_landmarks, speech_mel):
+    windows = speech_windows(speech_mel, 20, first_frame=30)
+    whole = LandmarkEngine(EngineConfig(), FPS).generate(make_batch(portrait, portrait_landmarks, windows))
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    split = (engine.generate(make_batch(portrait, portrait_landmarks, windows[:7]))
+             + engine.generate(make_batch(portrait, portrait_landmarks, windows[7:], first_index=7)))
+    assert len(split) == len(whole)
+    for a, b in zip(whole, split):
+        assert a.box == b.box and np.array_equal(a.image_bgr, b.image_bgr) and np.array_equal(a.mask, b.mask)
+    # The speech really moved the mouth over these frames.
+    assert len({patch.image_bgr.tobytes() for patch in whole}) > 5
+
+
+def test_mouth_strength_scales_the_opening(portrait, portrait_landmarks, loud_window):
+    dark_pixels = []
+    for strength in (0.4, 1.0, 1.5):
+        engine = LandmarkEngine(EngineConfig(mouth_strength=strength), FPS)
+        patch = engine.generate(make_batch(portrait, portrait_landmarks, np.repeat(loud_window[None], 6, axis=0)))[-1]
+        dark_pixels.append(count_dark_mouth_pixels(paste(portrait, patch), portrait_landmarks))
+    assert dark_pixels[0] < dark_pixels[1] < dark_pixels[2], dark_pixels
+
+
+def test_mouth_shapes_follow_loudness_closure_and_vowels(speech_mel):
+    tracker = MouthShapeTracker(FPS)
+    silence = tracker.update(np.repeat(SILENT_WINDOW[None], 4, axis=0))
+    assert np.all(silence.openness == 0.0) and np.all(silence.width == 0.0)
+
+    shapes = MouthShapeTracker(FPS).update(speech_windows(speech_mel, int(speech_mel.shape[1] * FPS / 80) - 1))
+    assert shapes.openness.max() > 0.8
+    assert 0.2 < (shapes.openness > 0.05).mean() < 0.9  # it talks, and it pauses
+    pause = slice(int(2.4 * FPS), int(3.0 * FPS))  # the sample's 0.9 s break after "welcome to hey gem"
+    assert np.all(shapes.openness[pause] == 0.0)
+    assert shapes.width.min() < -0.2 and shapes.width.max() > 0.4  # rounded and spread vowels both occur

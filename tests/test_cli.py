@@ -98,5 +98,5 @@ def test_wav2lip_checkpoint_in_the_official_layout_runs_end_to_end(tmp_path, fac
     # random weights paint noise into the lower face, and only there
     source = cv2.resize(cv2.imread(str(face_photo)), (256, 256), interpolation=cv2.INTER_AREA).astype(np.int16)
     difference = np.abs(frames[10].astype(np.int16) - source).mean(axis=2)
-    assert difference[:40].mean() < 3 and difference[150:].mean() < 3
-    assert difference[60:110, 80:150].mean() > 5
+    assert np.median(difference[:40]) < 4 and np.median(difference[150:]) < 4  # x264 noise only
+    assert difference[60:110, 80:150].mean() > 6

@@ -1,0 +1,95 @@
+"""Whole-pipeline throughput and peak memory at 720p, per engine.
+
+    python bench/bench_pipeline.py [--seconds 10] [--height 720] [--engines landmark wav2lip]
+
+Makes a synthetic talking-head input (the bundled portrait, moving slowly, at
+25 fps) and the bundled speech cut to the same length, runs
+:func:`heygem.pipeline.generate` once per engine (wav2lip with a random-init
+checkpoint in the official layout: the speed is the same as with real weights)
+and prints frames per second, seconds per stage and peak resident memory of
+this process and of its ffmpeg children.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {os.cpu_count()} cores, {gpu}; torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def make_inputs(folder: Path, seconds: float, height: int) -> tuple[Path, Path]:
+    from heygem.media import ffmpeg_binary
+
+    width = int(round(height * 16 / 9 / 2)) * 2
+    video = folder / f"face_{height}p.mp4"
+    audio = folder / "speech.wav"
+    portrait = REPO / "assets" / "astronaut.jpg"
+    subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-loop", "1", "-i", str(portrait),
+                    "-vf", f"scale={height + 40}:{height + 40},crop={height}:{height}:x='20+10*sin(t)':y='20+8*cos(t*0.7)',"
+                           f"pad={width}:{height}:(ow-iw)/2:0,format=yuv420p",
+                    "-r", "25", "-t", str(seconds), "-c:v", "libx264", "-preset", "veryfast", str(video)], check=True)
+    subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-stream_loop", "-1", "-i",
+                    str(REPO / "assets" / "speech_en.wav"), "-t", str(seconds), str(audio)], check=True)
+    return video, audio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the test video and audio")
+    parser.add_argument("--height", type=int, default=720, help="height of the test video (16:9)")
+    parser.add_argument("--engines", nargs="+", default=["landmark", "wav2lip"], choices=["landmark", "wav2lip"])
+    args = parser.parse_args()
+
+    import torch
+
+    from heygem.models.wav2lip import Wav2Lip
+    from heygem.pipeline import generate
+
+    with tempfile.TemporaryDirectory(prefix="heygem-bench-") as folder_name:
+        folder = Path(folder_name)
+        video, audio = make_inputs(folder, args.seconds, args.height)
+        weights = folder / "weights"
+        weights.mkdir()
+        torch.save({"state_dict": Wav2Lip().state_dict()}, weights / "wav2lip.pth")
+        os.environ["HEYGEM_WEIGHTS"] = str(weights)
+        print(f"machine: {machine_description()}")
+        print(f"input: {args.height}p, 25 fps, {args.seconds:g} s; output at the input's size\n")
+        print(f"{'engine':<10}{'frames':>8}{'seconds':>9}{'frames/s':>10}{'x realtime':>12}  seconds per stage")
+        for engine in args.engines:
+            started = time.perf_counter()
+            summary = generate(video, audio, folder / f"out_{engine}.mp4", overrides={"engine.name": engine})
+            elapsed = time.perf_counter() - started
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in summary.seconds_per_stage.items() if v >= 0.05)
+            print(f"{engine:<10}{summary.frames:>8}{elapsed:>9.1f}{summary.frames / elapsed:>10.1f}"
+                  f"{summary.video_seconds / elapsed:>12.2f}  {stages}")
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(f"\npeak resident memory: this process {own:.0f} MiB, largest ffmpeg child {children:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,511 @@
+"""Batch mode: many faces and audio files in, one job each, through the job store.
+
+Items are planned from a list of files by one of three pairings:
+
+- ``stem``: files with the same name before the suffix belong together
+  (``anna.mp4`` + ``anna.wav``); a video alone uses its own sound;
+- ``cross``: every face with every audio file;
+- a CSV manifest with the columns ``face``, ``audio`` (empty: the video's own
+  sound) and optionally ``name`` and ``options`` (a JSON object).
+
+``python -m heygem batch`` runs the items with a worker in this process,
+skips items whose inputs and options are unchanged since a finished earlier run,
+keeps going when an item fails and writes ``summary.csv``. The web app plans
+items the same way and queues them on its own workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from heygem.errors import HeygemError
+from heygem.jobs import CANCELLED, DEFAULT_OUTPUTS, DONE, FAILED, JobStore, new_job_id, sanitize_filename, start_workers
+
+logger = logging.getLogger("heygem")
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
+VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".ts"}
+AUDIO_SUFFIXES = {".wav", ".mp3", ".m4a", ".aac", ".flac", ".ogg", ".oga", ".opus", ".wma"}
+PAIRINGS = ("stem", "cross")  # or the path of a CSV manifest
+
+SUMMARY_NAME = "summary.csv"
+STATE_NAME = ".heygem-batch.json"  # item name -> key of the inputs and options its result was made from
+SKIPPED = "skipped"
+SUMMARY_COLUMNS = ("name", "status", "face", "audio", "output", "seconds", "engine", "error", "job_id")
+
+
+@dataclass
+class BatchItem:
+    """One output to make."""
+
+    name: str  # the output's file stem, unique within the batch
+    face_path: Path | None
+    audio_path: Path | None  # None: the face video's own audio
+    options: dict = field(default_factory=dict)  # this item's options over the batch's (manifest column)
+    problem: str | None = None  # why the item cannot run, found while planning
+
+
+@dataclass
+class BatchResult:
+    """What became of one item."""
+
+    item: BatchItem
+    status: str  # done, skipped, failed or cancelled
+    job_id: str | None = None
+    output_path: Path | None = None
+    seconds: float | None = None
+    engine: str | None = None
+    error: str | None = None
+
+    def row(self) -> dict:
+        return {
+            "name": self.item.name,
+            "status": self.status,
+            "face": self.item.face_path.name if self.item.face_path else "",
+            "audio": self.item.audio_path.name if self.item.audio_path else "(video's own audio)",
+            "output": self.output_path.name if self.output_path else "",
+            "seconds": "" if self.seconds is None else f"{self.seconds:.1f}",
+            "engine": self.engine or "",
+            "error": self.error or "",
+            "job_id": self.job_id or "",
+        }
+
+
+def file_role(path: Path) -> str | None:
+    """'image', 'video' or 'audio' by the file's suffix; None for anything else."""
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix in VIDEO_SUFFIXES:
+        return "video"
+    if suffix in AUDIO_SUFFIXES:
+        return "audio"
+    return None
+
+
+def collect_files(folder: Path) -> list[Path]:
+    """The media files directly inside ``folder`` (not hidden ones), sorted by name."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HeygemError(f"batch folder not found: {folder}")
+    return sorted(path for path in folder.iterdir()
+                  if path.is_file() and not path.name.startswith(".") and file_role(path) is not None)
+
+
+def resolve_under_roots(folder: str | Path, roots: list[Path]) -> Path:
+    """``folder`` resolved (symlinks followed) if it lies under one of ``roots``; HeygemError otherwise."""
+    if not roots:
+        raise HeygemError("server folders are switched off: start the app with --batch-root DIR to allow some")
+    text = str(folder).strip()
+    if not text:
+        raise HeygemError("enter a folder on the server")
+    candidate = Path(text).expanduser()
+    resolved_roots = [Path(root).resolve() for root in roots]
+    options = [candidate] if candidate.is_absolute() else [root / candidate for root in resolved_roots]
+    for option in options:
+        resolved = option.resolve()
+        if any(resolved == root or resolved.is_relative_to(root) for root in resolved_roots):
+            if not resolved.is_dir():
+                raise HeygemError(f"{text} is not a folder")
+            return resolved
+    raise HeygemError(f"{text} is outside the folders this server allows: {', '.join(map(str, resolved_roots))}")
+
+
+def _unique_names(items: list[BatchItem]) -> list[BatchItem]:
+    """Make item names safe and unique (anna, anna-2, ...)."""
+    seen: set[str] = set()
+    for item in items:
+        base = sanitize_filename(item.name, fallback="item")
+        name, number = base, 2
+        while name.casefold() in seen:
+            name, number = f"{base}-{number}", number + 1
+        seen.add(name.casefold())
+        item.name = name
+    return items
+
+
+def plan_items(files: list[Path], pairing: str = "stem", base_dir: Path | None = None) -> list[BatchItem]:
+    """Turn files into batch items by ``pairing``: "stem", "cross" or a manifest CSV's path.
+
+    Files with problems become items with ``problem`` set, so that they show
+    in the summary instead of silently disappearing.
+    """
+    files = [Path(path) for path in files]
+    faces = [path for path in files if file_role(path) in ("image", "video")]
+    audios = [path for path in files if file_role(path) == "audio"]
+    if pairing == "stem":
+        items = _pair_by_stem(faces, audios)
+    elif pairing == "cross":
+        items = _pair_crosswise(faces, audios)
+    else:
+        manifest = Path(pairing)
+        if manifest.suffix.lower() != ".csv":
+            raise HeygemError(f"pairing must be stem, cross or a .csv manifest, not {pairing!r}")
+        items = _pair_by_manifest(manifest, files, base_dir)
+    if not items:
+        raise HeygemError("no faces (videos or images) and audio files to pair were found")
+    return _unique_names(items)
+
+
+def _pair_by_stem(faces: list[Path], audios: list[Path]) -> list[BatchItem]:
+    stems: dict[str, tuple[list[Path], list[Path]]] = {}
+    for path in faces:
+        stems.setdefault(path.stem, ([], []))[0].append(path)
+    for path in audios:
+        stems.setdefault(path.stem, ([], []))[1].append(path)
+    items = []
+    for stem, (stem_faces, stem_audios) in sorted(stems.items()):
+        face = stem_faces[0] if len(stem_faces) == 1 else None
+        audio = stem_audios[0] if len(stem_audios) == 1 else None
+        item = BatchItem(name=stem, face_path=face, audio_path=audio)
+        if len(stem_faces) > 1 or len(stem_audios) > 1:
+            names = ", ".join(path.name for path in stem_faces + stem_audios)
+            item.problem = f"several files are named {stem}: {names}; rename them so each stem has one face and one audio"
+        elif face is None:
+            item.problem = f"{audio.name} has no face (image or video) named {stem}.*"
+        elif audio is None and file_role(face) == "image":
+            item.problem = f"{face.name} is a photo with no audio file named {stem}.*"
+        items.append(item)
+    return items
+
+
+def _pair_crosswise(faces: list[Path], audios: list[Path]) -> list[BatchItem]:
+    if not faces:
+        raise HeygemError("cross pairing needs at least one face (image or video)")
+    if not audios:
+        raise HeygemError("cross pairing needs at least one audio file")
+    return [BatchItem(name=f"{face.stem}__{audio.stem}", face_path=face, audio_path=audio)
+            for face in faces for audio in audios]
+
+
+def _pair_by_manifest(manifest: Path, files: list[Path], base_dir: Path | None) -> list[BatchItem]:
+    """Rows of face, audio[, name][, options]; paths are relative to ``base_dir`` (or uploaded file names)."""
+    if not manifest.is_file():
+        raise HeygemError(f"manifest not found: {manifest}")
+    by_name = {path.name: path for path in files}
+    root = base_dir.resolve() if base_dir is not None else None
+
+    def locate(entry: str) -> tuple[Path | None, str | None]:
+        entry = entry.strip()
+        if root is None:
+            path = by_name.get(entry)
+            return (path, None) if path else (None, f"{entry} is not among the uploaded files")
+        path = (root / entry).resolve()
+        if not path.is_relative_to(root):
+            return None, f"{entry} is outside the batch folder"
+        if not path.is_file():
+            return None, f"{entry} not found in the batch folder"
+        return path, None
+
+    try:
+        with open(manifest, newline="", encoding="utf-8-sig") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise HeygemError(f"cannot read the manifest {manifest.name}: {error}") from None
+    if rows and "face" not in rows[0]:
+        raise HeygemError(f"the manifest {manifest.name} needs a header row with at least: face,audio")
+    items = []
+    for number, row in enumerate(rows, start=2):
+        face_entry, audio_entry = (row.get("face") or "").strip(), (row.get("audio") or "").strip()
+        if not face_entry:
+            continue
+        face, problem = locate(face_entry)
+        audio, audio_problem = (locate(audio_entry) if audio_entry else (None, None))
+        name = (row.get("name") or "").strip() or (
+            f"{Path(face_entry).stem}__{Path(audio_entry).stem}" if audio_entry else Path(face_entry).stem)
+        item = BatchItem(name=name, face_path=face, audio_path=audio, problem=problem or audio_problem)
+        options_text = (row.get("options") or "").strip()
+        if options_text and item.problem is None:
+            try:
+                item.options = json.loads(options_text)
+                if not isinstance(item.options, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                item.problem = f"line {number}: options must be a JSON object, e.g. {{\"face.pads\": [0, 20, 0, 0]}}"
+        items.append(item)
+    return items
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def item_key(item: BatchItem, options: dict) -> str:
+    """A hash of the item's inputs (their bytes) and its effective options."""
+    digest = hashlib.sha256()
+    digest.update(_file_digest(item.face_path).encode())
+    digest.update(_file_digest(item.audio_path).encode() if item.audio_path else b"own-audio")
+    digest.update(json.dumps(options, sort_keys=True, ensure_ascii=False).encode())
+    return digest.hexdigest()
+
+
+def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, batch: str,
+                 reuse: bool = False) -> dict[str, str | Exception]:
+    """Queue one job per item that can run; return item name -> job id, or the error that stopped it.
+
+    With ``reuse``, an item whose inputs and options match a queued, running or
+    done job is attached to that job instead of making a new one.
+    """
+    outcome: dict[str, str | Exception] = {}
+    for item in items:
+        if item.problem:
+            outcome[item.name] = HeygemError(item.problem)
+            continue
+        try:
+            merged = {**store.resolve_options(options)[0], **store.resolve_options(item.options)[0]}
+            key = item_key(item, merged)
+            existing = store.find_by_item_key(key) if reuse else None
+            if existing is not None:
+                store.set_batch(existing.id, batch, item.name)
+                outcome[item.name] = existing.id
+            else:
+                outcome[item.name] = store.create_job(item.face_path, item.audio_path, merged, batch=batch,
+                                                      label=item.name, item_key=key)
+        except (HeygemError, OSError) as error:
+            outcome[item.name] = error if isinstance(error, HeygemError) else HeygemError(str(error))
+    return outcome
+
+
+def zip_results(store: JobStore, batch: str) -> Path | None:
+    """A zip of the batch's finished videos, named by item; None when none is done yet."""
+    jobs = [job for job in store.list(batch=batch) if job.status == DONE and job.result_path.is_file()]
+    if not jobs:
+        return None
+    folder = store.outputs_dir / "batches"
+    folder.mkdir(exist_ok=True)
+    destination = folder / f"{batch}.zip"
+    partial = folder / f".{batch}.{uuid.uuid4().hex}.partial"
+    with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as archive:
+        for job in sorted(jobs, key=lambda job: job.label or job.id):
+            archive.write(job.result_path, f"{job.label or job.id}.mp4")
+    os.replace(partial, destination)
+    return destination
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _load_state(output_dir: Path) -> dict:
+    try:
+        return json.loads((output_dir / STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _copy_atomically(source: Path, destination: Path) -> None:
+    partial = destination.with_name(f".{destination.name}.{uuid.uuid4().hex}.partial")
+    shutil.copyfile(source, partial)
+    os.replace(partial, destination)
+
+
+def write_summary(results: list[BatchResult], path: Path) -> None:
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    with open(partial, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=SUMMARY_COLUMNS)
+        writer.writeheader()
+        for result in results:
+            writer.writerow(result.row())
+    os.replace(partial, path)
+
+
+def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options: dict | None = None, *,
+              jobs_dir: Path = DEFAULT_OUTPUTS, show_progress: bool = True) -> list[BatchResult]:
+    """Make every item of ``input_dir`` into ``output_dir/<name>.mp4`` and write ``summary.csv``.
+
+    Jobs go through the store in ``jobs_dir`` and run on a worker in this
+    process. Items whose result exists and whose inputs and options are
+    unchanged are skipped; a failed item is recorded and the rest go on.
+    """
+    from tqdm import tqdm
+
+    input_dir, output_dir = Path(input_dir), Path(output_dir)
+    if pairing not in PAIRINGS:
+        manifest = Path(pairing)
+        pairing = str(manifest if manifest.is_absolute() or manifest.exists() else input_dir / manifest)
+    items = plan_items(collect_files(input_dir), pairing, base_dir=input_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    store = JobStore(jobs_dir)
+    state = _load_state(output_dir)
+    batch = new_job_id()
+    results: dict[str, BatchResult] = {}
+    to_submit = []
+    for item in items:
+        output_path = output_dir / f"{item.name}.mp4"
+        if item.problem is None and output_path.is_file() and item.name in state:
+            merged = {**store.resolve_options(options)[0], **store.resolve_options(item.options)[0]}
+            if state[item.name] == item_key(item, merged):
+                results[item.name] = BatchResult(item, SKIPPED, output_path=output_path)
+                continue
+        to_submit.append(item)
+    submitted = submit_items(store, to_submit, options, batch, reuse=True)
+    pending: dict[str, str] = {}
+    for item in to_submit:
+        outcome = submitted[item.name]
+        if isinstance(outcome, Exception):
+            results[item.name] = BatchResult(item, FAILED, error=str(outcome))
+            logger.warning("%s: %s", item.name, outcome)
+        else:
+            pending[item.name] = outcome
+    by_name = {item.name: item for item in items}
+
+    workers = start_workers(store, 1, batch=batch) if pending else []
+    bar = tqdm(total=len(items), unit="item", desc="batch", disable=not show_progress)
+    bar.update(len(results))
+    try:
+        while pending:
+            for name, job_id in list(pending.items()):
+                job = store.get(job_id)
+                if job.status == "running":
+                    bar.set_postfix_str(f"{name}: {job.stage} {job.progress:.0%}", refresh=False)
+                if not job.is_finished:
+                    continue
+                del pending[name]
+                item = by_name[name]
+                result = BatchResult(item, job.status, job_id=job.id, seconds=job.seconds, engine=job.engine,
+                                     error=job.error)
+                if job.status == DONE:
+                    result.output_path = output_dir / f"{name}.mp4"
+                    _copy_atomically(job.result_path, result.output_path)
+                    if job.summary_path.is_file():
+                        _copy_atomically(job.summary_path, output_dir / f"{name}.json")
+                    state[name] = job.item_key
+                    _write_atomically(output_dir / STATE_NAME, json.dumps(state, indent=1, sort_keys=True))
+                else:
+                    bar.write(f"{name}: {job.status}: {job.error or ''}")
+                results[name] = result
+                bar.update(1)
+            if pending:
+                time.sleep(0.3)
+    finally:
+        bar.close()
+        for worker in workers:
+            worker.stop()
+        ordered = [results[item.name] for item in items if item.name in results]
+        write_summary(ordered, output_dir / SUMMARY_NAME)
+    return ordered
+
+
+def _parse_options(text: str | None) -> dict:
+    if not text:
+        return {}
+    source = Path(text)
+    if not text.lstrip().startswith("{") and source.is_file():
+        text = source.read_text(encoding="utf-8")
+    try:
+        options = json.loads(text)
+    except ValueError as error:
+        raise HeygemError(f"--options must be a JSON object such as '{{\"media.output_height\": 360}}': {error}") from None
+    if not isinstance(options, dict):
+        raise HeygemError("--options must be a JSON object")
+    return options
+
+
+def batch_command(args: argparse.Namespace) -> int:
+    from heygem.cli import option_overrides
+
+    options = {**_parse_options(args.options), **option_overrides(args)}
+    results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
+                        jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet)
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.status] = counts.get(result.status, 0) + 1
+    print(", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+          + f"; summary in {Path(args.output) / SUMMARY_NAME}")
+    return 1 if counts.get(FAILED) or counts.get(CANCELLED) else 0
+
+
+def add_batch_parser(subparsers) -> argparse.ArgumentParser:
+    """``python -m heygem batch INPUT_DIR --output OUT_DIR [--pairing stem|cross|manifest.csv]``."""
+    parser = subparsers.add_parser(
+        "batch", help="make a video for every face/audio pair in a folder",
+        description="Make a video for every face/audio pair in a folder. Rerunning skips items whose inputs "
+                    "and options are unchanged; a failed item does not stop the others; summary.csv lists them all.")
+    parser.add_argument("input_dir", help="folder with the faces (videos, images) and audio files")
+    parser.add_argument("--output", "-o", required=True, help="folder for the videos, their JSON summaries and summary.csv")
+    parser.add_argument("--pairing", default="stem",
+                        help="stem: same file name before the suffix; cross: every face with every audio; "
+                             "or a CSV manifest with columns face,audio[,name][,options] (default: stem)")
+    parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
+                                          "or a file holding such JSON; the option flags below override it")
+    parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
+                        help="the job store the items run through (default: outputs/)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    from heygem.cli import add_option_flags
+
+    add_option_flags(parser)
+    parser.set_defaults(handler=batch_command)
+    return parser
+
+
+def jobs_command(args: argparse.Namespace) -> int:
+    store = JobStore(args.jobs_dir)
+    if args.jobs_action == "list":
+        jobs = store.list(status=args.status, limit=args.limit)
+        print(f"{'id':24} {'status':10} {'progress':>8}  {'engine':9} {'created':20} error/stage")
+        for job in jobs:
+            detail = job.error or job.stage
+            print(f"{job.id:24} {job.status:10} {job.progress:8.0%}  {job.engine:9} "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.created)):20} {detail}")
+        return 0
+    if args.jobs_action == "clean":
+        removed = store.clean(args.older_than * 86400)
+        print(f"removed {len(removed)} finished job(s) older than {args.older_than:g} day(s)")
+        return 0
+    if args.jobs_action == "cancel":
+        print(f"{args.job_id}: {store.cancel(args.job_id).status}")
+        return 0
+    if args.jobs_action == "retry":
+        print(f"{args.job_id}: {store.retry(args.job_id).status}")
+        return 0
+    if args.jobs_action == "work":
+        workers = start_workers(store, args.workers)
+        print(f"{len(workers)} worker(s) running jobs from {store.outputs_dir}; Ctrl+C stops")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+    raise HeygemError("choose a jobs action: list, clean, cancel, retry or work")
+
+
+def add_jobs_parser(subparsers) -> argparse.ArgumentParser:
+    """``python -m heygem jobs list|clean --older-than DAYS|cancel ID|retry ID|work``."""
+    parser = subparsers.add_parser("jobs", help="list, clean, cancel or retry jobs; or run a worker",
+                                   description="The job store shared by the web app, the REST API and batch mode.")
+    parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS), help="the job store (default: outputs/)")
+    actions = parser.add_subparsers(dest="jobs_action", required=True)
+    listing = actions.add_parser("list", help="jobs, newest first")
+    listing.add_argument("--status", choices=("queued", "running", "done", "failed", "cancelled"))
+    listing.add_argument("--limit", type=int, default=50)
+    cleaning = actions.add_parser("clean", help="delete finished jobs and their folders")
+    cleaning.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                          help="delete jobs that finished more than this many days ago (0: all finished jobs)")
+    cancelling = actions.add_parser("cancel", help="cancel a queued or running job")
+    cancelling.add_argument("job_id")
+    retrying = actions.add_parser("retry", help="queue a failed or cancelled job again")
+    retrying.add_argument("job_id")
+    working = actions.add_parser("work", help="run queued jobs in this process (when the app runs with --workers 0)")
+    working.add_argument("--workers", type=int, default=None, help="how many (default: one per GPU, or one)")
+    parser.set_defaults(handler=jobs_command)
+    return parser

@@ -1,0 +1,819 @@
+"""The durable job store and its workers: the one path every generation takes.
+
+The web UI, the REST API, batch mode and ``python -m heygem jobs`` all create
+and read jobs through :class:`JobStore`; :func:`run_job` is the only place a
+job turns into a call of :func:`heygem.pipeline.generate`.
+
+Layout on disk (``outputs/`` by default)::
+
+    outputs/jobs.db                 SQLite in WAL mode, one connection per thread
+    outputs/<job_id>/<face name>    the inputs as uploaded, names sanitised
+    outputs/<job_id>/options.json   the options the job was submitted with
+    outputs/<job_id>/job.log        what happened, attempt by attempt
+    outputs/<job_id>/result.mp4     the video, once done
+    outputs/<job_id>/result.json    the pipeline's summary (seconds per stage, ...)
+
+States: ``queued -> running -> done | failed | cancelled``. A worker claims a
+job inside one write transaction, so two workers (threads or processes) never
+run the same job; it records its owner (host, pid, a per-process token), and
+only that owner may move the job on. A job left ``running`` by a process that
+no longer exists (a crash, ``kill -9``) goes back to ``queued`` when a worker
+starts next, and runs again from the start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import socket
+import sqlite3
+import sys
+import threading
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from heygem.config import REPO_ROOT, Config, apply_overrides, load_config
+from heygem.errors import GenerationCancelled, HeygemError
+
+logger = logging.getLogger("heygem")
+
+DEFAULT_OUTPUTS = Path(os.environ.get("HEYGEM_OUTPUTS", REPO_ROOT / "outputs"))
+DATABASE_NAME = "jobs.db"
+
+QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
+STATUSES = (QUEUED, RUNNING, DONE, FAILED, CANCELLED)
+FINISHED = (DONE, FAILED, CANCELLED)
+
+RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME = "result.mp4", "result.json", "options.json", "job.log"
+RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME}
+MAX_NAME_BYTES = 120  # longest sanitised input file name, in UTF-8 bytes
+
+PROGRESS_WRITE_INTERVAL = 0.25  # seconds between progress writes within one stage
+STOP_POLL_INTERVAL = 0.25  # seconds between cancellation checks
+IDLE_POLL_INTERVAL = 1.0  # seconds an idle worker waits before looking for jobs again
+FOREIGN_OWNER_STALE_SECONDS = 600  # a job owned by another host with no heartbeat for this long is requeued
+
+_PROCESS_TOKEN = secrets.token_hex(4)  # tells this process from an earlier one that had the same pid
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    progress REAL NOT NULL DEFAULT 0,      -- 0..1, overall
+    stage TEXT NOT NULL DEFAULT '',        -- the pipeline stage now running
+    error TEXT,                            -- the user-facing message of a failure
+    created REAL NOT NULL,                 -- unix seconds
+    queued REAL NOT NULL,                  -- when it last entered the queue: the queue order
+    started REAL,
+    finished REAL,
+    heartbeat REAL,                        -- last progress write while running
+    face_name TEXT NOT NULL,               -- file name inside the job folder
+    audio_name TEXT,                       -- NULL: use the face video's own audio
+    options TEXT NOT NULL,                 -- JSON, flat dotted keys
+    engine TEXT NOT NULL,                  -- as asked until done, then the engine that ran
+    attempts INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,                            -- host:pid:token:worker while running
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    batch TEXT,                            -- batch id, when created by a batch
+    label TEXT,                            -- the batch item's name
+    item_key TEXT                          -- hash of inputs and options, for resuming batches
+);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, queued, id);
+CREATE INDEX IF NOT EXISTS jobs_by_batch ON jobs (batch);
+CREATE INDEX IF NOT EXISTS jobs_by_item_key ON jobs (item_key);
+"""
+
+
+class UploadTooLarge(HeygemError):
+    """An input file is larger than the configured upload limit."""
+
+
+@dataclass(frozen=True)
+class Upload:
+    """An input that arrives as a stream (an HTTP upload) rather than a file on disk."""
+
+    name: str  # the file name the client sent; sanitised before use
+    stream: BinaryIO
+
+
+@dataclass
+class Job:
+    """One row of the job store, plus where its files are."""
+
+    id: str
+    status: str
+    progress: float
+    stage: str
+    error: str | None
+    created: float
+    queued: float
+    started: float | None
+    finished: float | None
+    face_name: str
+    audio_name: str | None
+    options: dict
+    engine: str
+    attempts: int
+    cancel_requested: bool
+    batch: str | None
+    label: str | None
+    item_key: str | None
+    owner: str | None
+    directory: Path
+    jobs_ahead: int | None = None  # queued jobs that run before this one (None unless queued)
+    summary: dict | None = field(default=None, repr=False)  # result.json, once done
+
+    @property
+    def face_path(self) -> Path:
+        return self.directory / self.face_name
+
+    @property
+    def audio_path(self) -> Path:
+        """The audio input; the face file itself when the job uses the video's own audio."""
+        return self.directory / (self.audio_name or self.face_name)
+
+    @property
+    def result_path(self) -> Path:
+        return self.directory / RESULT_NAME
+
+    @property
+    def summary_path(self) -> Path:
+        return self.directory / SUMMARY_NAME
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / LOG_NAME
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def seconds(self) -> float | None:
+        """Wall-clock seconds of the last attempt, once finished."""
+        if self.started is None or self.finished is None:
+            return None
+        return self.finished - self.started
+
+    def read_summary(self) -> dict | None:
+        """The pipeline's result.json, or None when there is none (yet)."""
+        if self.summary is None and self.status == DONE and self.summary_path.is_file():
+            try:
+                self.summary = json.loads(self.summary_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self.summary = None
+        return self.summary
+
+    def to_dict(self) -> dict:
+        """The JSON shape the REST API returns."""
+        summary = self.read_summary() or {}
+        return {
+            "id": self.id,
+            "status": self.status,
+            "progress": round(self.progress, 4),
+            "stage": self.stage,
+            "error": self.error,
+            "created": iso_time(self.created),
+            "started": iso_time(self.started),
+            "finished": iso_time(self.finished),
+            "engine": self.engine,
+            "queue_position": None if self.jobs_ahead is None else self.jobs_ahead + 1,
+            "attempts": self.attempts,
+            "face": self.face_name,
+            "audio": self.audio_name,
+            "options": self.options,
+            "batch": self.batch,
+            "label": self.label,
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+            "seconds_per_stage": summary.get("seconds_per_stage"),
+            "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
+        }
+
+
+def iso_time(seconds: float | None) -> str | None:
+    """Unix seconds as an ISO 8601 UTC timestamp, e.g. 2024-05-01T12:00:00Z."""
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def sanitize_filename(name: str, fallback: str) -> str:
+    """A safe file name that keeps what the user will recognise.
+
+    Keeps letters and digits of any script, spaces, dots, dashes and
+    underscores; drops any folder part; never starts or ends with a dot or a
+    space; at most ``MAX_NAME_BYTES`` bytes with the suffix kept.
+    """
+    name = unicodedata.normalize("NFC", name or "").replace("\\", "/").rsplit("/", 1)[-1]
+    name = re.sub(r"[^\w.\- ]+", "_", name)
+    name = re.sub(r"\s+", " ", name).strip(" .")
+    if not name or not re.search(r"[^._\- ]", name):
+        name = fallback
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or not stem:
+        stem, suffix = name, ""
+    suffix = suffix[:16]
+    while len((stem + "." + suffix).encode("utf-8")) > MAX_NAME_BYTES and len(stem) > 1:
+        stem = stem[:-1]
+    return f"{stem}.{suffix}" if suffix else stem
+
+
+def flatten_options(options: dict | None) -> dict:
+    """Options as flat dotted keys: {"face": {"pads": x}} and {"face.pads": x} both give the latter."""
+    flat: dict = {}
+    for key, value in (options or {}).items():
+        if not isinstance(key, str):
+            raise HeygemError(f"option names are text, not {key!r}")
+        if "." not in key and isinstance(value, dict):
+            for leaf, leaf_value in value.items():
+                flat[f"{key}.{leaf}"] = leaf_value
+        else:
+            flat[key] = value
+    return flat
+
+
+def new_job_id() -> str:
+    """Time-ordered and unique: 20240501-120000-3fa2c1."""
+    return f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+def process_owner(worker_name: str) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_PROCESS_TOKEN}:{worker_name}"
+
+
+def _owner_is_gone(owner: str | None, heartbeat: float | None) -> bool:
+    """Whether the worker that claimed a job can no longer finish it."""
+    if not owner:
+        return True
+    host, _, rest = owner.partition(":")
+    pid_text, _, rest = rest.partition(":")
+    token = rest.partition(":")[0]
+    if host != socket.gethostname():
+        return heartbeat is None or time.time() - heartbeat > FOREIGN_OWNER_STALE_SECONDS
+    if not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return token != _PROCESS_TOKEN
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    with contextlib.suppress(OSError, IndexError):  # a zombie is as gone as a dead process
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    return False
+
+
+class JobStore:
+    """Jobs in ``outputs_dir``: create, read, cancel, retry, delete, clean.
+
+    Safe to share between threads (each thread gets its own SQLite connection)
+    and between processes on one machine (SQLite's locking; WAL mode lets
+    readers work while a worker writes).
+    """
+
+    def __init__(self, outputs_dir: str | Path = DEFAULT_OUTPUTS, *, max_upload_bytes: int | None = None,
+                 base_config: Config | None = None):
+        self.outputs_dir = Path(outputs_dir).resolve()
+        self.outputs_dir.mkdir(parents=True, exist_ok=True)
+        self.database_path = self.outputs_dir / DATABASE_NAME
+        self.max_upload_bytes = max_upload_bytes
+        self.base_config = base_config if base_config is not None else load_config()
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self.job_added = threading.Event()  # set when a job is queued in this process; workers wake up
+        self._connect().executescript(_SCHEMA)
+
+    # ------------------------------------------------------------------ connections
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(self.database_path, timeout=60, isolation_level=None,
+                                         check_same_thread=False)
+            connection.row_factory = sqlite3.Row
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute("PRAGMA foreign_keys=ON")
+            self._local.connection = connection
+            with self._connections_lock:
+                self._connections.append(connection)
+        return connection
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that takes the write lock at once (no upgrade deadlocks)."""
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        else:
+            db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every connection this store opened (call when no thread uses it any more)."""
+        with self._connections_lock:
+            for connection in self._connections:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # ------------------------------------------------------------------ reading
+
+    def _job_from_row(self, row: sqlite3.Row) -> Job:
+        return Job(
+            id=row["id"], status=row["status"], progress=row["progress"], stage=row["stage"],
+            error=row["error"], created=row["created"], queued=row["queued"], started=row["started"],
+            finished=row["finished"], face_name=row["face_name"], audio_name=row["audio_name"],
+            options=json.loads(row["options"]), engine=row["engine"], attempts=row["attempts"],
+            cancel_requested=bool(row["cancel_requested"]), batch=row["batch"], label=row["label"],
+            item_key=row["item_key"], owner=row["owner"], directory=self.outputs_dir / row["id"],
+        )
+
+    def get(self, job_id: str) -> Job:
+        """The job, with its place in the queue; HeygemError when there is no such job."""
+        db = self._connect()
+        row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise HeygemError(f"there is no job {job_id!r}")
+        job = self._job_from_row(row)
+        if job.status == QUEUED:
+            job.jobs_ahead = db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE status = ? AND (queued, id) < (?, ?)",
+                (QUEUED, job.queued, job.id)).fetchone()[0]
+        return job
+
+    def find(self, job_id: str) -> Job | None:
+        try:
+            return self.get(job_id)
+        except HeygemError:
+            return None
+
+    def list(self, status: str | None = None, batch: str | None = None, limit: int | None = None) -> list[Job]:
+        """Jobs, newest first; queued ones carry their place in the queue."""
+        clauses, parameters = [], []
+        if status is not None:
+            if status not in STATUSES:
+                raise HeygemError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+            clauses.append("status = ?")
+            parameters.append(status)
+        if batch is not None:
+            clauses.append("batch = ?")
+            parameters.append(batch)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        query = f"SELECT * FROM jobs {where} ORDER BY created DESC, id DESC"
+        if limit is not None:
+            query += f" LIMIT {int(limit)}"
+        db = self._connect()
+        jobs = [self._job_from_row(row) for row in db.execute(query, parameters)]
+        queue_order = [row[0] for row in db.execute(
+            "SELECT id FROM jobs WHERE status = ? ORDER BY queued, id", (QUEUED,))]
+        ahead = {job_id: index for index, job_id in enumerate(queue_order)}
+        for job in jobs:
+            job.jobs_ahead = ahead.get(job.id) if job.status == QUEUED else None
+        return jobs
+
+    def counts(self) -> dict[str, int]:
+        """How many jobs are in each state."""
+        rows = self._connect().execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        counts = dict.fromkeys(STATUSES, 0)
+        counts.update({row[0]: row[1] for row in rows})
+        return counts
+
+    def find_by_item_key(self, item_key: str) -> Job | None:
+        """The most useful job with these inputs and options: done first, then queued or running."""
+        rows = self._connect().execute(
+            "SELECT id FROM jobs WHERE item_key = ? AND status IN (?, ?, ?) "
+            "ORDER BY CASE status WHEN 'done' THEN 0 WHEN 'running' THEN 1 ELSE 2 END, created DESC",
+            (item_key, DONE, RUNNING, QUEUED)).fetchall()
+        for row in rows:
+            job = self.find(row[0])
+            if job is not None and (job.status != DONE or job.result_path.is_file()):
+                return job
+        return None
+
+    # ------------------------------------------------------------------ creating
+
+    def resolve_options(self, options: dict | None) -> tuple[dict, Config]:
+        """Options as flat dotted keys plus the config they give; HeygemError for unknown or bad ones."""
+        flat = flatten_options(options)
+        config = apply_overrides(self.base_config, flat)
+        return flat, config
+
+    def create_job(self, face: Path | str | Upload, audio: Path | str | Upload | None,
+                   options: dict | None = None, *, batch: str | None = None, label: str | None = None,
+                   item_key: str | None = None) -> str:
+        """Queue a generation and return its id.
+
+        ``face`` is a video or photo, ``audio`` an audio file (or a video with
+        sound), or None to use the face video's own audio. Both are copied into
+        the job's folder first, so the caller may delete its copies at once.
+        Unknown options, unreadable files and files over the upload limit raise
+        HeygemError here, before anything is queued.
+        """
+        flat_options, config = self.resolve_options(options)
+        job_id = new_job_id()
+        directory = self.outputs_dir / job_id
+        directory.mkdir(parents=False, exist_ok=False)
+        try:
+            face_name = self._store_input(face, directory, "face", taken=set())
+            audio_name = None
+            if audio is not None:
+                audio_name = self._store_input(audio, directory, "audio", taken={face_name})
+            _check_inputs(directory / face_name, None if audio_name is None else directory / audio_name)
+            (directory / OPTIONS_NAME).write_text(
+                json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+            now = time.time()
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO jobs (id, status, created, queued, face_name, audio_name, options, engine, "
+                    "batch, label, item_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job_id, QUEUED, now, now, face_name, audio_name, json.dumps(flat_options, ensure_ascii=False),
+                     config.engine.name, batch, label, item_key))
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        _append_log(directory, f"queued: face {face_name!r}, audio {audio_name or 'from the face video'!r}, "
+                               f"options {json.dumps(flat_options, ensure_ascii=False)}")
+        logger.info("job %s queued", job_id)
+        self.job_added.set()
+        return job_id
+
+    def _store_input(self, source: Path | str | Upload, directory: Path, role: str, taken: set[str]) -> str:
+        """Copy one input into the job folder under its sanitised name; return that name."""
+        if isinstance(source, Upload):
+            original_name, stream, close = source.name, source.stream, False
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise HeygemError(f"{role} file not found: {path}")
+            original_name, stream, close = path.name, open(path, "rb"), True
+        name = sanitize_filename(original_name, fallback=role)
+        if name in RESERVED_NAMES or name in taken:
+            name = sanitize_filename(f"{role}-{name}", fallback=role)
+        try:
+            _copy_limited(stream, directory / name, self.max_upload_bytes, original_name or role)
+        finally:
+            if close:
+                stream.close()
+        return name
+
+    # ------------------------------------------------------------------ changing
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a queued job at once, or ask a running one to stop; finished jobs are left as they are."""
+        with self._transaction() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise HeygemError(f"there is no job {job_id!r}")
+            if row["status"] == QUEUED:
+                db.execute("UPDATE jobs SET status = ?, finished = ?, stage = '' WHERE id = ?",
+                           (CANCELLED, time.time(), job_id))
+            elif row["status"] == RUNNING:
+                db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+        if row["status"] in (QUEUED, RUNNING):
+            _append_log(self.outputs_dir / job_id, "cancel requested")
+            logger.info("job %s: cancel requested", job_id)
+        return self.get(job_id)
+
+    def retry(self, job_id: str) -> Job:
+        """Queue a failed or cancelled job again, at the back of the queue."""
+        with self._transaction() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise HeygemError(f"there is no job {job_id!r}")
+            if row["status"] not in (FAILED, CANCELLED):
+                raise HeygemError(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be retried")
+            db.execute(
+                "UPDATE jobs SET status = ?, queued = ?, progress = 0, stage = '', error = NULL, started = NULL, "
+                "finished = NULL, owner = NULL, cancel_requested = 0 WHERE id = ?", (QUEUED, time.time(), job_id))
+        _append_log(self.outputs_dir / job_id, "queued again (retry)")
+        self.job_added.set()
+        return self.get(job_id)
+
+    def delete(self, job_id: str) -> None:
+        """Remove a job that is not running, with its folder."""
+        with self._transaction() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise HeygemError(f"there is no job {job_id!r}")
+            if row["status"] == RUNNING:
+                raise HeygemError(f"job {job_id} is running: cancel it first")
+            db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        shutil.rmtree(self.outputs_dir / job_id, ignore_errors=True)
+        logger.info("job %s deleted", job_id)
+
+    def clean(self, older_than_seconds: float) -> list[str]:
+        """Delete finished jobs (done, failed, cancelled) that finished more than this long ago."""
+        cutoff = time.time() - older_than_seconds
+        rows = self._connect().execute(
+            "SELECT id FROM jobs WHERE status IN (?, ?, ?) AND COALESCE(finished, created) < ?",
+            (*FINISHED, cutoff)).fetchall()
+        removed = []
+        for row in rows:
+            with contextlib.suppress(HeygemError):
+                self.delete(row["id"])
+                removed.append(row["id"])
+        return removed
+
+    def set_batch(self, job_id: str, batch: str, label: str) -> None:
+        """Make an existing job part of a batch (a rerun of a batch adopting its earlier jobs)."""
+        with self._transaction() as db:
+            db.execute("UPDATE jobs SET batch = ?, label = ? WHERE id = ?", (batch, label, job_id))
+
+    # ------------------------------------------------------------------ for workers
+
+    def claim_next(self, owner: str, batch: str | None = None) -> Job | None:
+        """Move the oldest queued job (of ``batch``, if given) to running for ``owner``."""
+        with self._transaction() as db:
+            if batch is None:
+                row = db.execute("SELECT id FROM jobs WHERE status = ? ORDER BY queued, id LIMIT 1",
+                                 (QUEUED,)).fetchone()
+            else:
+                row = db.execute("SELECT id FROM jobs WHERE status = ? AND batch = ? ORDER BY queued, id LIMIT 1",
+                                 (QUEUED, batch)).fetchone()
+            if row is None:
+                return None
+            now = time.time()
+            db.execute(
+                "UPDATE jobs SET status = ?, started = ?, heartbeat = ?, finished = NULL, owner = ?, "
+                "attempts = attempts + 1, progress = 0, stage = 'starting', error = NULL WHERE id = ?",
+                (RUNNING, now, now, owner, row["id"]))
+        return self.get(row["id"])
+
+    def report_progress(self, job_id: str, owner: str, stage: str, fraction: float) -> None:
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        with self._transaction() as db:
+            db.execute("UPDATE jobs SET progress = ?, stage = ?, heartbeat = ? WHERE id = ? AND owner = ? "
+                       "AND status = ?", (fraction, stage, time.time(), job_id, owner, RUNNING))
+
+    def should_stop(self, job_id: str, owner: str) -> bool:
+        """True when the job was cancelled, deleted or taken over by another worker."""
+        row = self._connect().execute("SELECT status, owner, cancel_requested FROM jobs WHERE id = ?",
+                                      (job_id,)).fetchone()
+        return row is None or row["status"] != RUNNING or row["owner"] != owner or bool(row["cancel_requested"])
+
+    def finish(self, job_id: str, owner: str, status: str, *, error: str | None = None,
+               engine: str | None = None) -> bool:
+        """Record how a run ended; False when this owner no longer holds the job."""
+        assert status in FINISHED
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE jobs SET status = ?, error = ?, finished = ?, engine = COALESCE(?, engine), "
+                "progress = CASE WHEN ? = 'done' THEN 1 ELSE progress END, "
+                "stage = CASE WHEN ? = 'done' THEN 'done' ELSE stage END, owner = NULL "
+                "WHERE id = ? AND owner = ? AND status = ?",
+                (status, error, time.time(), engine, status, status, job_id, owner, RUNNING))
+            return cursor.rowcount == 1
+
+    def recover_interrupted(self) -> list[str]:
+        """Requeue jobs left running by a process that is gone; return their ids.
+
+        A job whose cancellation had been asked for is marked cancelled instead.
+        """
+        rows = self._connect().execute("SELECT id, owner, heartbeat, cancel_requested FROM jobs WHERE status = ?",
+                                       (RUNNING,)).fetchall()
+        recovered = []
+        for row in rows:
+            if not _owner_is_gone(row["owner"], row["heartbeat"]):
+                continue
+            with self._transaction() as db:
+                if row["cancel_requested"]:
+                    cursor = db.execute(
+                        "UPDATE jobs SET status = ?, finished = ?, owner = NULL WHERE id = ? AND owner IS ? "
+                        "AND status = ?", (CANCELLED, time.time(), row["id"], row["owner"], RUNNING))
+                else:
+                    cursor = db.execute(
+                        "UPDATE jobs SET status = ?, progress = 0, stage = '', started = NULL, owner = NULL, "
+                        "error = NULL WHERE id = ? AND owner IS ? AND status = ?",
+                        (QUEUED, row["id"], row["owner"], RUNNING))
+            if cursor.rowcount == 1:
+                recovered.append(row["id"])
+                _append_log(self.outputs_dir / row["id"], "interrupted (the process running it stopped); "
+                            + ("cancelled" if row["cancel_requested"] else "queued again to run from the start"))
+                logger.warning("job %s was interrupted; %s", row["id"],
+                               "cancelled" if row["cancel_requested"] else "queued again")
+        if recovered:
+            self.job_added.set()
+        return recovered
+
+
+# ---------------------------------------------------------------------- inputs
+
+
+def human_size(size: float) -> str:
+    """1536 -> '1.5 kB', 734003200 -> '700 MB' (binary units, as upload limits are given)."""
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "bytes" or size >= 10 else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.0f} GB"
+
+
+def _copy_limited(stream: BinaryIO, destination: Path, max_bytes: int | None, shown_name: str) -> None:
+    total = 0
+    with open(destination, "xb") as output:
+        while chunk := stream.read(1 << 20):
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise UploadTooLarge(f"{shown_name} is larger than the upload limit of {human_size(max_bytes)}")
+            output.write(chunk)
+    if total == 0:
+        raise HeygemError(f"{shown_name} is empty")
+
+
+def _check_inputs(face_path: Path, audio_path: Path | None) -> None:
+    """Refuse inputs that cannot work, with a message that says why, before queueing them."""
+    try:
+        from heygem.media import probe
+    except ImportError:  # the media stage is not installed: the pipeline will check later
+        return
+    face = probe(face_path)
+    if face.kind not in ("video", "image"):
+        raise HeygemError(f"{face_path.name} is not a video or an image: the face must be one")
+    if audio_path is None:
+        if face.kind != "video" or not face.has_audio:
+            raise HeygemError(f"{face_path.name} has no sound of its own: add an audio file")
+        return
+    audio = probe(audio_path)
+    if not audio.has_audio:
+        raise HeygemError(f"{audio_path.name} has no audio stream")
+
+
+def _append_log(directory: Path, message: str) -> None:
+    with contextlib.suppress(OSError):
+        with open(directory / LOG_NAME, "a", encoding="utf-8") as log:
+            log.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {message}\n")
+
+
+# ---------------------------------------------------------------------- running
+
+
+class _JobLogHandler(logging.FileHandler):
+    """Copies the heygem log records of one thread into a job's job.log."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, mode="a", encoding="utf-8")
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        thread_id = threading.get_ident()
+        self.addFilter(lambda record: record.thread == thread_id)
+
+
+def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
+            generate: Callable | None = None) -> str:
+    """Run one claimed job to its end and record the outcome; return the final status.
+
+    ``device`` (e.g. "cuda:1") pins the job to one GPU when its options leave
+    the device on auto. A HeygemError becomes the job's error message; any
+    other exception is logged with its traceback and recorded as well, so the
+    worker can go on with the next job.
+    """
+    if generate is None:
+        from heygem.pipeline import generate
+
+    handler = _JobLogHandler(job.log_path)
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    started = time.monotonic()
+    try:
+        logger.info("job %s: attempt %d started by %s", job.id, job.attempts, owner)
+        for stale in (job.result_path, job.summary_path):  # left by an interrupted attempt
+            stale.unlink(missing_ok=True)
+        overrides = dict(job.options)
+        if device and overrides.get("engine.device", "auto") == "auto":
+            overrides["engine.device"] = device
+
+        last_write = {"stage": None, "time": 0.0}
+
+        def report(stage: str, fraction: float) -> None:
+            now = time.monotonic()
+            if stage != last_write["stage"] or now - last_write["time"] >= PROGRESS_WRITE_INTERVAL:
+                last_write.update(stage=stage, time=now)
+                store.report_progress(job.id, owner, stage, fraction)
+
+        last_check = {"time": 0.0, "stop": False}
+
+        def should_stop() -> bool:
+            now = time.monotonic()
+            if now - last_check["time"] >= STOP_POLL_INTERVAL:
+                last_check.update(time=now, stop=store.should_stop(job.id, owner))
+            return last_check["stop"]
+
+        try:
+            summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
+                               progress=report, should_stop=should_stop)
+        except GenerationCancelled:
+            logger.info("job %s cancelled after %.1f s", job.id, time.monotonic() - started)
+            status, error, engine = CANCELLED, None, None
+        except HeygemError as problem:
+            logger.error("job %s failed: %s", job.id, problem)
+            status, error, engine = FAILED, str(problem), None
+        except Exception as problem:  # a bug, not the user's input: keep the traceback in job.log
+            logger.exception("job %s failed with an unexpected error", job.id)
+            status, error, engine = FAILED, f"unexpected error ({type(problem).__name__}: {problem}); see job.log", None
+        else:
+            if job.result_path.is_file():
+                status, error, engine = DONE, None, getattr(summary, "engine", None)
+                logger.info("job %s done in %.1f s", job.id, time.monotonic() - started)
+            else:
+                status, error, engine = FAILED, "the pipeline finished without writing result.mp4; see job.log", None
+                logger.error("job %s: %s", job.id, error)
+        if not store.finish(job.id, owner, status, error=error, engine=engine):
+            logger.warning("job %s was cancelled, deleted or taken over while running; its outcome is dropped",
+                           job.id)
+            current = store.find(job.id)
+            return current.status if current is not None else CANCELLED
+        return status
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def worker_devices() -> list[str | None]:
+    """One entry per worker to start: a GPU name each when there are several, else [None] (auto)."""
+    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):
+        return [None]  # no NVIDIA GPU here: do not import torch just to count none
+    try:
+        import torch
+    except ImportError:
+        return [None]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{index}" for index in range(count)] if count > 1 else [None]
+
+
+class Worker(threading.Thread):
+    """Runs queued jobs one at a time, on one device."""
+
+    def __init__(self, store: JobStore, device: str | None = None, *, batch: str | None = None,
+                 name: str = "worker-0", generate: Callable | None = None):
+        super().__init__(name=f"heygem-{name}", daemon=True)
+        self.store = store
+        self.device = device
+        self.batch = batch
+        self.owner = process_owner(name)
+        self.generate = generate
+        self.current_job_id: str | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        logger.info("%s started (device %s)", self.name, self.device or "auto")
+        while not self._stopping.is_set():
+            try:
+                self.store.recover_interrupted()
+                job = self.store.claim_next(self.owner, batch=self.batch)
+            except sqlite3.Error:
+                logger.exception("%s: the job store is not reachable; trying again", self.name)
+                job = None
+            if job is None:
+                self.store.job_added.wait(IDLE_POLL_INTERVAL)
+                self.store.job_added.clear()
+                continue
+            self.current_job_id = job.id
+            try:
+                run_job(self.store, job, self.owner, self.device, generate=self.generate)
+            except Exception:  # the store itself failed; the job is recovered on the next start
+                logger.exception("%s: could not record job %s", self.name, job.id)
+            finally:
+                self.current_job_id = None
+
+    def stop(self, wait: float | None = None) -> None:
+        """Stop after the current job (cancel it first to stop sooner)."""
+        self._stopping.set()
+        self.store.job_added.set()
+        if wait is not None:
+            self.join(wait)
+
+
+def start_workers(store: JobStore, count: int | None = None, *, batch: str | None = None,
+                  generate: Callable | None = None) -> list[Worker]:
+    """Start one worker per device (``count`` overrides how many); they run until the process ends."""
+    store.recover_interrupted()
+    devices = worker_devices() if count is None else [None] * count
+    if count is not None and count > 1:
+        gpus = worker_devices()
+        if gpus[0] is not None:
+            devices = [gpus[index % len(gpus)] for index in range(count)]
+    workers = [Worker(store, device, batch=batch, name=f"worker-{index}", generate=generate)
+               for index, device in enumerate(devices)]
+    for worker in workers:
+        worker.start()
+    return workers

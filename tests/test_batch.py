@@ -1,0 +1,164 @@
+"""Batch mode: pairing, folder roots, a real batch with bad items, and a resumed rerun from the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heygem.batch import item_key, plan_items, resolve_under_roots, run_batch, BatchItem
+from heygem.errors import HeygemError
+from heygem.media import ffmpeg_binary, probe
+
+REPO = Path(__file__).resolve().parent.parent
+ASSETS = REPO / "assets"
+
+
+def run_ffmpeg(*args: str) -> None:
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
+
+
+def assert_playable_mp4(path: Path, audio_seconds: float) -> None:
+    info = probe(path)
+    assert info.kind == "video" and info.has_audio and info.frame_count > 1, info
+    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
+    decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
+                             capture_output=True, text=True)
+    assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
+
+
+def touch(folder: Path, *names: str) -> list[Path]:
+    paths = []
+    for name in names:
+        path = folder / name
+        path.write_bytes(b"x")
+        paths.append(path)
+    return paths
+
+
+def test_stem_pairing_pairs_by_name_and_explains_the_rest(tmp_path):
+    files = touch(tmp_path, "anna.mp4", "anna.wav", "ben.jpg", "ben.mp3", "clip.mov", "photo.png", "voice.wav",
+                  "twin.jpg", "twin.png", "twin.wav")
+    items = {item.name: item for item in plan_items(files, "stem")}
+    assert items["anna"].face_path.name == "anna.mp4" and items["anna"].audio_path.name == "anna.wav"
+    assert items["ben"].problem is None and items["ben"].audio_path.name == "ben.mp3"
+    assert items["clip"].problem is None and items["clip"].audio_path is None  # a video alone keeps its sound
+    assert "photo with no audio" in items["photo"].problem
+    assert "no face" in items["voice"].problem
+    assert "several files are named twin" in items["twin"].problem
+
+
+def test_cross_pairing_and_unique_names(tmp_path):
+    files = touch(tmp_path, "a.jpg", "a.mp4", "x.wav", "y.m4a")
+    items = plan_items(files, "cross")
+    assert [item.name for item in items] == ["a__x", "a__y", "a__x-2", "a__y-2"]
+    assert all(item.problem is None for item in items)
+    with pytest.raises(HeygemError, match="at least one audio"):
+        plan_items(touch(tmp_path, "only.jpg"), "cross")
+
+
+def test_manifest_pairing_with_options_and_paths_kept_inside(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    files = touch(folder, "face one.jpg", "talk.mp4", "speech.wav")
+    (tmp_path / "secret.wav").write_bytes(b"x")
+    manifest = folder / "list.csv"
+    manifest.write_text(
+        "face,audio,name,options\n"
+        'face one.jpg,speech.wav,first,"{""face.pads"": [0, 20, 0, 0]}"\n'
+        "talk.mp4,,,\n"
+        "face one.jpg,../secret.wav,escape,\n"
+        "face one.jpg,speech.wav,badoptions,[1]\n", encoding="utf-8")
+    items = {item.name: item for item in plan_items(files, str(manifest), base_dir=folder)}
+    assert items["first"].options == {"face.pads": [0, 20, 0, 0]} and items["first"].problem is None
+    assert items["talk"].audio_path is None and items["talk"].problem is None
+    assert "outside the batch folder" in items["escape"].problem
+    assert "JSON object" in items["badoptions"].problem
+    uploaded = plan_items(files, str(manifest))  # uploads: entries are matched by file name
+    assert "not among the uploaded files" in {item.name: item for item in uploaded}["escape"].problem
+
+
+def test_server_folders_only_under_the_roots(tmp_path):
+    root = tmp_path / "root"
+    (root / "jobs" / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    assert resolve_under_roots("jobs/sub", [root]) == (root / "jobs" / "sub").resolve()
+    assert resolve_under_roots(str(root / "jobs"), [root]) == (root / "jobs").resolve()
+    for escaping in ("../outside", str(outside), "link", "jobs/../../outside", "/etc"):
+        with pytest.raises(HeygemError, match="outside the folders"):
+            resolve_under_roots(escaping, [root])
+    with pytest.raises(HeygemError, match="switched off"):
+        resolve_under_roots("jobs", [])
+
+
+def test_item_key_changes_with_inputs_and_options(tmp_path):
+    face, audio = touch(tmp_path, "f.jpg", "f.wav")
+    item = BatchItem("f", face, audio)
+    key = item_key(item, {"media.output_height": 256})
+    assert key == item_key(item, {"media.output_height": 256})
+    assert key != item_key(item, {"media.output_height": 360})
+    audio.write_bytes(b"changed")
+    assert key != item_key(item, {"media.output_height": 256})
+
+
+@pytest.fixture(scope="module")
+def batch_folder(tmp_path_factory) -> Path:
+    """Two good pairs (one with a non-ASCII name), a corrupt face, a face-less picture, an audio without a face."""
+    import cv2
+
+    folder = tmp_path_factory.mktemp("batch input")
+    speech = folder / "anna.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "1.2", str(speech))
+    shutil.copyfile(ASSETS / "astronaut.jpg", folder / "anna.jpg")
+    shutil.copyfile(ASSETS / "astronaut.jpg", folder / "bé 2.jpg")
+    shutil.copyfile(speech, folder / "bé 2.wav")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all" * 30)
+    shutil.copyfile(speech, folder / "broken.wav")
+    gradient = np.tile(np.linspace(30, 220, 256, dtype=np.uint8)[None, :, None], (256, 1, 3))
+    cv2.imwrite(str(folder / "blank.png"), gradient)
+    shutil.copyfile(speech, folder / "blank.wav")
+    shutil.copyfile(speech, folder / "lonely.wav")
+    (folder / "notes.txt").write_text("not media", encoding="utf-8")
+    return folder
+
+
+def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tmp_path):
+    output, jobs_dir = tmp_path / "out", tmp_path / "jobs"
+    results = {result.item.name: result for result in run_batch(
+        batch_folder, output, "stem", {"media.output_height": 256}, jobs_dir=jobs_dir, show_progress=False)}
+    assert {name: result.status for name, result in results.items()} == {
+        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed"}
+    assert "broken.jpg" in results["broken"].error
+    assert "face" in results["blank"].error.lower()
+    assert "no face" in results["lonely"].error
+    audio_seconds = probe(batch_folder / "anna.wav").duration
+    for name in ("anna", "bé 2"):
+        assert_playable_mp4(output / f"{name}.mp4", audio_seconds)
+        assert json.loads((output / f"{name}.json").read_text(encoding="utf-8"))["seconds_per_stage"]
+    with open(output / "summary.csv", newline="", encoding="utf-8") as handle:
+        rows = {row["name"]: row for row in csv.DictReader(handle)}
+    assert {name: row["status"] for name, row in rows.items()} == {
+        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed"}
+    assert rows["anna"]["output"] == "anna.mp4" and rows["broken"]["error"]
+    first_run = {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
+
+    # The rerun goes through the command line: finished items are skipped, failed ones are tried again.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(
+        [sys.executable, "-m", "heygem", "batch", str(batch_folder), "--output", str(output), "--output-height", "256",
+         "--jobs-dir", str(jobs_dir), "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 1, completed.stderr  # some items failed
+    assert "2 skipped" in completed.stdout and "3 failed" in completed.stdout, completed.stdout
+    with open(output / "summary.csv", newline="", encoding="utf-8") as handle:
+        rerun = {row["name"]: row["status"] for row in csv.DictReader(handle)}
+    assert rerun == {"anna": "skipped", "bé 2": "skipped", "blank": "failed", "broken": "failed", "lonely": "failed"}
+    assert first_run == {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}

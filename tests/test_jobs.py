@@ -1,0 +1,262 @@
+"""The job store: inputs kept per job, options checked at submission, states, recovery, the worker."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heygem.errors import GenerationCancelled, HeygemError
+from heygem.jobs import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobStore, Upload, UploadTooLarge,
+                         process_owner, sanitize_filename, start_workers)
+from heygem.media import ffmpeg_binary, probe
+
+REPO = Path(__file__).resolve().parent.parent
+ASSETS = REPO / "assets"
+
+
+def run_ffmpeg(*args: str) -> None:
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
+
+
+def assert_playable_mp4(path: Path, audio_seconds: float) -> None:
+    """The file decodes to the end, has H.264 video and AAC audio, and lasts as long as the speech."""
+    info = probe(path)
+    assert info.kind == "video" and info.has_audio, info
+    assert info.width > 0 and info.height > 0 and info.frame_count > 1
+    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
+    import av
+
+    with av.open(str(path)) as container:
+        codecs = {stream.type: stream.codec_context.name for stream in container.streams}
+    assert codecs == {"video": "h264", "audio": "aac"}, codecs
+    decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
+                             capture_output=True, text=True)
+    assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> dict[str, Path]:
+    """Inputs with awkward names: a 1.2 s speech clip, the portrait, a face-less picture, a corrupt file."""
+    folder = tmp_path_factory.mktemp("job inputs")
+    speech = folder / "speech 语音.v1.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "1.2", str(speech))
+    face = folder / "my face.élan.jpg"
+    shutil.copyfile(ASSETS / "astronaut.jpg", face)
+    import cv2
+
+    gradient = np.tile(np.linspace(30, 220, 256, dtype=np.uint8)[None, :, None], (256, 1, 3))
+    faceless = folder / "no face.png"
+    cv2.imwrite(str(faceless), gradient)
+    corrupt = folder / "broken.mp4"
+    corrupt.write_bytes(b"\x00\x00\x00\x18ftypmp42 this is not really a video" * 20)
+    return {"speech": speech, "face": face, "faceless": faceless, "corrupt": corrupt}
+
+
+def wait_for(store: JobStore, job_ids: list[str], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(store.get(job_id).is_finished for job_id in job_ids):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"jobs not finished after {timeout} s: {[store.get(j).to_dict() for j in job_ids]}")
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("my face.jpg", "my face.jpg"),
+    ("../../etc/passwd", "passwd"),
+    ("C:\\Users\\anna\\clip.final.MP4", "clip.final.MP4"),
+    ("语音 录音.wav", "语音 录音.wav"),
+    ("..", "face"),
+    ("a<b>|c?.png", "a_b_c_.png"),
+    (".hidden.wav", "hidden.wav"),
+    ("", "face"),
+])
+def test_sanitize_filename_keeps_readable_names(name, expected):
+    assert sanitize_filename(name, fallback="face") == expected
+
+
+def test_sanitize_filename_limits_length_and_keeps_suffix():
+    name = sanitize_filename("é" * 300 + ".mp4", fallback="face")
+    assert name.endswith(".mp4") and len(name.encode("utf-8")) <= 120
+
+
+def test_create_job_keeps_inputs_options_and_queue_order(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    first = store.create_job(media["face"], media["speech"], {"face": {"pads": [0, 20, 0, 0]}, "media.output_height": 256})
+    second = store.create_job(Upload("result.mp4", io.BytesIO(media["face"].read_bytes())), media["speech"], {})
+    job = store.get(first)
+    assert job.status == QUEUED and job.jobs_ahead == 0 and job.engine == "auto"
+    assert sorted(path.name for path in job.directory.iterdir()) == sorted(
+        ["my face.élan.jpg", "speech 语音.v1.wav", "options.json", "job.log"])
+    assert json.loads((job.directory / "options.json").read_text(encoding="utf-8")) == {
+        "face.pads": [0, 20, 0, 0], "media.output_height": 256}
+    assert job.face_path.read_bytes() == media["face"].read_bytes()
+    other = store.get(second)
+    assert other.jobs_ahead == 1 and other.to_dict()["queue_position"] == 2
+    assert other.face_name == "face-result.mp4"  # an upload may not take the result's name
+    assert [j.id for j in store.list()] == [second, first]
+    assert store.counts()[QUEUED] == 2
+
+
+def test_use_the_face_videos_own_audio(tmp_path, media):
+    video = tmp_path / "talk.mp4"
+    run_ffmpeg("-loop", "1", "-i", str(media["face"]), "-i", str(media["speech"]), "-vf", "scale=128:128",
+               "-t", "1", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", str(video))
+    store = JobStore(tmp_path / "outputs")
+    job = store.get(store.create_job(video, None, {}))
+    assert job.audio_name is None and job.audio_path == job.face_path
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"face.padding": 3}, "unknown option face.padding"),
+    ({"nonsense": 1}, "unknown option 'nonsense'"),
+    ({"media.output_height": "tall"}, "invalid value"),
+    ({"engine.name": "magic"}, "--engine must be one of"),
+])
+def test_bad_options_fail_at_submission_and_leave_nothing(tmp_path, media, options, message):
+    store = JobStore(tmp_path / "outputs")
+    with pytest.raises(HeygemError, match=message):
+        store.create_job(media["face"], media["speech"], options)
+    assert store.list() == []
+    assert [path.name for path in store.outputs_dir.iterdir() if path.is_dir()] == []
+
+
+def test_bad_files_fail_at_submission(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    with pytest.raises(HeygemError, match="broken.mp4"):
+        store.create_job(media["corrupt"], media["speech"], {})
+    with pytest.raises(HeygemError, match="no sound of its own"):
+        store.create_job(media["faceless"], None, {})
+    small_limit = JobStore(tmp_path / "outputs", max_upload_bytes=70_000)
+    with pytest.raises(UploadTooLarge, match="my face.élan.jpg is larger than the upload limit of 68 kB"):
+        small_limit.create_job(media["face"], media["speech"], {})  # the portrait is 75 kB
+    with pytest.raises(HeygemError, match="empty"):
+        store.create_job(Upload("face.jpg", io.BytesIO(b"")), media["speech"], {})
+    assert store.list() == [] and [path for path in store.outputs_dir.iterdir() if path.is_dir()] == []
+
+
+def test_worker_runs_jobs_records_failures_and_goes_on(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    good = store.create_job(media["face"], media["speech"], {"media.output_height": 256})
+    faceless = store.create_job(media["faceless"], media["speech"], {"media.output_height": 256})
+    padded = store.create_job(media["face"], media["speech"], {"media.output_height": 256, "face.pads": [0, 20, 0, 0]})
+    workers = start_workers(store, 1)
+    try:
+        wait_for(store, [good, faceless, padded])
+    finally:
+        for worker in workers:
+            worker.stop(wait=30)
+    audio_seconds = probe(media["speech"]).duration
+    for job_id in (good, padded):
+        job = store.get(job_id)
+        assert job.status == DONE and job.progress == 1.0 and job.error is None, job
+        assert job.engine in ("landmark", "wav2lip")
+        assert_playable_mp4(job.result_path, audio_seconds)
+        summary = job.read_summary()
+        assert summary["seconds_per_stage"] and job.to_dict()["seconds_per_stage"] == summary["seconds_per_stage"]
+        assert "done in" in job.log_path.read_text(encoding="utf-8")
+    failed = store.get(faceless)
+    assert failed.status == FAILED and "face" in failed.error.lower() and not failed.result_path.exists()
+    assert "failed" in failed.log_path.read_text(encoding="utf-8")
+
+
+def never_ending_generate(face_path, audio_path, output_path, *, overrides, progress, should_stop):
+    """Stands in for the pipeline where only the job states matter: runs until told to stop."""
+    for step in range(600):
+        progress("generate", step / 600)
+        if should_stop():
+            raise GenerationCancelled()
+        time.sleep(0.02)
+    raise HeygemError("never told to stop")
+
+
+def test_cancel_retry_delete_and_clean(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    running = store.create_job(media["face"], media["speech"], {})
+    queued = store.create_job(media["face"], media["speech"], {})
+    workers = start_workers(store, 1, generate=never_ending_generate)
+    try:
+        deadline = time.monotonic() + 10
+        while store.get(running).status != RUNNING or store.get(running).progress == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert store.get(running).stage == "generate"
+        with pytest.raises(HeygemError, match="cancel it first"):
+            store.delete(running)
+        assert store.cancel(queued).status == CANCELLED
+        store.cancel(running)
+        wait_for(store, [running], timeout=10)
+        assert store.get(running).status == CANCELLED
+        assert store.retry(queued).status in (QUEUED, RUNNING)
+        with pytest.raises(HeygemError, match="only failed or cancelled"):
+            store.retry(queued)
+        store.cancel(queued)
+        wait_for(store, [queued], timeout=10)
+    finally:
+        for worker in workers:
+            worker.stop(wait=10)
+    assert store.clean(older_than_seconds=3600) == []
+    store.delete(queued)
+    assert store.find(queued) is None and not (store.outputs_dir / queued).exists()
+    assert store.clean(older_than_seconds=0) == [running]
+    assert store.list() == [] and not (store.outputs_dir / running).exists()
+    with pytest.raises(HeygemError, match="no job"):
+        store.get(running)
+
+
+def dead_owner() -> str:
+    """An owner string naming a process that has exited."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return process_owner("worker-0").split(":")[0] + f":{int(child.stdout)}:0000:worker-0"
+
+
+def test_a_job_left_running_by_a_dead_process_runs_again_and_only_once(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    job_id = store.create_job(media["face"], media["speech"], {})
+    gone = dead_owner()
+    assert store.claim_next(gone).id == job_id
+    alive = process_owner("worker-9")
+    assert store.recover_interrupted() == [job_id]
+    job = store.get(job_id)
+    assert job.status == QUEUED and job.started is None and job.attempts == 1
+    assert store.claim_next(alive).id == job_id
+    assert store.recover_interrupted() == []  # this process is alive: its job stays running
+    assert store.get(job_id).attempts == 2
+    assert not store.finish(job_id, gone, DONE)  # the old owner cannot finish it any more
+    assert store.should_stop(job_id, gone) and not store.should_stop(job_id, alive)
+    assert store.finish(job_id, alive, DONE)
+    assert not store.finish(job_id, alive, DONE)
+    assert "queued again" in store.get(job_id).log_path.read_text(encoding="utf-8")
+
+
+def test_a_cancel_asked_before_a_crash_is_honoured(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    job_id = store.create_job(media["face"], media["speech"], {})
+    store.claim_next(dead_owner())
+    store.cancel(job_id)
+    assert store.recover_interrupted() == [job_id]
+    assert store.get(job_id).status == CANCELLED
+
+
+def test_the_store_is_shared_between_threads(tmp_path, media):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = JobStore(tmp_path / "outputs")
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda _: store.create_job(media["face"], media["speech"], {}), range(16)))
+    assert len(set(ids)) == 16
+    positions = sorted(store.get(job_id).jobs_ahead for job_id in ids)
+    assert positions == list(range(16))
+    owners = [process_owner(f"worker-{index}") for index in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        claimed = list(pool.map(lambda owner: [job.id for job in iter(lambda: store.claim_next(owner), None)], owners))
+    flat = [job_id for batch in claimed for job_id in batch]
+    assert sorted(flat) == sorted(ids)  # every job claimed exactly once

@@ -1,0 +1,186 @@
+"""The REST API: jobs over HTTP, served by ``python app.py`` next to the web UI.
+
+    POST   /api/jobs               multipart: face, audio (optional: the face video's own sound), options (JSON)
+                                   -> 201 {"id": ...}; bad files or unknown options -> 400 {"error": ...}
+    GET    /api/jobs               -> {"jobs": [...]}, newest first (?status=, ?limit=)
+    GET    /api/jobs/{id}          -> {"id", "status", "progress", "stage", "error", "created", ...}
+    GET    /api/jobs/{id}/result   -> the MP4 (404 until the job is done)
+    GET    /api/jobs/{id}/log      -> the job's log as text
+    DELETE /api/jobs/{id}          -> cancels the job
+    POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again
+
+Every error is JSON ``{"error": message}``. With ``auth`` set, every route
+needs HTTP basic auth with the same user and password as the web UI. Only
+files inside the job folders are ever served.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import secrets
+from typing import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
+from starlette.datastructures import UploadFile
+
+from heygem.errors import HeygemError
+from heygem.jobs import DONE, JobStore, Upload, UploadTooLarge, human_size
+
+logger = logging.getLogger("heygem")
+
+JOB_ID_PATTERN = re.compile(r"^[0-9A-Za-z-]{1,64}$")
+MULTIPART_OVERHEAD = 1 << 20  # bytes of form fields and boundaries allowed on top of the two files
+
+
+class ApiError(Exception):
+    """Ends a request with ``{"error": message}`` and an HTTP status."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+
+
+def error_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
+    """Raise ApiError(401) unless the request carries these basic-auth credentials."""
+    challenge = {"WWW-Authenticate": 'Basic realm="heygem", charset="UTF-8"'}
+    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        raise ApiError(401, "this server needs a user name and password (HTTP basic auth)", challenge)
+    try:
+        user, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        raise ApiError(401, "the Authorization header is not valid basic auth", challenge) from None
+    expected_user, expected_password = credentials
+    user_ok = secrets.compare_digest(user.encode(), expected_user.encode())
+    password_ok = secrets.compare_digest(password.encode(), expected_password.encode())
+    if not (user_ok and password_ok):
+        raise ApiError(401, "wrong user name or password", challenge)
+
+
+def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
+                  max_upload_bytes: int | None = None) -> APIRouter:
+    """The /api routes over ``store``; include them in the app that also serves the UI."""
+
+    class GuardedRoute(APIRoute):
+        """Checks basic auth first and turns ApiError and HeygemError into JSON errors."""
+
+        def get_route_handler(self) -> Callable:
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                try:
+                    if auth is not None:
+                        check_basic_auth(request, auth)
+                    return await handler(request)
+                except ApiError as error:
+                    return error_response(error.status, error.message, error.headers)
+
+            return guarded
+
+    router = APIRouter(prefix="/api", route_class=GuardedRoute)
+
+    def find_job(job_id: str):
+        if not JOB_ID_PATTERN.match(job_id):
+            raise ApiError(404, f"there is no job {job_id!r}")
+        job = store.find(job_id)
+        if job is None:
+            raise ApiError(404, f"there is no job {job_id!r}")
+        return job
+
+    @router.post("/jobs", status_code=201)
+    async def submit_job(request: Request):
+        limit = max_upload_bytes
+        declared = request.headers.get("content-length")
+        if limit is not None and declared and declared.isdigit() and int(declared) > 2 * limit + MULTIPART_OVERHEAD:
+            raise ApiError(413, f"the upload is larger than the limit of {human_size(limit)} per file")
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise ApiError(400, "send multipart/form-data with a face file, an audio file and optional options JSON")
+        try:
+            form = await request.form(max_files=2, max_fields=8)
+        except Exception as error:  # malformed multipart
+            raise ApiError(400, f"the upload could not be read: {error}") from None
+        try:
+            face, audio = form.get("face"), form.get("audio")
+            if not isinstance(face, UploadFile):
+                raise ApiError(400, "the face file is missing: send it as the multipart field 'face'")
+            if audio is not None and not isinstance(audio, UploadFile):
+                if str(audio).strip():
+                    raise ApiError(400, "audio must be a file (multipart field 'audio'); leave it out to use "
+                                        "the face video's own sound")
+                audio = None
+            options_text = form.get("options") or "{}"
+            if not isinstance(options_text, str):
+                options_text = (await options_text.read()).decode("utf-8", "replace")
+            try:
+                options = json.loads(options_text)
+            except ValueError as error:
+                raise ApiError(400, f"options is not valid JSON: {error}") from None
+            if not isinstance(options, dict):
+                raise ApiError(400, 'options must be a JSON object, e.g. {"media.output_height": 360}')
+            face_upload = Upload(face.filename or "face", face.file)
+            audio_upload = Upload(audio.filename or "audio", audio.file) if audio is not None else None
+            try:
+                job_id = await run_in_threadpool(store.create_job, face_upload, audio_upload, options)
+            except UploadTooLarge as error:
+                raise ApiError(413, str(error)) from None
+            except HeygemError as error:
+                raise ApiError(400, str(error)) from None
+        finally:
+            await form.close()
+        return JSONResponse({"id": job_id, "status": "queued", "url": f"/api/jobs/{job_id}"}, status_code=201,
+                            headers={"Location": f"/api/jobs/{job_id}"})
+
+    @router.get("/jobs")
+    def list_jobs(status: str | None = None, limit: int = 100):
+        try:
+            jobs = store.list(status=status, limit=max(1, min(limit, 1000)))
+        except HeygemError as error:
+            raise ApiError(400, str(error)) from None
+        return {"jobs": [job.to_dict() for job in jobs], "counts": store.counts()}
+
+    @router.get("/jobs/{job_id}")
+    def get_job(job_id: str):
+        return find_job(job_id).to_dict()
+
+    @router.get("/jobs/{job_id}/result")
+    def get_result(job_id: str):
+        job = find_job(job_id)
+        if job.status != DONE or not job.result_path.is_file():
+            detail = f": {job.error}" if job.error else (f" ({job.stage} {job.progress:.0%})" if job.stage else "")
+            raise ApiError(404, f"job {job_id} has no result yet: it is {job.status}{detail}")
+        name = f"{job.label or job.id}.mp4"
+        return FileResponse(job.result_path, media_type="video/mp4", filename=name)
+
+    @router.get("/jobs/{job_id}/log")
+    def get_log(job_id: str):
+        job = find_job(job_id)
+        text = job.log_path.read_text(encoding="utf-8", errors="replace") if job.log_path.is_file() else ""
+        return PlainTextResponse(text)
+
+    @router.delete("/jobs/{job_id}")
+    def cancel_job(job_id: str):
+        job = find_job(job_id)
+        if job.is_finished:
+            raise ApiError(409, f"job {job_id} is already {job.status}")
+        return store.cancel(job_id).to_dict()
+
+    @router.post("/jobs/{job_id}/retry")
+    def retry_job(job_id: str):
+        find_job(job_id)
+        try:
+            return store.retry(job_id).to_dict()
+        except HeygemError as error:
+            raise ApiError(409, str(error)) from None
+
+    return router

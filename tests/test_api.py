@@ -1,0 +1,270 @@
+"""The REST API against a live `python app.py` on a free port, plus a hard kill and restart."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from heygem.media import ffmpeg_binary, probe
+
+REPO = Path(__file__).resolve().parent.parent
+ASSETS = REPO / "assets"
+OPTIONS = {"media.output_height": 256}
+
+
+def run_ffmpeg(*args: str) -> None:
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
+
+
+def assert_playable_mp4(path: Path, audio_seconds: float, full_decode: bool = True) -> None:
+    """H.264 + AAC, as long as the speech, and (optionally) decodable to the last frame."""
+    info = probe(path)
+    assert info.kind == "video" and info.has_audio and info.frame_count > 1, info
+    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
+    import av
+
+    with av.open(str(path)) as container:
+        codecs = {stream.type: stream.codec_context.name for stream in container.streams}
+    assert codecs == {"video": "h264", "audio": "aac"}, codecs
+    if full_decode:
+        decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
+                                 capture_output=True, text=True)
+        assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        return probe_socket.getsockname()[1]
+
+
+class LiveApp:
+    """`python app.py` in a subprocess, on a free port, with its own outputs folder."""
+
+    def __init__(self, outputs: Path, *extra_args: str):
+        self.outputs = outputs
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = outputs.parent / f"app-{self.port}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "app.py", "--port", str(self.port), "--outputs", str(outputs), *extra_args],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def wait_ready(self, timeout: float = 120) -> LiveApp:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the app exited:\n{self.log_path.read_text(errors='replace')}")
+            try:
+                if self.client.get("/api/jobs").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"the app did not start in {timeout} s:\n{self.log_path.read_text(errors='replace')}")
+
+    def kill_hard(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def submit(self, face: Path, audio: Path | None, options: dict | None = None, face_name: str | None = None):
+        files = {"face": (face_name or face.name, face.read_bytes())}
+        if audio is not None:
+            files["audio"] = (audio.name, audio.read_bytes())
+        data = {"options": json.dumps(options if options is not None else OPTIONS)}
+        return self.client.post("/api/jobs", files=files, data=data)
+
+    def wait_finished(self, job_ids: list[str], timeout: float = 180) -> dict[str, dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            jobs = {job_id: self.client.get(f"/api/jobs/{job_id}").json() for job_id in job_ids}
+            if all(job["status"] in ("done", "failed", "cancelled") for job in jobs.values()):
+                return jobs
+            time.sleep(0.3)
+        raise AssertionError(f"not finished in {timeout} s: {jobs}")
+
+
+@pytest.fixture(scope="module")
+def speech_clip(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("api inputs") / "short speech.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "1.2", str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    live = LiveApp(tmp_path_factory.mktemp("api") / "outputs").wait_ready()
+    yield live
+    live.stop()
+
+
+def test_submit_poll_download_and_decode(app, speech_clip, tmp_path):
+    response = app.submit(ASSETS / "astronaut.jpg", speech_clip, face_name="my portrait ü.v2.jpg")
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    assert response.headers["location"] == f"/api/jobs/{job_id}"
+    seen_progress = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = app.client.get(f"/api/jobs/{job_id}").json()
+        seen_progress.append(job["progress"])
+        if job["status"] in ("done", "failed", "cancelled"):
+            break
+        assert 0.0 <= job["progress"] <= 1.0
+        time.sleep(0.1)
+    assert job["status"] == "done", job
+    for key in ("id", "status", "progress", "stage", "error", "created", "started", "finished", "engine"):
+        assert key in job
+    assert job["progress"] == 1.0 and job["error"] is None and job["engine"] in ("landmark", "wav2lip")
+    assert job["face"] == "my portrait ü.v2.jpg" and job["options"] == OPTIONS
+    assert job["seconds_per_stage"] and job["result"] == f"/api/jobs/{job_id}/result"
+    assert seen_progress == sorted(seen_progress)  # progress never goes backwards
+
+    result = app.client.get(f"/api/jobs/{job_id}/result")
+    assert result.status_code == 200 and result.headers["content-type"] == "video/mp4"
+    downloaded = tmp_path / "downloaded.mp4"
+    downloaded.write_bytes(result.content)
+    assert_playable_mp4(downloaded, probe(speech_clip).duration)
+    assert probe(downloaded).height == 256
+    assert (app.outputs / job_id / "my portrait ü.v2.jpg").is_file()
+    assert "done in" in app.client.get(f"/api/jobs/{job_id}/log").text
+    listed = app.client.get("/api/jobs").json()
+    assert job_id in [entry["id"] for entry in listed["jobs"]] and listed["counts"]["done"] >= 1
+
+
+def test_bad_requests_get_a_message(app, speech_clip, tmp_path):
+    def error_of(response, status):
+        assert response.status_code == status, response.text
+        return response.json()["error"]
+
+    face = ASSETS / "astronaut.jpg"
+    assert "unknown option face.padding" in error_of(app.submit(face, speech_clip, {"face.padding": 3}), 400)
+    assert "JSON" in error_of(app.client.post("/api/jobs", files={"face": ("a.jpg", face.read_bytes())},
+                                              data={"options": "{not json"}), 400)
+    assert "face file is missing" in error_of(
+        app.client.post("/api/jobs", files={"audio": ("a.wav", speech_clip.read_bytes())}), 400)
+    assert "no sound of its own" in error_of(app.submit(face, None), 400)
+    corrupt = tmp_path / "broken clip.mp4"
+    corrupt.write_bytes(b"definitely not a video" * 50)
+    assert "broken clip.mp4" in error_of(app.submit(corrupt, speech_clip), 400)
+    assert "no job" in error_of(app.client.get("/api/jobs/nope"), 404)
+    assert app.client.get("/api/jobs/..%2F..%2Fetc/result").status_code == 404
+    assert "no job" in error_of(app.client.get("/api/jobs/..jobs.db/result"), 404)
+    assert "multipart" in error_of(app.client.post("/api/jobs", json={"face": "x"}), 400)
+
+    job_id = app.submit(face, speech_clip).json()["id"]
+    second = app.submit(face, speech_clip).json()["id"]
+    assert "no result yet" in error_of(app.client.get(f"/api/jobs/{second}/result"), 404)
+    cancelled = app.client.delete(f"/api/jobs/{second}")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] in ("cancelled", "running")
+    finished = app.wait_finished([job_id, second])
+    assert finished[job_id]["status"] == "done" and finished[second]["status"] == "cancelled"
+    assert "already done" in error_of(app.client.delete(f"/api/jobs/{job_id}"), 409)
+    assert app.client.post(f"/api/jobs/{second}/retry").json()["status"] in ("queued", "running")
+    assert app.wait_finished([second])[second]["status"] == "done"
+
+
+def test_ten_concurrent_submissions_all_finish_and_a_bad_upload_fails_alone(app, speech_clip, tmp_path):
+    corrupt = tmp_path / "corrupt.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 100)
+    uploads = [(ASSETS / "astronaut.jpg", f"face {index}.jpg") for index in range(10)] + [(corrupt, "corrupt.png")]
+    with ThreadPoolExecutor(len(uploads)) as pool:
+        responses = list(pool.map(lambda upload: app.submit(upload[0], speech_clip, face_name=upload[1]), uploads))
+    assert [response.status_code for response in responses] == [201] * 10 + [400], [r.text for r in responses]
+    job_ids = [response.json()["id"] for response in responses[:10]]
+    assert len(set(job_ids)) == 10
+    finished = app.wait_finished(job_ids)
+    assert all(job["status"] == "done" for job in finished.values()), finished
+    assert sorted(job["face"] for job in finished.values()) == sorted(name for _, name in uploads[:10])
+    listed = {job["id"] for job in app.client.get("/api/jobs", params={"status": "done"}).json()["jobs"]}
+    assert set(job_ids) <= listed
+    audio_seconds = probe(speech_clip).duration
+    for index, job_id in enumerate(job_ids):
+        assert_playable_mp4(app.outputs / job_id / "result.mp4", audio_seconds, full_decode=index == 0)
+
+
+def test_the_page_and_gradios_api_are_served_and_only_outputs_files(app):
+    page = app.client.get("/")
+    assert page.status_code == 200 and "heygem" in page.text
+    assert app.client.get("/gradio_api/info").status_code == 200
+    assert app.client.get(f"/gradio_api/file={app.outputs / 'jobs.db'}").status_code in (403, 404)
+    assert app.client.get("/gradio_api/file=/etc/passwd").status_code in (403, 404)
+
+
+def test_kill_9_mid_job_then_restart_runs_every_job_once(tmp_path, speech_clip):
+    outputs = tmp_path / "outputs"
+    first = LiveApp(outputs).wait_ready()
+    try:
+        job_ids = [first.submit(ASSETS / "astronaut.jpg", speech_clip).json()["id"] for _ in range(4)]
+        deadline = time.monotonic() + 60
+        while first.client.get(f"/api/jobs/{job_ids[0]}").json()["status"] != "running":
+            assert time.monotonic() < deadline, "the first job never started"
+            time.sleep(0.05)
+        first.kill_hard()
+    finally:
+        first.stop()
+    second = LiveApp(outputs).wait_ready()
+    try:
+        finished = second.wait_finished(job_ids)
+    finally:
+        second.stop()
+    assert [finished[job_id]["status"] for job_id in job_ids] == ["done"] * 4, finished
+    assert finished[job_ids[0]]["attempts"] == 2
+    audio_seconds = probe(speech_clip).duration
+    for job_id in job_ids:
+        log = (outputs / job_id / "job.log").read_text(encoding="utf-8")
+        assert log.count(f"job {job_id} done in") == 1, log
+        assert_playable_mp4(outputs / job_id / "result.mp4", audio_seconds, full_decode=False)
+    assert "queued again" in (outputs / job_ids[0] / "job.log").read_text(encoding="utf-8")
+
+
+def test_basic_auth_and_upload_limit(tmp_path, speech_clip):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from heygem.api import create_router
+    from heygem.jobs import JobStore
+
+    store = JobStore(tmp_path / "outputs", max_upload_bytes=60_000)
+    application = FastAPI()
+    application.include_router(create_router(store, auth=("anna", "sécret"), max_upload_bytes=60_000))
+    client = TestClient(application)
+    assert client.get("/api/jobs").status_code == 401
+    assert client.get("/api/jobs").headers["www-authenticate"].startswith("Basic")
+    assert client.get("/api/jobs", auth=("anna", "wrong")).status_code == 401
+    assert client.get("/api/jobs", auth=("anna", "sécret")).status_code == 200
+    broken = {"Authorization": "Basic " + base64.b64encode(b"\xff\xfe").decode()}
+    assert client.get("/api/jobs", headers=broken).status_code == 401
+    big = client.post("/api/jobs", auth=("anna", "sécret"),
+                      files={"face": ("face.jpg", (ASSETS / "astronaut.jpg").read_bytes()),
+                             "audio": ("a.wav", speech_clip.read_bytes())})
+    assert big.status_code == 413 and "upload limit" in big.json()["error"]
+    huge = client.post("/api/jobs", auth=("anna", "sécret"),
+                       files={"face": ("face.jpg", io.BytesIO(b"0" * 2_000_000))})
+    assert huge.status_code == 413
+    assert store.list() == [] and not [path for path in store.outputs_dir.iterdir() if path.is_dir()]

@@ -66,7 +66,7 @@ class EngineConfig:
 
 @dataclass
 class RestoreConfig:
-    enabled: bool = option(True, "--restore", "sharpen the generated mouth region after the generator (use --no-restore to switch off)")
+    enabled: bool = option(True, "--restore", "sharpen the generated mouth region after a generator network such as wav2lip (the landmark engine moves real pixels and needs none); --no-restore switches it off")
     method: str = option("sharpen", "--restore-method", "restoration method", ("sharpen",))
     strength: float = option(0.6, "--restore-strength", "how strongly the mouth region is sharpened, 0..2")
 

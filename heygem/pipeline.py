@@ -142,8 +142,9 @@ def generate(
                                 mel_windows=audio.mel_windows(mel, window_starts[output_indices]), fps=fps)
             with timer("generate"):
                 patches = engine.generate(batch)
-            with timer("restore"):
-                patches = restore_patches(patches, frames_bgr, config.restore)
+            if engine.needs_restoration:
+                with timer("restore"):
+                    patches = restore_patches(patches, frames_bgr, config.restore)
             with timer("blend"):
                 for frame, patch in zip(frames_bgr, patches):
                     if patch is not None:

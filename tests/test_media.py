@@ -21,7 +21,7 @@ def test_decode_and_encode_arguments_are_plain_lists():
     assert args[args.index("-i") + 1] == "in put.mp4"  # one argument, no shell quoting needed
     assert "fps=fps=30000/1001" in args[args.index("-filter_complex") + 1]
     assert "crop=640:360:0:0" in args[args.index("-filter_complex") + 1]
-    assert args[-5:] == ["-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:"]
+    assert args[-5:] == ["-f", "rawvideo", "-pix_fmt", "yuv420p", "pipe:"]
 
     scaled = media.working_geometry(info, 241)
     assert (scaled.width, scaled.height) == (426, 240)

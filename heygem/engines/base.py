@@ -15,6 +15,7 @@ class LipSyncEngine(Protocol):
     """
 
     name: str
+    needs_restoration: bool  # whether the restoration stage should sharpen this engine's patches
 
     def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
         """One patch per frame of ``batch``; None where the frame has no face."""

@@ -571,6 +571,8 @@ class LandmarkEngine:
     """Lip sync from landmarks and audio alone: a warp of the lower face plus a rendered mouth interior."""
 
     name = "landmark"
+    # it moves the frame's own pixels and draws the mouth interior crisply: nothing to deblur
+    needs_restoration = False
 
     def __init__(self, config: EngineConfig, fps: float):
         self.mouth_strength = float(config.mouth_strength)

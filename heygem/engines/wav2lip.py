@@ -83,6 +83,7 @@ class Wav2LipEngine:
     """Lip sync with the public Wav2Lip or Wav2Lip-GAN generator weights."""
 
     name = "wav2lip"
+    needs_restoration = True  # its 96x96 output is scaled up to the face box
 
     def __init__(self, checkpoint_path: Path, config: EngineConfig):
         self.device = pick_device(config.device)

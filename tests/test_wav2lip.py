@@ -259,3 +259,22 @@ def test_inference_context_precision_on_cpu():
     with pytest.raises(HeygemError, match="precision"):
         with inference_context(cpu, "fp8"):
             pass
+
+
+def test_folding_batchnorm_keeps_the_outputs():
+    import copy
+
+    from heygem.models.wav2lip import fold_batchnorm
+
+    torch.manual_seed(3)
+    model = Wav2Lip().eval()
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):  # non-trivial statistics, as trained weights have
+            module.running_mean.uniform_(-0.2, 0.2)
+            module.running_var.uniform_(0.5, 1.5)
+            module.weight.data.uniform_(0.5, 1.5)
+    folded = fold_batchnorm(copy.deepcopy(model))
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    mel, faces = torch.randn(2, 1, 80, 16), torch.rand(2, 6, 96, 96)
+    with torch.inference_mode():
+        torch.testing.assert_close(folded(mel, faces), model(mel, faces), atol=1e-5, rtol=1e-4)

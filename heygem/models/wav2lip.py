@@ -158,3 +158,21 @@ class Wav2Lip(nn.Module):
         for block, skip in zip(self.face_decoder_blocks, reversed(face_features)):
             features = torch.cat((block(features), skip), dim=1)  # sizes 1, 3, 6, ..., 96
         return self.output_block(features)  # (B, 3, 96, 96)
+
+
+def fold_batchnorm(model: nn.Module) -> nn.Module:
+    """Fold every BatchNorm into the convolution before it, in place, for inference.
+
+    The outputs stay the same (to float rounding) while each unit runs one
+    operation instead of two. Call it after the checkpoint is loaded: the folded
+    model no longer has the checkpoint's BatchNorm keys.
+    """
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    model.eval()
+    for unit in model.modules():
+        if isinstance(unit, (ConvUnit, TransposedConvUnit)) and isinstance(unit.conv_block[1], nn.BatchNorm2d):
+            convolution, norm = unit.conv_block[0], unit.conv_block[1]
+            folded = fuse_conv_bn_eval(convolution, norm, transpose=isinstance(unit, TransposedConvUnit))
+            unit.conv_block = nn.Sequential(folded)
+    return model

@@ -125,6 +125,11 @@ def job_card(job) -> str:
             f'<div class="job-detail">{detail}</div>{error}</div>')
 
 
+def problem_card(message: str) -> str:
+    """The card's place when nothing could be queued: what to fix."""
+    return f'<div class="job-card" data-status="problem"><div class="job-error">{html.escape(message)}</div></div>'
+
+
 def stage_frame(job) -> pd.DataFrame | None:
     """Seconds per pipeline stage of a finished job, for the bar chart."""
     summary = job.read_summary() if job is not None else None
@@ -189,22 +194,30 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
                 gr.update(visible=not is_image, value=None if is_image else face_path))
 
     def submit(face_path, audio_path, use_video_audio, *controls):
+        """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
+        problem = None
         if not face_path:
-            raise gr.Error("Add a face first: a video or a photo.")
-        if not use_video_audio and not audio_path:
-            raise gr.Error("Add speech (upload or record), or tick \"use the face video's own audio\".")
-        try:
-            job_id = store.create_job(face_path, None if use_video_audio else audio_path,
-                                      options_from_controls(*controls))
-        except HeygemError as error:
-            raise gr.Error(str(error)) from None
+            problem = "Add a face first: a video or a photo."
+        elif not use_video_audio and not audio_path:
+            problem = "Add speech (upload or record), or tick \"use the face video's own audio\"."
+        else:
+            try:
+                job_id = store.create_job(face_path, None if use_video_audio else audio_path,
+                                          options_from_controls(*controls))
+            except HeygemError as error:
+                problem = str(error)
+        if problem:
+            gr.Warning(problem)
+            return ("", problem_card(problem), gr.update(value=None), gr.update(visible=False, value=None),
+                    gr.update(visible=False), gr.update(visible=False))
         job = store.get(job_id)
         return (job_id, job_card(job), gr.update(value=None), gr.update(visible=False, value=None),
                 gr.update(visible=False), gr.update(visible=True))
 
     async def watch(job_id):
         """Follow one job until it ends: card, then the video, the download and the chart."""
-        if not job_id:
+        if not job_id:  # nothing was queued: leave what submit showed
+            yield gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
             return
         last_card = None
         while True:
@@ -249,7 +262,9 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
         try:
             items = plan_batch(source, uploaded, folder, pairing, manifest)
         except HeygemError as error:
-            raise gr.Error(str(error)) from None
+            gr.Warning(str(error))
+            return (gr.update(), gr.update(), f"**Nothing started:** {error}", gr.update(),
+                    gr.Timer(active=False))
         batch = f"batch-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
         outcome = submit_items(store, items, options_from_controls(*controls), batch)
         state = {"batch": batch, "items": [
@@ -330,9 +345,9 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
 
     def job_action(action, job_id, status_filter):
         job_id = (job_id or "").strip()
-        if not job_id:
-            raise gr.Error("Pick a job in the table first.")
         try:
+            if not job_id:
+                raise HeygemError("Pick a job in the table first.")
             if action == "cancel":
                 store.cancel(job_id)
                 message = f"Cancel requested for {job_id}."
@@ -344,7 +359,8 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
                 message = f"{job_id} deleted."
                 job_id = ""
         except HeygemError as error:
-            raise gr.Error(str(error)) from None
+            gr.Warning(str(error))
+            return (gr.update(),) * 7
         gr.Info(message)
         table, summary = jobs_table(status_filter)
         return table, summary, job_id, *show_job(job_id)
@@ -355,7 +371,7 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
                 (("astronaut.jpg", "speech_en.wav"), ("astronaut.jpg", "speech_zh.wav"))
                 if (ASSETS / face).is_file() and (ASSETS / audio).is_file()]
 
-    with gr.Blocks(title="heygem") as demo:
+    with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
         gr.Markdown(f"# heygem\nA face (video or photo) and some speech in, a lip-synced talking video out. "
                     f"<small>v{__version__} · jobs are kept in `{store.outputs_dir}` · REST API under `/api/jobs`</small>")
         with gr.Tabs():
@@ -387,7 +403,8 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
                         chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
                                            x_label_angle=-35, x_title="", label="Seconds per stage",
                                            elem_id="stage-chart")
-                face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden")
+                face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
+                            api_visibility="private")
                 watching = generate.click(
                     submit, [face, audio, use_video_audio, *controls],
                     [job_id_state, card, result, download, chart, cancel_button],
@@ -397,7 +414,7 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
                     concurrency_limit=None, show_progress="hidden", api_name="watch",
                 )
                 # A new job replaces the one this page was following (that one keeps running; see Jobs).
-                generate.click(None, None, None, cancels=[watching], queue=False)
+                generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
                 cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
 
             with gr.Tab("Batch", id="batch"):
@@ -428,8 +445,9 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
                                                    column_widths=["12%", "12%", "12%", "9%", "8%", "27%", "7%", "13%"])
                         batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False)
                 source.change(lambda choice: (gr.update(visible=choice == "upload"), gr.update(visible=choice == "folder")),
-                              source, [uploaded, folder], queue=False)
-                pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False)
+                              source, [uploaded, folder], queue=False, api_visibility="private")
+                pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False,
+                               api_visibility="private")
                 start.click(start_batch, [source, uploaded, folder, pairing, manifest, *batch_controls],
                             [batch_state, batch_items, batch_summary, batch_zip, batch_timer],
                             concurrency_limit=2, api_visibility="private")

@@ -421,9 +421,19 @@ def _parse_options(text: str | None) -> dict:
     return options
 
 
+def _log_jobs_quietly(args: argparse.Namespace) -> None:
+    """Keep INFO records for the jobs' job.log files without printing them (unless -v)."""
+    logger.setLevel(logging.INFO)
+    if not getattr(args, "verbose", False):
+        for handler in logging.getLogger().handlers:
+            if handler.level < logging.WARNING:
+                handler.setLevel(logging.WARNING)
+
+
 def batch_command(args: argparse.Namespace) -> int:
     from heygem.cli import option_overrides
 
+    _log_jobs_quietly(args)
     options = {**_parse_options(args.options), **option_overrides(args)}
     results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
                         jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet)
@@ -479,6 +489,7 @@ def jobs_command(args: argparse.Namespace) -> int:
         print(f"{args.job_id}: {store.retry(args.job_id).status}")
         return 0
     if args.jobs_action == "work":
+        _log_jobs_quietly(args)
         workers = start_workers(store, args.workers)
         print(f"{len(workers)} worker(s) running jobs from {store.outputs_dir}; Ctrl+C stops")
         try:

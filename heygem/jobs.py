@@ -532,6 +532,10 @@ class JobStore:
             with contextlib.suppress(HeygemError):
                 self.delete(row["id"])
                 removed.append(row["id"])
+        for archive in (self.outputs_dir / "batches").glob("*.zip"):  # the web app's batch downloads
+            with contextlib.suppress(OSError):
+                if archive.stat().st_mtime < cutoff:
+                    archive.unlink()
         return removed
 
     def set_batch(self, job_id: str, batch: str, label: str) -> None:

@@ -268,3 +268,15 @@ def test_basic_auth_and_upload_limit(tmp_path, speech_clip):
                        files={"face": ("face.jpg", io.BytesIO(b"0" * 2_000_000))})
     assert huge.status_code == 413
     assert store.list() == [] and not [path for path in store.outputs_dir.iterdir() if path.is_dir()]
+
+
+def test_gradios_own_client_api_still_works(app, speech_clip):
+    from gradio_client import Client, handle_file
+
+    client = Client(app.url, verbose=False)
+    card, *_ = client.predict(handle_file(str(ASSETS / "astronaut.jpg")), handle_file(str(speech_clip)), False,
+                              api_name="/submit")
+    assert 'class="job-card"' in card
+    card, video, *_ = client.predict(api_name="/watch")  # follows the job this client's session submitted
+    assert 'data-status="done"' in card
+    assert_playable_mp4(Path(video), probe(speech_clip).duration, full_decode=False)

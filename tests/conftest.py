@@ -81,3 +81,7 @@ def silent_frames(audio_path: Path, fps: float, threshold: float = 0.004) -> np.
     rms = np.array([np.sqrt(np.mean(samples[int(i * per_frame): int((i + 1) * per_frame)] ** 2) + 1e-12)
                     for i in range(count)])
     return np.flatnonzero(rms < threshold)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "browser: drives Debian's chromium through playwright")

@@ -15,6 +15,7 @@ import asyncio
 import html
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from heygem.batch import collect_files, plan_items, resolve_under_roots, submit_
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
 from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, start_workers
+from heygem.pipeline import warm_up
 from heygem.system import system_report
 
 logger = logging.getLogger("heygem")
@@ -537,6 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes)
     if args.workers != 0:
         start_workers(store, args.workers)
+        threading.Thread(target=warm_up, name="heygem-warm-up", daemon=True).start()
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root])
     demo.queue(default_concurrency_limit=4, max_size=256)
     router = create_router(store, auth=auth, max_upload_bytes=max_upload_bytes)

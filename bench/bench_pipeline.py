@@ -1,6 +1,6 @@
-"""Whole-pipeline throughput and peak memory at 720p, per engine.
+"""Whole-pipeline throughput and peak memory, per engine (720p by default).
 
-    python bench/bench_pipeline.py [--seconds 10] [--height 720] [--engines landmark wav2lip]
+    python bench/bench_pipeline.py [--seconds 10] [--size 1280x720] [--engines landmark wav2lip]
 
 Makes a synthetic talking-head input (the bundled portrait, moving slowly, at
 25 fps) and the bundled speech cut to the same length, runs
@@ -41,16 +41,17 @@ def machine_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {gpu}; torch {torch.__version__}, Python {platform.python_version()}"
 
 
-def make_inputs(folder: Path, seconds: float, height: int) -> tuple[Path, Path]:
+def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[Path, Path]:
+    """A width x height, 25 fps video of the portrait drifting slowly, and speech of the same length."""
     from heygem.media import ffmpeg_binary
 
-    width = int(round(height * 16 / 9 / 2)) * 2
-    video = folder / f"face_{height}p.mp4"
+    video = folder / f"face_{width}x{height}.mp4"
     audio = folder / "speech.wav"
     portrait = REPO / "assets" / "astronaut.jpg"
+    side = max(width, height) + 40
     subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-loop", "1", "-i", str(portrait),
-                    "-vf", f"scale={height + 40}:{height + 40},crop={height}:{height}:x='20+10*sin(t)':y='20+8*cos(t*0.7)',"
-                           f"pad={width}:{height}:(ow-iw)/2:0,format=yuv420p",
+                    "-vf", f"scale={side}:{side},crop={width}:{height}:x='(iw-ow)/2+10*sin(t)':y='20+8*cos(t*0.7)',"
+                           "format=yuv420p",
                     "-r", "25", "-t", str(seconds), "-c:v", "libx264", "-preset", "veryfast", str(video)], check=True)
     subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-stream_loop", "-1", "-i",
                     str(REPO / "assets" / "speech_en.wav"), "-t", str(seconds), str(audio)], check=True)
@@ -60,7 +61,7 @@ def make_inputs(folder: Path, seconds: float, height: int) -> tuple[Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the test video and audio")
-    parser.add_argument("--height", type=int, default=720, help="height of the test video (16:9)")
+    parser.add_argument("--size", default="1280x720", help="WIDTHxHEIGHT of the test video")
     parser.add_argument("--engines", nargs="+", default=["landmark", "wav2lip"], choices=["landmark", "wav2lip"])
     args = parser.parse_args()
 
@@ -71,13 +72,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="heygem-bench-") as folder_name:
         folder = Path(folder_name)
-        video, audio = make_inputs(folder, args.seconds, args.height)
+        width, height = (int(v) for v in args.size.lower().split("x"))
+        video, audio = make_inputs(folder, args.seconds, width, height)
         weights = folder / "weights"
         weights.mkdir()
         torch.save({"state_dict": Wav2Lip().state_dict()}, weights / "wav2lip.pth")
         os.environ["HEYGEM_WEIGHTS"] = str(weights)
         print(f"machine: {machine_description()}")
-        print(f"input: {args.height}p, 25 fps, {args.seconds:g} s; output at the input's size\n")
+        print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s; output at the input's size\n")
         print(f"{'engine':<10}{'frames':>8}{'seconds':>9}{'frames/s':>10}{'x realtime':>12}  seconds per stage")
         for engine in args.engines:
             started = time.perf_counter()

@@ -186,6 +186,12 @@ def _timed(function, *args):
     return function(*args), time.perf_counter() - started
 
 
+def warm_up() -> None:
+    """Load the heavy libraries before the first job needs them (librosa's first call takes seconds)."""
+    audio.melspectrogram(np.zeros(audio.SAMPLE_RATE // 10, dtype=np.float32))
+    import mediapipe  # noqa: F401
+
+
 # ---------------------------------------------------------------------------- engine choice
 
 

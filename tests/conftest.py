@@ -18,6 +18,23 @@ def run_ffmpeg(*args: str) -> None:
     subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
 
 
+def assert_playable_mp4(path: Path, audio_seconds: float, full_decode: bool = True) -> None:
+    """H.264 + AAC, as long as the speech, and (optionally) decodable to the last frame."""
+    import av
+
+    info = probe(path)
+    assert info.kind == "video" and info.has_audio and info.frame_count > 1, info
+    assert info.width > 0 and info.height > 0
+    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
+    with av.open(str(path)) as container:
+        codecs = {stream.type: stream.codec_context.name for stream in container.streams}
+    assert codecs == {"video": "h264", "audio": "aac"}, codecs
+    if full_decode:
+        decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
+                                 capture_output=True, text=True)
+        assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
+
+
 def decode_frames(path: Path) -> np.ndarray:
     """All frames of a video as (N, H, W, 3) uint8 BGR (tests only: small files)."""
     info = probe(path)

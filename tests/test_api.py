@@ -17,31 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heygem.media import ffmpeg_binary, probe
+from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
+from heygem.media import probe
 
-REPO = Path(__file__).resolve().parent.parent
-ASSETS = REPO / "assets"
 OPTIONS = {"media.output_height": 256}
-
-
-def run_ffmpeg(*args: str) -> None:
-    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
-
-
-def assert_playable_mp4(path: Path, audio_seconds: float, full_decode: bool = True) -> None:
-    """H.264 + AAC, as long as the speech, and (optionally) decodable to the last frame."""
-    info = probe(path)
-    assert info.kind == "video" and info.has_audio and info.frame_count > 1, info
-    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
-    import av
-
-    with av.open(str(path)) as container:
-        codecs = {stream.type: stream.codec_context.name for stream in container.streams}
-    assert codecs == {"video": "h264", "audio": "aac"}, codecs
-    if full_decode:
-        decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
-                                 capture_output=True, text=True)
-        assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
 
 
 def free_port() -> int:

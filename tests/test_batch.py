@@ -13,25 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
 from heygem.batch import item_key, plan_items, resolve_under_roots, run_batch, BatchItem
 from heygem.errors import HeygemError
-from heygem.media import ffmpeg_binary, probe
-
-REPO = Path(__file__).resolve().parent.parent
-ASSETS = REPO / "assets"
-
-
-def run_ffmpeg(*args: str) -> None:
-    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
-
-
-def assert_playable_mp4(path: Path, audio_seconds: float) -> None:
-    info = probe(path)
-    assert info.kind == "video" and info.has_audio and info.frame_count > 1, info
-    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
-    decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
-                             capture_output=True, text=True)
-    assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
+from heygem.media import probe
 
 
 def touch(folder: Path, *names: str) -> list[Path]:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ASSETS, REPO, assert_playable_mp4
 from heygem.media import ffmpeg_binary, probe
 
-REPO = Path(__file__).resolve().parent.parent
-ASSETS = REPO / "assets"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -87,15 +86,6 @@ def page(app_url):
         finally:
             context.close()
             browser.close()
-
-
-def assert_playable_mp4(path: Path, audio_seconds: float) -> None:
-    info = probe(path)
-    assert info.kind == "video" and info.has_audio and info.frame_count > 1, info
-    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
-    decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
-                             capture_output=True, text=True)
-    assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
 
 
 def generate_and_download(page, tmp_path: Path) -> Path:

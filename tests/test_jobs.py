@@ -13,33 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import ASSETS, assert_playable_mp4, run_ffmpeg
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobStore, Upload, UploadTooLarge,
                          process_owner, sanitize_filename, start_workers)
-from heygem.media import ffmpeg_binary, probe
-
-REPO = Path(__file__).resolve().parent.parent
-ASSETS = REPO / "assets"
-
-
-def run_ffmpeg(*args: str) -> None:
-    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", *args], check=True)
-
-
-def assert_playable_mp4(path: Path, audio_seconds: float) -> None:
-    """The file decodes to the end, has H.264 video and AAC audio, and lasts as long as the speech."""
-    info = probe(path)
-    assert info.kind == "video" and info.has_audio, info
-    assert info.width > 0 and info.height > 0 and info.frame_count > 1
-    assert abs(info.duration - audio_seconds) < 0.25, (info.duration, audio_seconds)
-    import av
-
-    with av.open(str(path)) as container:
-        codecs = {stream.type: stream.codec_context.name for stream in container.streams}
-    assert codecs == {"video": "h264", "audio": "aac"}, codecs
-    decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
-                             capture_output=True, text=True)
-    assert decoded.returncode == 0 and not decoded.stderr.strip(), decoded.stderr
+from heygem.media import probe
 
 
 @pytest.fixture(scope="module")

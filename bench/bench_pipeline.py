@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,59 @@ def machine_description() -> str:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{cpu}, {os.cpu_count()} cores, {gpu}; torch {torch.__version__}, Python {platform.python_version()}"
+
+
+class MemorySampler:
+    """Peak resident memory of this process and of this process plus its ffmpeg children, sampled every 50 ms.
+
+    (getrusage's figure for children is useless here: a forked child reports
+    the parent's size at the moment of the fork.)
+    """
+
+    def __init__(self):
+        import threading
+
+        self.peak_self = 0
+        self.peak_total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _rss_kib(pid) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def _children(self) -> list[int]:
+        me = os.getpid()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == me:
+                    pids.append(int(entry.name))
+        return pids
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            own = self._rss_kib("self")
+            total = own + sum(self._rss_kib(pid) for pid in self._children())
+            self.peak_self, self.peak_total = max(self.peak_self, own), max(self.peak_total, total)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[Path, Path]:
@@ -80,17 +132,18 @@ def main() -> None:
         os.environ["HEYGEM_WEIGHTS"] = str(weights)
         print(f"machine: {machine_description()}")
         print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s; output at the input's size\n")
-        print(f"{'engine':<10}{'frames':>8}{'seconds':>9}{'frames/s':>10}{'x realtime':>12}  seconds per stage")
+        print(f"{'engine':<10}{'frames':>8}{'seconds':>9}{'frames/s':>10}{'x realtime':>12}{'peak MiB':>10}"
+              f"{'+ffmpeg':>9}  seconds per stage")
         for engine in args.engines:
             started = time.perf_counter()
-            summary = generate(video, audio, folder / f"out_{engine}.mp4", overrides={"engine.name": engine})
+            with MemorySampler() as memory:
+                summary = generate(video, audio, folder / f"out_{engine}.mp4", overrides={"engine.name": engine})
             elapsed = time.perf_counter() - started
             stages = ", ".join(f"{k} {v:.1f}" for k, v in summary.seconds_per_stage.items() if v >= 0.05)
             print(f"{engine:<10}{summary.frames:>8}{elapsed:>9.1f}{summary.frames / elapsed:>10.1f}"
-                  f"{summary.video_seconds / elapsed:>12.2f}  {stages}")
-        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        print(f"\npeak resident memory: this process {own:.0f} MiB, largest ffmpeg child {children:.0f} MiB")
+                  f"{summary.video_seconds / elapsed:>12.2f}{memory.peak_self / 1024:>10.0f}"
+                  f"{memory.peak_total / 1024:>9.0f}  {stages}")
+        print("\npeak MiB: resident memory of this process during the run; +ffmpeg: with its ffmpeg children")
 
 
 if __name__ == "__main__":

@@ -347,3 +347,39 @@ def fps_to_fraction(fps: float) -> str:
     """A frame rate as an exact ffmpeg fraction: 29.97 -> 30000/1001, 25 -> 25/1."""
     rate = Fraction(fps).limit_denominator(1001)
     return f"{rate.numerator}/{rate.denominator}"
+
+
+class FrameFile:
+    """Frames kept on disk as raw I420, read back in any order.
+
+    Used when a video has to play backward. Reads go through ``os.pread`` rather
+    than a memory map, so the process's resident memory does not grow with the
+    number of frames; the file is half the size of BGR frames.
+    """
+
+    def __init__(self, path: Path, geometry: FrameGeometry):
+        self.path = Path(path)
+        self.width, self.height = geometry.width, geometry.height
+        self.frame_bytes = self.width * self.height * 3 // 2
+        self.count = 0
+        self._file = open(self.path, "w+b")
+
+    def append(self, frames_bgr: np.ndarray) -> None:
+        """Add (N, H, W, 3) uint8 BGR frames at the end."""
+        for frame in frames_bgr:
+            self._file.write(bgr_to_yuv420(frame).data)
+        self.count += len(frames_bgr)
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        """Frames ``indices`` (N,) as a new (N, H, W, 3) uint8 BGR array."""
+        self._file.flush()
+        descriptor = self._file.fileno()
+        frames = np.empty((len(indices), self.height, self.width, 3), dtype=np.uint8)
+        for slot, index in enumerate(indices):
+            data = os.pread(descriptor, self.frame_bytes, int(index) * self.frame_bytes)
+            frames[slot] = yuv420_to_bgr(np.frombuffer(data, dtype=np.uint8), self.width, self.height)
+        return frames
+
+    def close(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)

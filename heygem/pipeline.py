@@ -42,8 +42,8 @@ ProgressCallback = Callable[[str, float], None]
 
 # share of the progress bar each stage takes: (start, end)
 PROGRESS_SPANS = {"prepare": (0.0, 0.04), "faces": (0.04, 0.3), "generate": (0.3, 0.97), "finish": (0.97, 1.0)}
-# a source video shorter than the audio by less than this is still read twice rather than cached
-CACHE_MARGIN_SECONDS = 1.0
+# a video shorter than the audio by more than this is kept in a frame file during the face pass
+CACHE_MARGIN_SECONDS = 0.5
 
 
 def weights_dir() -> Path:
@@ -102,26 +102,28 @@ def generate(
     mel_future = _BACKGROUND.submit(_timed, audio.melspectrogram, samples_16k)
     report("prepare", 0.7)
 
-    # 3. engine
-    with timer("load_engine"):
-        engine, engine_reason = select_engine(config.engine, fps)
-    logger.info("engine: %s (%s)", engine.name, engine_reason)
+    # 3. engine: chosen now, loaded in the background while faces are found
+    engine_name, checkpoint, engine_reason = choose_engine(config.engine)
+    engine_future = _BACKGROUND.submit(_timed, create_engine, engine_name, checkpoint, config.engine, fps)
+    logger.info("engine: %s (%s)", engine_name, engine_reason)
     report("prepare", 1.0)
 
     work_dir = Path(tempfile.mkdtemp(prefix="heygem-"))
     encoder = None
+    source = None
     try:
         # 4. faces in every source frame that the output uses
         with timer("faces"):
-            source = SourceFrames.open(face_info, geometry, config, frame_count, audio_seconds, work_dir)
+            source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir)
             track = source.track_faces(config, report)
         if not track.found.any():
             raise HeygemError(f"no face was found in {face_path.name}: use a clearer frontal face or give --box")
         logger.info("faces found in %d of %d source frames", track.frame_count - track.frames_without_face,
                     track.frame_count)
 
-        mel, mel_seconds = mel_future.result()
-        timer.seconds["audio"] += mel_seconds
+        with timer("wait_background"):
+            mel, timer.seconds["audio"] = _add(timer.seconds["audio"], mel_future.result())
+            engine, timer.seconds["load_engine"] = _add(0.0, engine_future.result())
         window_starts = audio.mel_window_starts(frame_count, fps, mel.shape[1])
 
         # 5. generate, restore, blend, encode in bounded batches
@@ -163,6 +165,8 @@ def generate(
             encoder.abort()
         raise
     finally:
+        if source is not None:
+            source.close()
         shutil.rmtree(work_dir, ignore_errors=True)
 
     summary = GenerationSummary(
@@ -178,12 +182,18 @@ def generate(
     return summary
 
 
-_BACKGROUND = ThreadPoolExecutor(max_workers=2, thread_name_prefix="heygem-audio")
+_BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heygem-background")
 
 
 def _timed(function, *args):
     started = time.perf_counter()
     return function(*args), time.perf_counter() - started
+
+
+def _add(seconds_so_far: float, timed_result: tuple) -> tuple:
+    """(result, seconds_so_far + its seconds) for a ``_timed`` result."""
+    result, seconds = timed_result
+    return result, seconds_so_far + seconds
 
 
 def warm_up() -> None:
@@ -195,8 +205,8 @@ def warm_up() -> None:
 # ---------------------------------------------------------------------------- engine choice
 
 
-def select_engine(config: EngineConfig, fps: float):
-    """Create the configured engine; returns (engine, why it was chosen)."""
+def choose_engine(config: EngineConfig) -> tuple[str, Path | None, str]:
+    """Which engine to run: (name, checkpoint or None, why). Quick; raises HeygemError for unusable choices."""
     from heygem.weights import find_wav2lip_checkpoint
 
     checkpoint = Path(config.checkpoint) if config.checkpoint else find_wav2lip_checkpoint(weights_dir())
@@ -209,16 +219,21 @@ def select_engine(config: EngineConfig, fps: float):
                   else f"auto: no Wav2Lip checkpoint in {weights_dir()}, using the built-in engine")
     else:
         reason = "chosen with --engine"
+    if name == "wav2lip" and checkpoint is None:
+        raise HeygemError(f"--engine wav2lip needs a checkpoint: put wav2lip_gan.pth or wav2lip.pth into "
+                          f"{weights_dir()} or pass --checkpoint PATH")
+    return name, checkpoint, reason
+
+
+def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps: float):
+    """Build the engine ``choose_engine`` picked (loads weights; can take seconds)."""
     if name == "wav2lip":
-        if checkpoint is None:
-            raise HeygemError(f"--engine wav2lip needs a checkpoint: put wav2lip_gan.pth or wav2lip.pth into "
-                              f"{weights_dir()} or pass --checkpoint PATH")
         from heygem.engines.wav2lip import Wav2LipEngine
 
-        return Wav2LipEngine(checkpoint, config), reason
+        return Wav2LipEngine(checkpoint, config)
     from heygem.engines.landmark import LandmarkEngine
 
-    return LandmarkEngine(config, fps), reason
+    return LandmarkEngine(config, fps)
 
 
 # ---------------------------------------------------------------------------- source frames
@@ -236,32 +251,30 @@ def pingpong_indices(output_indices: np.ndarray, source_count: int) -> np.ndarra
 class SourceFrames:
     """The face input as frames: one still image, or a video read in bounded batches.
 
-    A video that has to play backward (audio longer than video) is cached once
-    as a memory-mapped raw file in the job's own work folder; otherwise it is
-    simply decoded a second time.
+    A video at least as long as the audio is simply decoded a second time. One
+    that has to play backward (audio longer than video) is kept in a raw frame
+    file in the job's own work folder, written during the face pass when probing
+    already shows it is short, otherwise by one more decode when it turns out so.
     """
 
-    def __init__(self, info: MediaInfo, geometry: FrameGeometry, config: Config, frames_needed: int,
-                 still_bgr: np.ndarray | None, cache_path: Path | None, landmarks_path: Path | None):
+    def __init__(self, info: MediaInfo, geometry: FrameGeometry, frames_needed: int,
+                 still_bgr: np.ndarray | None, work_dir: Path, audio_seconds: float):
         self.info = info
         self.geometry = geometry
-        self.config = config
         self.frames_needed = frames_needed
         self.still_bgr = still_bgr
-        self.cache_path = cache_path
-        self.landmarks_path = landmarks_path
-        self.cache: np.ndarray | None = None
+        self.work_dir = work_dir
+        self.frame_file: media.FrameFile | None = None
+        if still_bgr is None and info.duration + CACHE_MARGIN_SECONDS < audio_seconds:
+            self.frame_file = media.FrameFile(work_dir / "frames.yuv", geometry)
         self.frame_count = 1 if still_bgr is not None else 0
         self.track: faces.FaceTrack | None = None
 
     @classmethod
-    def open(cls, info: MediaInfo, geometry: FrameGeometry, config: Config, frames_needed: int,
-             audio_seconds: float, work_dir: Path) -> "SourceFrames":
-        if info.kind == "image":
-            return cls(info, geometry, config, frames_needed, media.load_image(info, geometry), None, None)
-        needs_cache = info.duration < audio_seconds + CACHE_MARGIN_SECONDS
-        return cls(info, geometry, config, frames_needed, None,
-                   work_dir / "frames.raw" if needs_cache else None, work_dir / "landmarks.npy")
+    def open(cls, info: MediaInfo, geometry: FrameGeometry, frames_needed: int, audio_seconds: float,
+             work_dir: Path) -> "SourceFrames":
+        still = media.load_image(info, geometry) if info.kind == "image" else None
+        return cls(info, geometry, frames_needed, still, work_dir, audio_seconds)
 
     def track_faces(self, config: Config, report: "_Reporter") -> faces.FaceTrack:
         """Find the face in every source frame the output will use (stage 4)."""
@@ -275,18 +288,16 @@ class SourceFrames:
             return self.track
 
         capacity = min(self.info.frame_count + 64, self.frames_needed)  # probing can undercount a little
-        track = faces.new_track(capacity, self.landmarks_path)
-        if self.cache_path is not None:
-            self.cache = np.lib.format.open_memmap(self.cache_path, mode="w+", dtype=np.uint8,
-                                                   shape=(capacity, height, width, 3))
+        track = faces.new_track(capacity, self.work_dir / "landmarks.npy")
         decoded = 0
         with faces.FaceFinder(config.face) as finder:
             for frames_bgr in prefetch(media.iter_video_batches(self.info, self.geometry, config.media.batch_frames)):
-                for frame in frames_bgr[: capacity - decoded]:
+                frames_bgr = frames_bgr[: capacity - decoded]
+                for frame in frames_bgr:
                     faces.record(track, decoded, finder.find(frame))
-                    if self.cache is not None:
-                        self.cache[decoded] = frame
                     decoded += 1
+                if self.frame_file is not None:
+                    self.frame_file.append(frames_bgr)
                 report("faces", decoded / max(min(self.info.frame_count, capacity), 1))
                 if decoded >= capacity:
                     break
@@ -298,19 +309,32 @@ class SourceFrames:
 
     def output_batches(self, frame_count: int, batch_frames: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield (source indices (N,), writable frames (N, H, W, 3) uint8 BGR) for each output batch."""
-        if self.still_bgr is None and self.cache is None:
-            # a video at least as long as the audio: decode it again, in order
-            yield from self._decoded_batches(frame_count, batch_frames)
-            return
+        if self.still_bgr is None and self.frame_file is None:
+            if self.frame_count >= frame_count:
+                yield from self._decoded_batches(frame_count, batch_frames)
+                return
+            self._fill_frame_file(batch_frames)  # shorter than probing said: keep it for playing backward
         for batch_start in range(0, frame_count, batch_frames):
             output_indices = np.arange(batch_start, min(batch_start + batch_frames, frame_count))
             source_indices = pingpong_indices(output_indices, self.frame_count)
             if self.still_bgr is not None:
                 yield source_indices, np.repeat(self.still_bgr[None], len(output_indices), axis=0)
             else:
-                yield source_indices, np.array(self.cache[source_indices])
+                yield source_indices, self.frame_file.read(source_indices)
+
+    def close(self) -> None:
+        if self.frame_file is not None:
+            self.frame_file.close()
+
+    def _fill_frame_file(self, batch_frames: int) -> None:
+        self.frame_file = media.FrameFile(self.work_dir / "frames.yuv", self.geometry)
+        for frames_bgr in media.iter_video_batches(self.info, self.geometry, batch_frames):
+            self.frame_file.append(frames_bgr[: self.frame_count - self.frame_file.count])
+            if self.frame_file.count >= self.frame_count:
+                break
 
     def _decoded_batches(self, frame_count: int, batch_frames: int):
+        """Output frames i = source frames i, decoded again in order."""
         pending: list[np.ndarray] = []
         pending_count = 0
         produced = 0
@@ -327,7 +351,7 @@ class SourceFrames:
                 produced += take
                 if produced >= frame_count:
                     return
-        if produced < frame_count:  # the decoder gave fewer frames than the first pass: repeat ping-pong
+        if produced < frame_count:
             raise HeygemError(f"{self.info.path.name} gave fewer frames on a second read; re-encode it and retry")
 
 

@@ -134,3 +134,15 @@ def test_no_face_anywhere_is_a_user_error(tmp_path, short_speech):
     with pytest.raises(HeygemError, match="no face was found"):
         generate(blank, short_speech, tmp_path / "never.mp4")
     assert not (tmp_path / "never.mp4").exists()
+
+
+def test_video_whose_own_track_outlasts_its_frames_still_plays_back_and_forth(tmp_path, face_photo, short_speech):
+    # a container 4 s long holding only 1.5 s of pictures: probing cannot tell it is short
+    padded = tmp_path / "long audio track.mp4"
+    run_ffmpeg("-loop", "1", "-t", "1.5", "-i", str(face_photo), "-f", "lavfi", "-i", "sine=frequency=200:duration=4",
+               "-vf", "scale=256:256,format=yuv420p", "-r", "20", "-c:v", "libx264", "-preset", "ultrafast",
+               "-c:a", "aac", str(padded))
+    assert media.probe(padded).duration > 3.9
+    output = tmp_path / "out.mp4"
+    summary = generate(padded, short_speech, output)
+    assert summary.frames == 68 and len(decode_frames(output)) == 68  # 3.4 s at 20 fps from 30 source frames

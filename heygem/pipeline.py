@@ -42,6 +42,10 @@ ProgressCallback = Callable[[str, float], None]
 
 # share of the progress bar each stage takes: (start, end)
 PROGRESS_SPANS = {"prepare": (0.0, 0.04), "faces": (0.04, 0.3), "generate": (0.3, 0.97), "finish": (0.97, 1.0)}
+# a batch of frames holds at most this many bytes (a few batches are in flight at once: decoding,
+# working, encoding), but never fewer than MIN_BATCH_FRAMES frames
+BATCH_BYTES = 64 * 2**20
+MIN_BATCH_FRAMES = 4
 # a video shorter than the audio by more than this is kept in a frame file during the face pass
 CACHE_MARGIN_SECONDS = 0.5
 
@@ -131,7 +135,7 @@ def generate(
                                      crf=config.media.crf, preset=config.media.preset,
                                      audio_bitrate=config.media.audio_bitrate)
         frames_without_face = 0
-        batch_frames = config.media.batch_frames
+        batch_frames = frames_per_batch(geometry, config.media.batch_frames)
         batches = source.output_batches(frame_count, batch_frames)
         for batch_start in range(0, frame_count, batch_frames):
             report("generate", batch_start / frame_count)
@@ -239,6 +243,12 @@ def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps:
 # ---------------------------------------------------------------------------- source frames
 
 
+def frames_per_batch(geometry: FrameGeometry, configured: int) -> int:
+    """``configured``, or fewer for big frames, so that one batch of BGR frames stays under BATCH_BYTES."""
+    frame_bytes = geometry.width * geometry.height * 3
+    return max(MIN_BATCH_FRAMES, min(configured, BATCH_BYTES // frame_bytes))
+
+
 def pingpong_indices(output_indices: np.ndarray, source_count: int) -> np.ndarray:
     """Source frame for each output frame: forward, then backward, and so on, never jumping."""
     if source_count <= 1:
@@ -291,7 +301,8 @@ class SourceFrames:
         track = faces.new_track(capacity, self.work_dir / "landmarks.npy")
         decoded = 0
         with faces.FaceFinder(config.face) as finder:
-            for frames_bgr in prefetch(media.iter_video_batches(self.info, self.geometry, config.media.batch_frames)):
+            batch_frames = frames_per_batch(self.geometry, config.media.batch_frames)
+            for frames_bgr in prefetch(media.iter_video_batches(self.info, self.geometry, batch_frames)):
                 frames_bgr = frames_bgr[: capacity - decoded]
                 for frame in frames_bgr:
                     faces.record(track, decoded, finder.find(frame))

@@ -277,6 +277,14 @@ def _owner_is_gone(owner: str | None, heartbeat: float | None) -> bool:
     return False
 
 
+def _status_row(db, job_id: str):
+    """The job's row (its status) inside a transaction; HeygemError when there is no such job."""
+    row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise HeygemError(f"there is no job {job_id!r}")
+    return row
+
+
 class JobStore:
     """Jobs in ``outputs_dir``: create, read, cancel, retry, delete, clean.
 
@@ -481,9 +489,7 @@ class JobStore:
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued job at once, or ask a running one to stop; finished jobs are left as they are."""
         with self._transaction() as db:
-            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise HeygemError(f"there is no job {job_id!r}")
+            row = _status_row(db, job_id)
             if row["status"] == QUEUED:
                 db.execute("UPDATE jobs SET status = ?, finished = ?, stage = '' WHERE id = ?",
                            (CANCELLED, time.time(), job_id))
@@ -497,9 +503,7 @@ class JobStore:
     def retry(self, job_id: str) -> Job:
         """Queue a failed or cancelled job again, at the back of the queue."""
         with self._transaction() as db:
-            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise HeygemError(f"there is no job {job_id!r}")
+            row = _status_row(db, job_id)
             if row["status"] not in (FAILED, CANCELLED):
                 raise HeygemError(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be retried")
             db.execute(
@@ -512,9 +516,7 @@ class JobStore:
     def delete(self, job_id: str) -> None:
         """Remove a job that is not running, with its folder."""
         with self._transaction() as db:
-            row = db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise HeygemError(f"there is no job {job_id!r}")
+            row = _status_row(db, job_id)
             if row["status"] == RUNNING:
                 raise HeygemError(f"job {job_id} is running: cancel it first")
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))

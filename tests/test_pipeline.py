@@ -146,3 +146,39 @@ def test_video_whose_own_track_outlasts_its_frames_still_plays_back_and_forth(tm
     output = tmp_path / "out.mp4"
     summary = generate(padded, short_speech, output)
     assert summary.frames == 68 and len(decode_frames(output)) == 68  # 3.4 s at 20 fps from 30 source frames
+
+
+@pytest.mark.parametrize("container, rate, rotation", [("webm", "60", None), ("mkv", "24000/1001", None),
+                                                        ("mov", "30", 270), ("avi", "25", None)])
+def test_containers_rates_and_phone_rotation(tmp_path, face_photo, container, rate, rotation):
+    import subprocess
+    from fractions import Fraction
+
+    source = tmp_path / f"upright.{container}"
+    codec = ["-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8"] if container == "webm" else \
+        ["-c:v", "mpeg4", "-q:v", "3"] if container == "avi" else ["-c:v", "libx264", "-preset", "ultrafast"]
+    # with a rotation flag, the pixels are stored turned a quarter counter-clockwise (landscape), as
+    # phones store portrait video, and the flag turns them upright for display
+    turn = ",transpose=2" if rotation else ""
+    run_ffmpeg("-loop", "1", "-i", str(face_photo), "-vf", f"scale=240:240,pad=240:300:0:30{turn},format=yuv420p",
+               "-r", rate, "-t", "1.5", *codec, str(source))
+    face = source
+    if rotation:
+        face = tmp_path / f"phone.{container}"
+        try:
+            run_ffmpeg("-display_rotation", str(rotation), "-i", str(source), "-c", "copy", str(face))
+        except subprocess.CalledProcessError:
+            run_ffmpeg("-i", str(source), "-c", "copy", "-metadata:s:v", f"rotate={rotation}", str(face))
+    speech = tmp_path / "speech.mp3"
+    run_ffmpeg("-i", str(face_photo.parent / "speech_en.wav"), "-t", "1.2", "-ar", "44100", "-ac", "2", str(speech))
+    output = tmp_path / "out.mp4"
+    summary = generate(face, speech, output)
+    info = media.probe(output)
+    assert (info.width, info.height) == (240, 300)  # upright, whatever the file's storage
+    top = decode_frames(output)[0, 30:90].astype(np.int16)  # the picture's top, under the black bar
+    upright = cv2.resize(cv2.imread(str(face_photo)), (240, 240), interpolation=cv2.INTER_AREA).astype(np.int16)
+    assert np.abs(top - upright[:60]).mean() < 12
+    assert np.abs(top - upright[::-1][:60]).mean() > 30  # not upside down
+    assert Fraction(info.fps_fraction) == Fraction(rate)
+    assert summary.frames == len(decode_frames(output)) == round(summary.audio_seconds * float(Fraction(rate)))
+    assert summary.frames_without_face == 0

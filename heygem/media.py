@@ -140,9 +140,11 @@ def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, so
 
     stream = ffmpeg.input(str(path)).video.filter("fps", fps=fps_fraction)
     if (geometry.width, geometry.height) == (source.width - source.width % 2, source.height - source.height % 2):
-        stream = stream.filter("crop", geometry.width, geometry.height, 0, 0)
+        stream = stream.filter("crop", geometry.width, geometry.height, 0, 0).filter("scale", out_range="tv")
     else:
-        stream = stream.filter("scale", geometry.width, geometry.height, flags="area")
+        stream = stream.filter("scale", geometry.width, geometry.height, flags="area", out_range="tv")
+    # limited ("tv") range on the pipe whatever the input's range: full-range (JPEG-style) videos
+    # would otherwise reach yuv420_to_bgr with the wrong black and white levels
     # raw yuv420p on the pipe: half the bytes of BGR, and OpenCV converts it several times
     # faster than ffmpeg's scaler does (and rounds exactly, see yuv420_to_bgr)
     output = stream.output("pipe:", format="rawvideo", pix_fmt="yuv420p")

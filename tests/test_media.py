@@ -26,7 +26,7 @@ def test_decode_and_encode_arguments_are_plain_lists():
     scaled = media.working_geometry(info, 241)
     assert (scaled.width, scaled.height) == (426, 240)
     scaled_args = media.video_decode_args(info.path, info.fps_fraction, scaled, info)
-    assert "scale=426:240:flags=area" in scaled_args[scaled_args.index("-filter_complex") + 1]
+    assert "scale=426:240:flags=area:out_range=tv" in scaled_args[scaled_args.index("-filter_complex") + 1]
 
     audio_info = MediaInfo(path=Path("a.m4a"), kind="audio", has_audio=True, audio_codec="aac")
     encode = media.encode_args(geometry, "30000/1001", Path("a.m4a"), audio_info, Path("out.mp4"))

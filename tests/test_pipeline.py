@@ -88,16 +88,18 @@ def test_video_input_keeps_its_rate_and_size(tmp_path, face_video, short_speech)
 
 
 def test_video_shorter_than_audio_plays_back_and_forth(tmp_path, face_video, short_speech):
-    # the 2 s video is shorter than the 3.4 s speech: frames run 0..59, then back down
+    # the 2 s video is shorter than the 3.4 s speech: frames run forward to the last, then back down
     output = tmp_path / "pingpong.mp4"
     generate(face_video, short_speech, output, overrides={"restore.enabled": False})
     result = decode_frames(output).astype(np.int16)
     source = decode_frames(face_video).astype(np.int16)
-    assert len(source) == 60 and len(result) == 102
+    last = len(source) - 1  # 59 or 60 frames, as the ffmpeg at hand cuts 2 s at 29.97 fps
+    assert len(result) == 102
     top = slice(0, 60)  # above the face box: untouched by the engine
-    for output_index, source_index in [(10, 10), (59, 59), (60, 58), (80, 38), (101, 17)]:
+    expected = {10: 10, last: last, last + 1: last - 1, last + 21: last - 21, 101: 2 * last - 101}
+    for output_index, source_index in expected.items():
         own = np.abs(result[output_index, top] - source[source_index, top]).mean()
-        other = np.abs(result[output_index, top] - source[(source_index + 15) % 60, top]).mean()
+        other = np.abs(result[output_index, top] - source[(source_index + 15) % len(source), top]).mean()
         assert own < 3 and own < other, (output_index, own, other)
 
 
@@ -122,8 +124,8 @@ def test_frames_without_a_face_pass_through_unchanged(tmp_path, face_video, shor
     assert summary.frames_without_face >= 15
     result = decode_frames(output).astype(np.int16)
     source = decode_frames(covered).astype(np.int16)
-    for index in range(22, 33):
-        assert np.abs(result[index] - source[index]).mean() < 1.0
+    for index in range(22, 33):  # (full-range sources may round by one level on the way to limited range)
+        assert np.abs(result[index] - source[index]).mean() <= 1.0
 
 
 def test_no_face_anywhere_is_a_user_error(tmp_path, short_speech):

@@ -1,10 +1,9 @@
 """Stage 3: find the face and its landmarks in every frame.
 
-mediapipe's face mesh (its models ship inside the wheel, nothing is downloaded)
-gives 468 landmarks per face; in video mode it tracks faces from frame to frame
-and re-runs its detector when tracking is lost. heygem picks one face per frame
-(the largest, or the N-th from the left), re-applies that choice every
-``redetect_every`` frames and otherwise follows the same face by overlap. Boxes
+mediapipe's face detector and face mesh (their models ship inside the wheel,
+nothing is downloaded) give 468 landmarks per face. heygem picks one face (the
+largest, or the N-th from the left), re-applies that choice every
+``redetect_every`` frames and in between follows the same face with the mesh. Boxes
 are padded as Wav2Lip pads them and averaged over a centred window of frames.
 Frames where no face is found are recorded as such; the pipeline passes them
 through unchanged.
@@ -25,8 +24,8 @@ from heygem.types import Box, Face
 logger = logging.getLogger("heygem")
 
 LANDMARK_COUNT = 468
-MAX_FACES = 4  # faces the mesh looks for per frame, so that the choice policy has something to choose from
-FACE_PIXELS = 256  # frames are shrunk for the mesh until the chosen face is about this tall; it sees 192x192
+CROP_FACTOR = 1.8  # the face mesh sees a square this many times the face's box, centred on it
+CROP_PIXELS = 384  # crops larger than this are shrunk first: the mesh itself works at 192x192
 
 
 @dataclass
@@ -61,7 +60,14 @@ class FaceTrack:
 
 
 class FaceFinder:
-    """Landmarks for a stream of frames (video mode) or for single images."""
+    """The chosen face's landmarks, frame after frame (video) or in single images.
+
+    mediapipe's full-range face detector finds every face (it sees small faces in
+    wide frames, where the face mesh's own short-range detector does not); the
+    face mesh then runs on a square crop around the chosen face, in video mode so
+    that it tracks the face smoothly from one frame to the next. Between
+    detections the crop follows the previous frame's landmarks.
+    """
 
     def __init__(self, config: FaceConfig, still_images: bool = False):
         try:
@@ -69,18 +75,16 @@ class FaceFinder:
         except ImportError:  # pragma: no cover - mediapipe is a hard requirement
             raise HeygemError("mediapipe is not installed: pip install 'mediapipe==0.10.14'") from None
         self.config = config
+        self._detector = mp.solutions.face_detection.FaceDetection(
+            model_selection=1, min_detection_confidence=config.min_confidence)  # 1: full range
         self._mesh = mp.solutions.face_mesh.FaceMesh(
-            static_image_mode=still_images,
-            max_num_faces=MAX_FACES if config.face_index is None else max(MAX_FACES, config.face_index + 1),
-            refine_landmarks=False,
-            min_detection_confidence=config.min_confidence,
-            min_tracking_confidence=0.5,
-        )
+            static_image_mode=still_images, max_num_faces=1, refine_landmarks=False,
+            min_detection_confidence=0.3, min_tracking_confidence=0.5)
         self._frames_seen = 0
-        self._previous_box: np.ndarray | None = None
-        self._scale = 1.0  # frames are resized by this before the mesh sees them
+        self._previous_box: np.ndarray | None = None  # tight landmark box of the face followed
 
     def close(self) -> None:
+        self._detector.close()
         self._mesh.close()
 
     def __enter__(self) -> "FaceFinder":
@@ -89,45 +93,58 @@ class FaceFinder:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def all_faces(self, frame_bgr: np.ndarray) -> list[np.ndarray]:
-        """Every face mesh in ``frame_bgr`` (H, W, 3) uint8 BGR, each (468, 2) float32 pixels of that frame."""
+    def detect(self, frame_bgr: np.ndarray) -> np.ndarray:
+        """Boxes of every face in ``frame_bgr`` (H, W, 3) uint8 BGR: (K, 4) float32 x1 y1 x2 y2 pixels."""
         import cv2
 
         height, width = frame_bgr.shape[:2]
-        if self._scale < 1.0:
-            frame_bgr = cv2.resize(frame_bgr, (max(1, round(width * self._scale)), max(1, round(height * self._scale))),
-                                   interpolation=cv2.INTER_AREA)
-        result = self._mesh.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB))
-        meshes = []
-        for face_landmarks in result.multi_face_landmarks or []:
-            points = np.array([(p.x, p.y) for p in face_landmarks.landmark], dtype=np.float32)  # (468, 2) relative
-            points *= np.array([width, height], dtype=np.float32)
-            meshes.append(points)
-        return meshes
+        result = self._detector.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB))
+        boxes = []
+        for detection in result.detections or []:
+            relative = detection.location_data.relative_bounding_box
+            boxes.append([relative.xmin * width, relative.ymin * height,
+                          (relative.xmin + relative.width) * width, (relative.ymin + relative.height) * height])
+        return np.array(boxes, dtype=np.float32).reshape(-1, 4)
+
+    def mesh_around(self, frame_bgr: np.ndarray, box: np.ndarray) -> np.ndarray | None:
+        """Face-mesh landmarks (468, 2) float32 frame pixels of the face in ``box``, or None."""
+        import cv2
+
+        height, width = frame_bgr.shape[:2]
+        center_x, center_y = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+        half = CROP_FACTOR * max(box[2] - box[0], box[3] - box[1]) / 2
+        x1, y1 = int(max(0, center_x - half)), int(max(0, center_y - half))
+        x2, y2 = int(min(width, center_x + half)), int(min(height, center_y + half))
+        if x2 - x1 < 8 or y2 - y1 < 8:
+            return None
+        crop = frame_bgr[y1:y2, x1:x2]
+        scale = min(1.0, CROP_PIXELS / max(crop.shape[:2]))  # the mesh sees 192x192: no need for more
+        if scale < 1.0:
+            crop = cv2.resize(crop, (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale))),
+                              interpolation=cv2.INTER_AREA)
+        result = self._mesh.process(cv2.cvtColor(crop, cv2.COLOR_BGR2RGB))
+        if not result.multi_face_landmarks:
+            return None
+        points = np.array([(p.x, p.y) for p in result.multi_face_landmarks[0].landmark], dtype=np.float32)
+        points *= np.array([x2 - x1, y2 - y1], dtype=np.float32)  # (468, 2) relative -> crop pixels
+        return points + np.array([x1, y1], dtype=np.float32)
 
     def find(self, frame_bgr: np.ndarray) -> np.ndarray | None:
         """The chosen face's landmarks in the next frame of the stream, or None."""
-        meshes = self.all_faces(frame_bgr)
         frame_number = self._frames_seen
         self._frames_seen += 1
-        if not meshes:
-            return None
-        boxes = np.array([tight_box(points) for points in meshes])
-        reapply_policy = self._previous_box is None or frame_number % self.config.redetect_every == 0
-        if reapply_policy:
-            chosen = choose_face(boxes, self.config.face_index)
-        else:
-            chosen = int(np.argmax(box_overlap(self._previous_box, boxes)))
-            if box_overlap(self._previous_box, boxes[chosen : chosen + 1])[0] < 0.1:
-                chosen = choose_face(boxes, self.config.face_index)
-        if chosen is None:
-            return None
-        self._previous_box = boxes[chosen]
-        if reapply_policy:
-            # a big face needs no full-resolution frame: the mesh works on a 192x192 crop of it
-            face_size = float(max(boxes[chosen][2] - boxes[chosen][0], boxes[chosen][3] - boxes[chosen][1]))
-            self._scale = min(1.0, np.ceil(8 * FACE_PIXELS / max(face_size, 1.0)) / 8)
-        return meshes[chosen]
+        landmarks = None
+        if self._previous_box is not None and frame_number % self.config.redetect_every != 0:
+            landmarks = self.mesh_around(frame_bgr, self._previous_box)  # follow the same face
+        if landmarks is None:
+            boxes = self.detect(frame_bgr)
+            chosen = choose_face(boxes, self.config.face_index) if len(boxes) else None
+            if chosen is not None and self._previous_box is not None and self.config.face_index is None \
+                    and frame_number % self.config.redetect_every != 0:
+                chosen = int(np.argmax(box_overlap(self._previous_box, boxes)))  # lost it: find the same one
+            landmarks = self.mesh_around(frame_bgr, boxes[chosen]) if chosen is not None else None
+        self._previous_box = tight_box(landmarks) if landmarks is not None else None
+        return landmarks
 
 
 def tight_box(landmarks: np.ndarray) -> np.ndarray:

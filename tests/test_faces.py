@@ -57,3 +57,20 @@ def test_pingpong_plays_forward_then_backward_without_jumps():
     assert indices.tolist() == [0, 1, 2, 3, 2, 1, 0, 1, 2, 3, 2, 1]
     assert np.abs(np.diff(indices)).max() == 1
     assert pingpong_indices(np.arange(5), 1).tolist() == [0] * 5
+
+
+def test_a_face_in_a_wide_frame_is_found_where_the_mesh_alone_finds_none(face_photo):
+    import mediapipe as mp
+
+    portrait = cv2.imread(str(face_photo))
+    wide = np.full((720, 1280, 3), 190, np.uint8)  # 16:9, as most videos; the face is 110 px wide
+    wide[100:612, 700:1212] = portrait
+    with mp.solutions.face_mesh.FaceMesh(static_image_mode=True, max_num_faces=4) as mesh_alone:
+        assert not mesh_alone.process(cv2.cvtColor(wide, cv2.COLOR_BGR2RGB)).multi_face_landmarks
+    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+        assert len(finder.detect(wide)) == 1
+        landmarks = finder.find(wide)
+    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+        reference = finder.find(portrait)  # the same face on its own
+    np.testing.assert_allclose(landmarks[[13, 14, 61, 291, 152]], reference[[13, 14, 61, 291, 152]] + [700, 100],
+                               atol=3.0)  # the lips and chin land where they are in the portrait

@@ -184,3 +184,23 @@ def test_containers_rates_and_phone_rotation(tmp_path, face_photo, container, ra
     assert Fraction(info.fps_fraction) == Fraction(rate)
     assert summary.frames == len(decode_frames(output)) == round(summary.audio_seconds * float(Fraction(rate)))
     assert summary.frames_without_face == 0
+
+
+@pytest.mark.parametrize("face_index, moving", [(None, "right"), (0, "left")])
+def test_several_faces_the_largest_or_the_chosen_one_speaks(tmp_path, face_photo, short_speech, face_index, moving):
+    portrait = cv2.imread(str(face_photo))
+    canvas = np.full((512, 912, 3), 200, np.uint8)
+    canvas[112:, :400] = cv2.resize(portrait, (400, 400), interpolation=cv2.INTER_AREA)  # smaller, on the left
+    canvas[:, 400:] = portrait  # larger, on the right
+    group = tmp_path / "two people.png"
+    cv2.imwrite(str(group), canvas)
+    overrides = {}
+    if face_index is not None:
+        overrides["face.face_index"] = face_index
+    output = tmp_path / "group.mp4"
+    generate(group, short_speech, output, overrides=overrides)
+    frames = decode_frames(output).astype(np.int16)
+    motion = np.abs(np.diff(frames[5:50], axis=0)).mean(axis=(0, 3))  # (512, 912) how much each pixel moves
+    left, right = motion[:, :400].max(), motion[:, 400:].max()
+    speaking, still = (right, left) if moving == "right" else (left, right)
+    assert speaking > 5 and still < 1.5, (left, right)

@@ -19,7 +19,7 @@ import numpy as np
 
 from heygem.config import FaceConfig
 from heygem.errors import HeygemError
-from heygem.types import Box, Face
+from heygem.types import Face
 
 logger = logging.getLogger("heygem")
 
@@ -238,9 +238,3 @@ def finalize_track(track: FaceTrack, config: FaceConfig, width: int, height: int
     smoothed = smooth_boxes(track.raw_boxes, track.found, config.smooth_window)
     track.boxes = pad_and_clip(smoothed, config.pads, width, height)
     return track
-
-
-def face_box_for_still(landmarks: np.ndarray, config: FaceConfig, width: int, height: int) -> Box:
-    """The padded crop box of a single image's face."""
-    box = pad_and_clip(tight_box(landmarks)[None], config.pads, width, height)[0]
-    return tuple(int(v) for v in box)

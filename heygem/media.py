@@ -269,18 +269,14 @@ class VideoEncoder:
     and returns, letting frame generation and encoding overlap.
     """
 
-    def __init__(self, args_without_output: list[str], output_path: Path, queue_depth: int = 2):
+    def __init__(self, args: list[str], partial_path: Path, output_path: Path, queue_depth: int = 2):
         self.output_path = Path(output_path)
-        self.partial_path = self.output_path.with_name(f".{self.output_path.stem}.{uuid.uuid4().hex}.partial.mp4")
-        args = list(args_without_output)
-        args[args.index(str(self.output_path))] = str(self.partial_path)
+        self.partial_path = Path(partial_path)  # ``args`` write here; renamed to output_path on close
         self._stderr = tempfile.TemporaryFile()
         self._process = subprocess.Popen([ffmpeg_binary(), *args], stdin=subprocess.PIPE,
                                          stdout=subprocess.DEVNULL, stderr=self._stderr)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_depth)
         self._error: BaseException | None = None
-        self.frames_written = 0
-        self.seconds_waiting = 0.0
         self._thread = threading.Thread(target=self._pump, name="heygem-encoder", daemon=True)
         self._thread.start()
 
@@ -298,13 +294,8 @@ class VideoEncoder:
                 self._error = error
 
     def write(self, frames_bgr: np.ndarray) -> None:
-        """Queue (N, H, W, 3) uint8 BGR frames for encoding."""
-        import time
-
-        started = time.perf_counter()
+        """Queue (N, H, W, 3) uint8 BGR frames for encoding (blocks while the queue is full)."""
         self._queue.put(frames_bgr)
-        self.seconds_waiting += time.perf_counter() - started
-        self.frames_written += len(frames_bgr)
 
     def close(self) -> Path:
         """Finish encoding and move the finished file into place; raises HeygemError on failure."""
@@ -340,9 +331,10 @@ def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, a
                  output_path: Path, *, crf: int, preset: str, audio_bitrate: str) -> VideoEncoder:
     """Start an encoder writing ``output_path`` (see :func:`encode_args`)."""
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    args = encode_args(geometry, fps_fraction, audio_path, audio_info, output_path,
+    partial_path = output_path.with_name(f".{output_path.stem}.{uuid.uuid4().hex}.partial.mp4")
+    args = encode_args(geometry, fps_fraction, audio_path, audio_info, partial_path,
                        crf=crf, preset=preset, audio_bitrate=audio_bitrate)
-    return VideoEncoder(args, output_path)
+    return VideoEncoder(args, partial_path, output_path)
 
 
 def fps_to_fraction(fps: float) -> str:

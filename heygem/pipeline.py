@@ -126,8 +126,10 @@ def generate(
                     track.frame_count)
 
         with timer("wait_background"):
-            mel, timer.seconds["audio"] = _add(timer.seconds["audio"], mel_future.result())
-            engine, timer.seconds["load_engine"] = _add(0.0, engine_future.result())
+            mel, mel_seconds = mel_future.result()
+            engine, engine_seconds = engine_future.result()
+        timer.add("audio", mel_seconds)
+        timer.add("load_engine", engine_seconds)
         window_starts = audio.mel_window_starts(frame_count, fps, mel.shape[1])
 
         # 5. generate, restore, blend, encode in bounded batches
@@ -192,12 +194,6 @@ _BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heygem-backg
 def _timed(function, *args):
     started = time.perf_counter()
     return function(*args), time.perf_counter() - started
-
-
-def _add(seconds_so_far: float, timed_result: tuple) -> tuple:
-    """(result, seconds_so_far + its seconds) for a ``_timed`` result."""
-    result, seconds = timed_result
-    return result, seconds_so_far + seconds
 
 
 def warm_up() -> None:
@@ -345,25 +341,15 @@ class SourceFrames:
                 break
 
     def _decoded_batches(self, frame_count: int, batch_frames: int):
-        """Output frames i = source frames i, decoded again in order."""
-        pending: list[np.ndarray] = []
-        pending_count = 0
+        """Output frames i = source frames i, decoded again in order, in batches of ``batch_frames``."""
         produced = 0
-        decoder = prefetch(media.iter_video_batches(self.info, self.geometry, batch_frames))
-        for frames_bgr in decoder:
-            pending.append(frames_bgr)
-            pending_count += len(frames_bgr)
-            while pending_count >= batch_frames or (pending_count and produced + pending_count >= frame_count):
-                stacked = np.concatenate(pending) if len(pending) > 1 else pending[0]
-                take = min(batch_frames, frame_count - produced)
-                batch, rest = stacked[:take], stacked[take:]
-                pending, pending_count = ([rest], len(rest)) if len(rest) else ([], 0)
-                yield np.arange(produced, produced + take), np.array(batch)
-                produced += take
-                if produced >= frame_count:
-                    return
-        if produced < frame_count:
-            raise HeygemError(f"{self.info.path.name} gave fewer frames on a second read; re-encode it and retry")
+        for frames_bgr in prefetch(media.iter_video_batches(self.info, self.geometry, batch_frames)):
+            frames_bgr = frames_bgr[: frame_count - produced]  # the decoder's arrays are new and writable
+            yield np.arange(produced, produced + len(frames_bgr)), frames_bgr
+            produced += len(frames_bgr)
+            if produced >= frame_count:
+                return
+        raise HeygemError(f"{self.info.path.name} gave fewer frames on a second read; re-encode it and retry")
 
 
 def prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
@@ -436,7 +422,11 @@ class StageTimer:
         try:
             yield
         finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
+            self.add(stage, time.perf_counter() - started)
+
+    def add(self, stage: str, seconds: float) -> None:
+        """Count ``seconds`` spent elsewhere (a background thread) towards ``stage``."""
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
     def rounded(self) -> dict[str, float]:
         return {stage: round(value, 3) for stage, value in self.seconds.items()}

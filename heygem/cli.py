@@ -67,13 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_flags(generate)
     generate.set_defaults(handler=run_generate)
 
-    try:
-        from heygem.batch import add_batch_parser, add_jobs_parser
-    except ImportError:
-        pass
-    else:
-        add_batch_parser(commands)
-        add_jobs_parser(commands)
+    from heygem.batch import add_batch_parser, add_jobs_parser
+
+    add_batch_parser(commands)
+    add_jobs_parser(commands)
     return parser
 
 

@@ -44,6 +44,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from heygem.config import REPO_ROOT, Config, apply_overrides, load_config
 from heygem.errors import GenerationCancelled, HeygemError
+from heygem.media import probe_inputs
 
 logger = logging.getLogger("heygem")
 
@@ -446,7 +447,7 @@ class JobStore:
             audio_name = None
             if audio is not None:
                 audio_name = self._store_input(audio, directory, "audio", taken={face_name})
-            _check_inputs(directory / face_name, None if audio_name is None else directory / audio_name)
+            probe_inputs(directory / face_name, None if audio_name is None else directory / audio_name)
             (directory / OPTIONS_NAME).write_text(
                 json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
             now = time.time()
@@ -644,24 +645,6 @@ def _copy_limited(stream: BinaryIO, destination: Path, max_bytes: int | None, sh
             output.write(chunk)
     if total == 0:
         raise HeygemError(f"{shown_name} is empty")
-
-
-def _check_inputs(face_path: Path, audio_path: Path | None) -> None:
-    """Refuse inputs that cannot work, with a message that says why, before queueing them."""
-    try:
-        from heygem.media import probe
-    except ImportError:  # the media stage is not installed: the pipeline will check later
-        return
-    face = probe(face_path)
-    if face.kind not in ("video", "image"):
-        raise HeygemError(f"{face_path.name} is not a video or an image: the face must be one")
-    if audio_path is None:
-        if face.kind != "video" or not face.has_audio:
-            raise HeygemError(f"{face_path.name} has no sound of its own: add an audio file")
-        return
-    audio = probe(audio_path)
-    if not audio.has_audio:
-        raise HeygemError(f"{audio_path.name} has no audio stream")
 
 
 def _append_log(directory: Path, message: str) -> None:

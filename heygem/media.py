@@ -122,6 +122,24 @@ def probe(path: str | Path) -> MediaInfo:
         )
 
 
+def probe_inputs(face_path: Path, audio_path: Path | None) -> tuple[MediaInfo, MediaInfo]:
+    """Probe a face and its speech and refuse what cannot work; returns (face info, audio info).
+
+    ``audio_path`` None (or the face's own path) means the face video's own sound.
+    """
+    face_info = probe(face_path)
+    if face_info.kind == "audio":
+        raise HeygemError(f"{Path(face_path).name} has no picture: the face must be a video or an image")
+    if audio_path is None or Path(audio_path) == Path(face_path):
+        if not face_info.has_audio:
+            raise HeygemError(f"{Path(face_path).name} has no sound of its own: add an audio file")
+        return face_info, face_info
+    audio_info = probe(audio_path)
+    if not audio_info.has_audio:
+        raise HeygemError(f"{Path(audio_path).name} has no audio stream")
+    return face_info, audio_info
+
+
 def working_geometry(info: MediaInfo, output_height: int | None) -> FrameGeometry:
     """The frame size heygem works at: the display size made even, or scaled to ``output_height``."""
     if output_height:

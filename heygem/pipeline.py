@@ -86,12 +86,7 @@ def generate(
 
     # 1. inputs, output size, rate and length
     with timer("probe"):
-        face_info = media.probe(face_path)
-        if face_info.kind == "audio":
-            raise HeygemError(f"{face_path.name} has no picture: the face must be a video or an image")
-        audio_info = media.probe(audio_path)
-        if not audio_info.has_audio:
-            raise HeygemError(f"{audio_path.name} has no audio stream")
+        face_info, audio_info = media.probe_inputs(face_path, audio_path)
         geometry = media.working_geometry(face_info, config.media.output_height)
         fps = face_info.fps if face_info.kind == "video" else config.media.fps
         fps_fraction = face_info.fps_fraction if face_info.kind == "video" else media.fps_to_fraction(fps)

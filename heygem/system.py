@@ -13,19 +13,12 @@ import sys
 from pathlib import Path
 
 from heygem import __version__
-from heygem.config import REPO_ROOT
+from heygem.media import ffmpeg_binary
+from heygem.pipeline import weights_dir as configured_weights_dir
+from heygem.weights import find_wav2lip_checkpoint
 
 logger = logging.getLogger("heygem")
 
-
-
-def default_weights_dir() -> Path:
-    """Where the pipeline looks for checkpoints ($HEYGEM_WEIGHTS or weights/)."""
-    try:
-        from heygem.pipeline import weights_dir
-    except ImportError:
-        return REPO_ROOT / "weights"
-    return weights_dir()
 
 
 def _torch_report() -> dict:
@@ -52,10 +45,6 @@ def _torch_report() -> dict:
 
 def _ffmpeg_report() -> dict:
     try:
-        from heygem.media import ffmpeg_binary
-    except ImportError:
-        return {"ffmpeg": "unknown (heygem.media is not available)"}
-    try:
         binary = ffmpeg_binary()
     except Exception as error:  # HeygemError with advice when there is none
         return {"ffmpeg": f"not found: {error}"}
@@ -72,11 +61,6 @@ def _weights_report(weights_dir: Path) -> dict:
     found = sorted(path.name for path in weights_dir.glob("*") if path.is_file() and path.suffix in (".pth", ".pt",
                                                                                                       ".ckpt", ".onnx"))
     report = {"weights_dir": str(weights_dir), "weights_files": found}
-    try:
-        from heygem.weights import find_wav2lip_checkpoint
-    except ImportError:
-        report["wav2lip_checkpoint"] = "unknown (heygem.weights is not available)"
-        return report
     checkpoint = find_wav2lip_checkpoint(weights_dir)
     report["wav2lip_checkpoint"] = str(checkpoint) if checkpoint else None
     report["engine_auto_picks"] = "wav2lip" if checkpoint else "landmark (no Wav2Lip checkpoint in weights/)"
@@ -102,7 +86,7 @@ def system_report(weights_dir: Path | None = None) -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
     }
-    for part in (_torch_report, _ffmpeg_report, lambda: _weights_report(Path(weights_dir or default_weights_dir())),
+    for part in (_torch_report, _ffmpeg_report, lambda: _weights_report(Path(weights_dir or configured_weights_dir())),
                  lambda: {"packages": _package_versions()}):
         try:
             report.update(part())

@@ -6,6 +6,7 @@ torch is imported inside the functions, so importing this module is cheap.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import sys
@@ -171,3 +172,15 @@ def run_in_batches(
         release_cached_memory()
         logger.warning("out of memory with a batch of %d, retrying with %d", failed_size, batch_size)
     return outputs, batch_size
+
+
+def worker_devices() -> list[str | None]:
+    """One entry per worker to start: a GPU name each when there are several, else [None] (auto)."""
+    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):
+        return [None]  # no NVIDIA GPU here: do not import torch just to count none
+    try:
+        import torch
+    except ImportError:
+        return [None]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{index}" for index in range(count)] if count > 1 else [None]

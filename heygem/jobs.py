@@ -24,7 +24,6 @@ starts next, and runs again from the start.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import logging
 import os
@@ -33,7 +32,6 @@ import secrets
 import shutil
 import socket
 import sqlite3
-import sys
 import threading
 import time
 import unicodedata
@@ -44,6 +42,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from heygem.config import REPO_ROOT, Config, apply_overrides, load_config
 from heygem.errors import GenerationCancelled, HeygemError
+from heygem.device import worker_devices
 from heygem.media import probe_inputs
 
 logger = logging.getLogger("heygem")
@@ -735,18 +734,6 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
     finally:
         logger.removeHandler(handler)
         handler.close()
-
-
-def worker_devices() -> list[str | None]:
-    """One entry per worker to start: a GPU name each when there are several, else [None] (auto)."""
-    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):
-        return [None]  # no NVIDIA GPU here: do not import torch just to count none
-    try:
-        import torch
-    except ImportError:
-        return [None]
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [f"cuda:{index}" for index in range(count)] if count > 1 else [None]
 
 
 class Worker(threading.Thread):

@@ -24,10 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MEL_BANDS = 80
-MEL_FMIN_HZ = 55.0
-MEL_FMAX_HZ = 7600.0
-MEL_COLUMNS_PER_SECOND = 80.0
+from heygem import audio
 
 # Weights of the window's first columns (12.5 ms each): the frame's own sound plus ~60 ms look-ahead.
 COLUMN_WEIGHTS = np.array([0.5, 1.0, 1.0, 1.0, 0.7, 0.4], np.float32)
@@ -59,20 +56,11 @@ def smoothstep(edge0: float, edge1: float, x: np.ndarray) -> np.ndarray:
     return t * t * (3.0 - 2.0 * t)
 
 
-def _slaney_hz_to_mel(hz: np.ndarray) -> np.ndarray:
-    hz = np.asarray(hz, np.float64)
-    return np.where(hz < 1000.0, hz / (200.0 / 3.0), 15.0 + 27.0 * np.log(np.maximum(hz, 1e-9) / 1000.0) / np.log(6.4))
-
-
-def _slaney_mel_to_hz(mel: np.ndarray) -> np.ndarray:
-    mel = np.asarray(mel, np.float64)
-    return np.where(mel < 15.0, mel * 200.0 / 3.0, 1000.0 * np.exp((mel - 15.0) * np.log(6.4) / 27.0))
-
-
 def mel_band_centres_hz() -> np.ndarray:
-    """(80,) float64 centre frequency of each Wav2Lip mel band (librosa's Slaney mel scale)."""
-    edges = np.linspace(_slaney_hz_to_mel(MEL_FMIN_HZ), _slaney_hz_to_mel(MEL_FMAX_HZ), MEL_BANDS + 2)
-    return _slaney_mel_to_hz(edges)[1:-1]
+    """(80,) float64 centre frequency of each of heygem.audio's mel bands."""
+    import librosa
+
+    return librosa.mel_frequencies(n_mels=audio.N_MELS + 2, fmin=audio.FMIN, fmax=audio.FMAX)[1:-1]
 
 
 BAND_CENTRES_HZ = mel_band_centres_hz()

@@ -62,6 +62,11 @@ class EngineConfig:
     device: str = option("auto", "--device", "where the networks run: auto, cpu, cuda or cuda:N")
     batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip forward pass")
     mouth_strength: float = option(1.0, "--mouth-strength", "landmark engine: how wide the mouth opens, 1.0 is natural")
+    precision: str = option("auto", "--precision", "number format of the networks: auto is fp16 on a GPU and fp32 on the CPU",
+                            ("auto", "fp32", "fp16", "bf16"))
+    cuda_graph: bool = option(True, "--cuda-graph", "on a GPU, replay full batches of the generator as a CUDA graph (--no-cuda-graph runs it op by op)")
+    cudnn: bool = option(True, "--cudnn", "use cuDNN for the convolutions on a GPU (--no-cudnn only to measure what it buys)")
+    deterministic: bool = option(False, "--deterministic", "the same output bits on every run: cuDNN's deterministic algorithms, no autotuning (slower)")
 
 
 @dataclass
@@ -78,12 +83,21 @@ class BlendConfig:
 
 
 @dataclass
+class RunConfig:
+    concurrent: bool = option(True, "--concurrent", "run decoding, face tracking, generation and encoding at the same time (--no-concurrent runs them one after another)")
+    face_workers: int = option(0, "--face-workers", "threads that track faces in parallel, each on its own run of frames; 0 picks from the cores")
+    encoders: int = option(0, "--encoders", "x264 encoders working on consecutive segments of the output; 0 picks from the cores")
+    avatar_cache: bool = option(True, "--avatar-cache", "keep the face tracking of a face video under outputs/avatar-cache and reuse it when the same video comes with other audio")
+
+
+@dataclass
 class Config:
     media: MediaConfig = field(default_factory=MediaConfig)
     face: FaceConfig = field(default_factory=FaceConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     restore: RestoreConfig = field(default_factory=RestoreConfig)
     blend: BlendConfig = field(default_factory=BlendConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -189,6 +203,8 @@ def validate(config: Config) -> None:
         raise HeygemError("--output-height must be between 16 and 4320")
     if media.batch_frames < 1 or config.engine.batch_size < 1:
         raise HeygemError("batch sizes must be at least 1")
+    if config.run.face_workers < 0 or config.run.encoders < 0:
+        raise HeygemError("--face-workers and --encoders must be 0 (automatic) or more")
     if not 0 <= media.crf <= 51:
         raise HeygemError("--crf must be between 0 and 51")
 

@@ -1,28 +1,51 @@
-"""Whole-pipeline throughput and peak memory, per engine (720p by default).
+"""Whole-pipeline throughput, per configuration, each in a fresh process.
 
-    python bench/bench_pipeline.py [--seconds 10] [--size 1280x720] [--engines landmark wav2lip]
+    python bench/bench_pipeline.py [--seconds 60] [--size 1920x1080] [--configs NAME ...]
+                                   [--markdown OUT.md] [--weights DIR]
 
-Makes a synthetic talking-head input (the bundled portrait, moving slowly, at
-25 fps) and the bundled speech cut to the same length, runs
-:func:`heygem.pipeline.generate` once per engine (wav2lip with a random-init
-checkpoint in the official layout: the speed is the same as with real weights)
-and prints frames per second, seconds per stage and peak resident memory of
-this process and of its ffmpeg children.
+Makes a synthetic talking-head input (the bundled portrait drifting slowly, 25 fps, with the
+bundled speech looped to the same length), then runs :func:`heygem.pipeline.generate` once per
+configuration in a child process (so each pays its own imports and start-up, and its peak
+memory is its own), and prints frames per second end to end, the real-time factor, peak
+resident memory (heygem plus its ffmpeg children, sampled every 50 ms), peak GPU memory, and
+busy seconds per stage. The wav2lip engine runs a random-init checkpoint in the official layout
+(the same speed as trained weights) unless --weights names a folder with real ones.
+
+Configurations (--configs picks some, run in the order given: "cold cache" clears the avatar
+cache first, "warm cache" reuses what the run before it stored):
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+# name -> (engine, option overrides, clear the avatar cache first)
+CONFIGURATIONS: dict[str, tuple[str, dict, bool]] = {
+    "wav2lip sequential": ("wav2lip", {"run.concurrent": False, "run.render": "numpy", "run.encoders": 1,
+                                       "run.avatar_cache": False}, False),
+    "wav2lip cold cache": ("wav2lip", {}, True),
+    "wav2lip warm cache": ("wav2lip", {}, False),
+    "wav2lip fp32, no graph": ("wav2lip", {"engine.precision": "fp32", "engine.cuda_graph": False}, False),
+    "wav2lip fp16 + channels_last, no graph": ("wav2lip", {"engine.cuda_graph": False}, False),
+    "wav2lip cuDNN off": ("wav2lip", {"engine.cudnn": False}, False),
+    "wav2lip numpy render": ("wav2lip", {"run.render": "numpy"}, False),
+    "landmark sequential": ("landmark", {"run.concurrent": False, "run.encoders": 1, "run.avatar_cache": False}, False),
+    "landmark cold cache": ("landmark", {}, True),
+    "landmark warm cache": ("landmark", {}, False),
+}
 
 
 def machine_description() -> str:
@@ -36,22 +59,23 @@ def machine_description() -> str:
         pass
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {os.cpu_count()} cores, {gpu}; torch {torch.__version__}, Python {platform.python_version()}"
+    if torch.cuda.is_available():
+        gpu = (f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, CUDA {torch.version.cuda}, "
+               f"cuDNN {torch.backends.cudnn.version()}")
+    else:
+        gpu = "no GPU"
+    return f"{cpu}, {os.cpu_count()} cores; {gpu}; torch {torch.__version__}, Python {platform.python_version()}"
 
 
 class MemorySampler:
-    """Peak resident memory of this process and of this process plus its ffmpeg children, sampled every 50 ms.
+    """Peak resident memory of this process plus its children (ffmpeg), sampled every 50 ms.
 
-    (getrusage's figure for children is useless here: a forked child reports
-    the parent's size at the moment of the fork.)
+    (getrusage's figure for children is useless here: a forked child reports the parent's
+    size at the moment of the fork.)
     """
 
     def __init__(self):
-        import threading
-
-        self.peak_self = 0
-        self.peak_total = 0
+        self.peak_kib = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -65,7 +89,8 @@ class MemorySampler:
             pass
         return 0
 
-    def _children(self) -> list[int]:
+    @staticmethod
+    def _children() -> list[int]:
         me = os.getpid()
         pids = []
         for entry in Path("/proc").iterdir():
@@ -80,9 +105,8 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            own = self._rss_kib("self")
-            total = own + sum(self._rss_kib(pid) for pid in self._children())
-            self.peak_self, self.peak_total = max(self.peak_self, own), max(self.peak_total, total)
+            total = self._rss_kib("self") + sum(self._rss_kib(pid) for pid in self._children())
+            self.peak_kib = max(self.peak_kib, total)
 
     def __enter__(self):
         self._thread.start()
@@ -97,8 +121,8 @@ def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[
     """A width x height, 25 fps video of the portrait drifting slowly, and speech of the same length."""
     from heygem.media import ffmpeg_binary
 
-    video = folder / f"face_{width}x{height}.mp4"
-    audio = folder / "speech.wav"
+    video = folder / f"face_{width}x{height}_{seconds:g}s.mp4"
+    audio = folder / f"speech_{seconds:g}s.wav"
     portrait = REPO / "assets" / "astronaut.jpg"
     side = max(width, height) + 40
     subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-loop", "1", "-i", str(portrait),
@@ -110,40 +134,93 @@ def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[
     return video, audio
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of the test video and audio")
-    parser.add_argument("--size", default="1280x720", help="WIDTHxHEIGHT of the test video")
-    parser.add_argument("--engines", nargs="+", default=["landmark", "wav2lip"], choices=["landmark", "wav2lip"])
-    args = parser.parse_args()
+def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict) -> dict:
+    """One generation in this process; what the parent prints."""
+    started = time.perf_counter()
+    with MemorySampler() as memory:
+        from heygem.pipeline import generate
 
+        summary = generate(video, audio, output, overrides={"engine.name": engine, **overrides})
+    elapsed = time.perf_counter() - started
+    peak_vram = 0
     import torch
 
-    from heygem.models.wav2lip import Wav2Lip
-    from heygem.pipeline import generate
+    if torch.cuda.is_available():
+        peak_vram = torch.cuda.max_memory_reserved()
+    return {"frames": summary.frames, "seconds": elapsed, "video_seconds": summary.video_seconds,
+            "peak_rss_mib": memory.peak_kib / 1024, "peak_vram_mib": peak_vram / 2**20,
+            "stages": summary.seconds_per_stage, "avatar_cache": summary.avatar_cache}
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__ + "\n".join(f"  {name}" for name in CONFIGURATIONS),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the test video and audio")
+    parser.add_argument("--size", default="1280x720", help="WIDTHxHEIGHT of the test video")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGURATIONS), choices=list(CONFIGURATIONS),
+                        metavar="NAME", help="configurations to run, in this order")
+    parser.add_argument("--seconds-for", nargs=2, action="append", default=[], metavar=("NAME", "SECONDS"),
+                        help="a shorter input for one slow configuration (its frames/s stays comparable)")
+    parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--weights", type=Path, help="a folder with real checkpoints (default: random-init)")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        video, audio, output, engine, overrides = args.child
+        print("RESULT " + json.dumps(run_one(Path(video), Path(audio), Path(output), engine, json.loads(overrides))))
+        return
+
+    width, height = (int(v) for v in args.size.lower().split("x"))
+    lengths = {name: float(seconds) for name, seconds in args.seconds_for}
     with tempfile.TemporaryDirectory(prefix="heygem-bench-") as folder_name:
         folder = Path(folder_name)
-        width, height = (int(v) for v in args.size.lower().split("x"))
-        video, audio = make_inputs(folder, args.seconds, width, height)
-        weights = folder / "weights"
-        weights.mkdir()
-        torch.save({"state_dict": Wav2Lip().state_dict()}, weights / "wav2lip.pth")
-        os.environ["HEYGEM_WEIGHTS"] = str(weights)
-        print(f"machine: {machine_description()}")
-        print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s; output at the input's size\n")
-        print(f"{'engine':<10}{'frames':>8}{'seconds':>9}{'frames/s':>10}{'x realtime':>12}{'peak MiB':>10}"
-              f"{'+ffmpeg':>9}  seconds per stage")
-        for engine in args.engines:
-            started = time.perf_counter()
-            with MemorySampler() as memory:
-                summary = generate(video, audio, folder / f"out_{engine}.mp4", overrides={"engine.name": engine})
-            elapsed = time.perf_counter() - started
-            stages = ", ".join(f"{k} {v:.1f}" for k, v in summary.seconds_per_stage.items() if v >= 0.05)
-            print(f"{engine:<10}{summary.frames:>8}{elapsed:>9.1f}{summary.frames / elapsed:>10.1f}"
-                  f"{summary.video_seconds / elapsed:>12.2f}{memory.peak_self / 1024:>10.0f}"
-                  f"{memory.peak_total / 1024:>9.0f}  {stages}")
-        print("\npeak MiB: resident memory of this process during the run; +ffmpeg: with its ffmpeg children")
+        environment = dict(os.environ, HEYGEM_CACHE_DIR=str(folder / "avatar-cache"), PYTHONUNBUFFERED="1")
+        if args.weights is None:
+            import torch
+
+            from heygem.models.wav2lip import Wav2Lip
+
+            weights = folder / "weights"
+            weights.mkdir()
+            torch.save({"state_dict": Wav2Lip().state_dict()}, weights / "wav2lip.pth")
+            environment["HEYGEM_WEIGHTS"] = str(weights)
+        else:
+            environment["HEYGEM_WEIGHTS"] = str(args.weights)
+        inputs = {}
+        machine = machine_description()
+        print(f"machine: {machine}")
+        print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s (shorter where noted); output at the input's size\n")
+        header = ("| configuration | frames | wall s | frames/s | x real time | peak RSS MiB | peak VRAM MiB "
+                  "| avatar cache | busy seconds per stage |")
+        rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+        print(header)
+        for name in args.configs:
+            engine, overrides, clear_cache = CONFIGURATIONS[name]
+            seconds = lengths.get(name, args.seconds)
+            if seconds not in inputs:
+                inputs[seconds] = make_inputs(folder, seconds, width, height)
+            video, audio = inputs[seconds]
+            if clear_cache:
+                shutil.rmtree(folder / "avatar-cache", ignore_errors=True)
+            child = subprocess.run(
+                [sys.executable, __file__, "--child", str(video), str(audio), str(folder / "out.mp4"), engine,
+                 json.dumps(overrides)], env=environment, capture_output=True, text=True)
+            result_lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
+            if child.returncode != 0 or not result_lines:
+                print(f"| {name} | failed: {(child.stderr.strip().splitlines() or ['?'])[-1]} |")
+                continue
+            result = json.loads(result_lines[-1][len("RESULT "):])
+            stages = ", ".join(f"{stage} {value:.1f}" for stage, value in result["stages"].items() if value >= 0.05)
+            label = name if seconds == args.seconds else f"{name} ({seconds:g} s input)"
+            row = (f"| {label} | {result['frames']} | {result['seconds']:.1f} | "
+                   f"{result['frames'] / result['seconds']:.1f} | {result['video_seconds'] / result['seconds']:.2f} | "
+                   f"{result['peak_rss_mib']:.0f} | {result['peak_vram_mib']:.0f} | {result['avatar_cache']} | {stages} |")
+            rows.append(row)
+            print(row)
+        if args.markdown:
+            args.markdown.write_text(f"Machine: {machine}\n\nInput: {width}x{height}, 25 fps, {args.seconds:g} s\n\n"
+                                     + "\n".join(rows) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ through unchanged.
 from __future__ import annotations
 
 import logging
+import queue
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +89,17 @@ class FaceFinder:
         self._detector.close()
         self._mesh.close()
 
+    def reset(self) -> None:
+        """Forget the face followed so far: the next frame is treated as the first of a new video.
+
+        Runs of frames tracked after a reset give the same landmarks whichever finder
+        tracks them and whatever it saw before, so runs can be tracked in parallel.
+        """
+        self._frames_seen = 0
+        self._previous_box = None
+        self._mesh.reset()
+        self._detector.reset()
+
     def __enter__(self) -> "FaceFinder":
         return self
 
@@ -145,6 +158,122 @@ class FaceFinder:
             landmarks = self.mesh_around(frame_bgr, boxes[chosen]) if chosen is not None else None
         self._previous_box = tight_box(landmarks) if landmarks is not None else None
         return landmarks
+
+
+class FinderPool:
+    """Face finders for tracking runs of frames on several threads at once, one run per finder."""
+
+    def __init__(self, config: FaceConfig, size: int, still_images: bool = False):
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._finders = [FaceFinder(config, still_images=still_images) for _ in range(max(1, size))]
+        for finder in self._finders:
+            self._idle.put(finder)
+
+    def track_run(self, frames: Iterable[np.ndarray]) -> list[np.ndarray | None]:
+        """Landmarks (or None) for each (H, W, 3) uint8 BGR frame of a run, tracked from a fresh start."""
+        finder = self._idle.get()
+        try:
+            finder.reset()
+            return [finder.find(frame) for frame in frames]
+        finally:
+            self._idle.put(finder)
+
+    def close(self) -> None:
+        for finder in self._finders:
+            finder.close()
+
+    def __enter__(self) -> "FinderPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TrackBuilder:
+    """The face track of a video built run by run as frames stream past, with final boxes as soon as known.
+
+    A frame's box is averaged over a centred window of ``smooth_window`` frames, so it is
+    final once the frames up to half a window after it are tracked, or once the video has
+    ended. ``add`` takes runs in order; ``face`` hands out finished frames only.
+    """
+
+    def __init__(self, config: FaceConfig, width: int, height: int, capacity: int,
+                 landmarks_path: Path | None = None, track: FaceTrack | None = None):
+        self.config = config
+        self.width, self.height = width, height
+        if track is None:
+            track = new_track(capacity, landmarks_path)
+            self.tracked = 0
+        else:  # tracked before (the avatar cache): only the small arrays are copied, to be writable
+            track = FaceTrack(found=np.array(track.found), raw_boxes=np.array(track.raw_boxes),
+                              landmarks=track.landmarks)
+            self.tracked = track.frame_count
+        track.boxes = np.zeros((track.frame_count, 4), dtype=np.int32)
+        self.track = track
+        self.ended = False  # no frames will be added any more
+        self.final = 0  # frames [0, final) have their boxes
+
+    def add(self, start: int, landmarks: list[np.ndarray | None]) -> None:
+        """Record the landmarks of frames ``start`` .. ``start + len(landmarks)`` (the next run)."""
+        if start != self.tracked:
+            raise ValueError(f"runs must come in order: expected frame {self.tracked}, got {start}")
+        landmarks = landmarks[: self.track.frame_count - start]  # probing can overcount a little
+        for offset, points in enumerate(landmarks):
+            record(self.track, start + offset, points)
+        self.tracked += len(landmarks)
+        self._finish_boxes()
+
+    def end(self) -> None:
+        """No more frames: every tracked frame's box becomes final."""
+        self.ended = True
+        self._finish_boxes()
+
+    def is_final(self, index: int) -> bool:
+        return index < self.final
+
+    def face(self, index: int) -> Face | None:
+        """Frame ``index``'s face; with a fixed box (--box) every frame has one, landmarks or not."""
+        if index >= self.final:
+            raise ValueError(f"frame {index} has no final box yet")
+        if self.config.box is not None:
+            landmarks = self.track.landmarks[index] if self.track.found[index] else None
+            return Face(box=tuple(int(v) for v in self.track.boxes[index]),
+                        landmarks=None if landmarks is None else np.asarray(landmarks, dtype=np.float32))
+        return self.track.face(index)
+
+    @property
+    def any_face(self) -> bool:
+        """Whether any tracked frame has a face (always, with a fixed box)."""
+        return self.config.box is not None or bool(self.track.found[: self.tracked].any())
+
+    def finished_track(self) -> FaceTrack:
+        """The track of the frames tracked: raw landmarks and boxes, every box final (after :meth:`end`)."""
+        return truncate_finished(self.track, self.tracked)
+
+    def _finish_boxes(self) -> None:
+        half = self.config.smooth_window // 2 if self.config.box is None else 0
+        final = self.tracked if self.ended else max(self.tracked - half, 0)
+        if final <= self.final:
+            return
+        start, stop = self.final, final
+        if self.config.box is not None:
+            x1, y1, x2, y2 = self.config.box
+            self.track.boxes[start:stop] = (max(0, x1), max(0, y1), min(self.width, x2), min(self.height, y2))
+        else:
+            # smoothing sees the same neighbours it would see over the whole track
+            window_start, window_stop = max(start - half, 0), min(stop + half, self.tracked)
+            found = self.track.found[window_start:window_stop]
+            smoothed = smooth_boxes(self.track.raw_boxes[window_start:window_stop], found, self.config.smooth_window)
+            padded = pad_and_clip(smoothed, self.config.pads, self.width, self.height)
+            self.track.boxes[start:stop] = padded[start - window_start: stop - window_start]
+        self.final = final
+
+
+def truncate_finished(track: FaceTrack, frame_count: int) -> FaceTrack:
+    """The first ``frame_count`` frames of a track, boxes included."""
+    boxes = track.boxes[:frame_count] if track.boxes is not None else None
+    return FaceTrack(found=track.found[:frame_count], raw_boxes=track.raw_boxes[:frame_count],
+                     landmarks=track.landmarks[:frame_count], boxes=boxes)
 
 
 def tight_box(landmarks: np.ndarray) -> np.ndarray:
@@ -209,8 +338,13 @@ def smooth_boxes(boxes: np.ndarray, found: np.ndarray, window: int) -> np.ndarra
     valid = found.astype(np.float64)
     filled = np.where(found[:, None], boxes, 0.0).astype(np.float64)
     kernel = np.ones(window, dtype=np.float64)
-    sums = np.stack([np.convolve(filled[:, k], kernel, mode="same") for k in range(4)], axis=1)
-    counts = np.convolve(valid, kernel, mode="same")[:, None]
+    offset, length = (window - 1) // 2, len(found)
+
+    def centred_sums(values: np.ndarray) -> np.ndarray:  # np.convolve's "same", also for runs shorter than the window
+        return np.convolve(values, kernel, mode="full")[offset:offset + length]
+
+    sums = np.stack([centred_sums(filled[:, k]) for k in range(4)], axis=1)
+    counts = centred_sums(valid)[:, None]
     smoothed = sums / np.maximum(counts, 1e-9)
     return np.where(found[:, None], smoothed, np.nan).astype(np.float32)
 

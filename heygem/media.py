@@ -187,8 +187,12 @@ def bgr_to_yuv420(frame_bgr: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2YUV_I420)
 
 
-def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
-    """Decode a video as (N, H, W, 3) uint8 BGR batches of at most ``batch_frames`` frames."""
+def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
+    """Decode a video as (N, H * 3/2, W) uint8 I420 batches of at most ``batch_frames`` frames.
+
+    Each frame is its Y plane's H rows followed by U and V (H/4 rows each), as OpenCV's
+    COLOR_BGR2YUV_I420 lays them out; the arrays are new and writable.
+    """
     args = video_decode_args(info.path, info.fps_fraction, geometry, info)
     width, height = geometry.width, geometry.height
     frame_bytes = width * height * 3 // 2
@@ -197,14 +201,10 @@ def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: i
                                    stdin=subprocess.DEVNULL)
         try:
             while True:
-                data = _read_exactly(process.stdout, frame_bytes * batch_frames)
-                count = len(data) // frame_bytes
+                batch = np.empty((batch_frames, height * 3 // 2, width), dtype=np.uint8)
+                count = _read_into(process.stdout, batch.reshape(-1)) // frame_bytes
                 if count:
-                    planes = np.frombuffer(data[: count * frame_bytes], dtype=np.uint8).reshape(count, -1)
-                    batch = np.empty((count, height, width, 3), dtype=np.uint8)
-                    for index in range(count):
-                        batch[index] = yuv420_to_bgr(planes[index], width, height)
-                    yield batch
+                    yield batch[:count]
                 if count < batch_frames:
                     break
         finally:
@@ -218,15 +218,42 @@ def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: i
             raise HeygemError(f"could not decode {info.path.name}: {message[-1] if message else 'ffmpeg failed'}")
 
 
-def _read_exactly(stream, size: int) -> bytes:
-    chunks, remaining = [], size
-    while remaining:
-        chunk = stream.read(remaining)
-        if not chunk:
+def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
+    """Decode a video as (N, H, W, 3) uint8 BGR batches of at most ``batch_frames`` frames."""
+    for planes in iter_video_i420(info, geometry, batch_frames):
+        yield i420_batch_to_bgr(planes)
+
+
+def i420_batch_to_bgr(planes: np.ndarray) -> np.ndarray:
+    """(N, H * 3/2, W) uint8 I420 frames to a new (N, H, W, 3) uint8 BGR array."""
+    count, rows, width = planes.shape
+    height = rows * 2 // 3
+    frames = np.empty((count, height, width, 3), dtype=np.uint8)
+    for index in range(count):
+        frames[index] = yuv420_to_bgr(planes[index], width, height)
+    return frames
+
+
+def bgr_batch_to_i420(frames_bgr: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(N, H, W, 3) uint8 BGR frames to (N, H * 3/2, W) uint8 I420, written into ``out`` if given."""
+    count, height, width = frames_bgr.shape[:3]
+    if out is None:
+        out = np.empty((count, height * 3 // 2, width), dtype=np.uint8)
+    for index in range(count):
+        out[index] = bgr_to_yuv420(frames_bgr[index])
+    return out
+
+
+def _read_into(stream, buffer: np.ndarray) -> int:
+    """Fill ``buffer`` (a flat uint8 array) from ``stream`` until it is full or the stream ends; bytes read."""
+    view = memoryview(buffer).cast("B")
+    filled = 0
+    while filled < len(view):
+        count = stream.readinto(view[filled:])
+        if not count:
             break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+        filled += count
+    return filled
 
 
 def load_image(info: MediaInfo, geometry: FrameGeometry) -> np.ndarray:
@@ -376,20 +403,19 @@ class FrameFile:
         self.count = 0
         self._file = open(self.path, "w+b")
 
-    def append(self, frames_bgr: np.ndarray) -> None:
-        """Add (N, H, W, 3) uint8 BGR frames at the end."""
-        for frame in frames_bgr:
-            self._file.write(bgr_to_yuv420(frame).data)
-        self.count += len(frames_bgr)
+    def append(self, frames_i420: np.ndarray) -> None:
+        """Add (N, H * 3/2, W) uint8 I420 frames at the end."""
+        self._file.write(np.ascontiguousarray(frames_i420).data)
+        self.count += len(frames_i420)
 
     def read(self, indices: np.ndarray) -> np.ndarray:
-        """Frames ``indices`` (N,) as a new (N, H, W, 3) uint8 BGR array."""
+        """Frames ``indices`` (N,) as a new (N, H * 3/2, W) uint8 I420 array."""
         self._file.flush()
         descriptor = self._file.fileno()
-        frames = np.empty((len(indices), self.height, self.width, 3), dtype=np.uint8)
+        frames = np.empty((len(indices), self.height * 3 // 2, self.width), dtype=np.uint8)
         for slot, index in enumerate(indices):
-            data = os.pread(descriptor, self.frame_bytes, int(index) * self.frame_bytes)
-            frames[slot] = yuv420_to_bgr(np.frombuffer(data, dtype=np.uint8), self.width, self.height)
+            frames[slot].reshape(-1)[:] = np.frombuffer(
+                os.pread(descriptor, self.frame_bytes, int(index) * self.frame_bytes), dtype=np.uint8)
         return frames
 
     def close(self) -> None:

@@ -79,6 +79,23 @@ class EngineBatch:
 
 
 @dataclass
+class FrameBatch:
+    """A bounded batch of output frames on its way from the decoder to the encoder.
+
+    The decoder fills the first three fields; the face stage adds ``faces``; the
+    render stages replace the pixels of ``frames_i420`` in place.
+    """
+
+    output_indices: np.ndarray  # (N,) int64, output frame numbers
+    source_indices: np.ndarray  # (N,) int64, the source frame each output frame shows
+    frames_i420: np.ndarray  # (N, H * 3/2, W) uint8 I420: each frame's Y rows, then U, then V
+    source_total: int | None = None  # the source's frame count, once the decoder has reached its end
+    faces: list[Face | None] = field(default_factory=list)  # one per frame, None where there is none
+    frames_bgr: np.ndarray | None = None  # (N, H, W, 3) uint8 BGR, for engines that work on the CPU
+    patches: list[FacePatch | None] = field(default_factory=list)  # what the engine made, one per frame
+
+
+@dataclass
 class FacePatch:
     """What an engine generated for one frame: new pixels for ``box``.
 
@@ -111,6 +128,7 @@ class GenerationSummary:
     seconds_per_stage: dict[str, float] = field(default_factory=dict)
     total_seconds: float = 0.0
     options: dict = field(default_factory=dict)
+    avatar_cache: str = "off"  # "hit": face tracking reused from an earlier run, "miss": tracked and stored
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

@@ -5,7 +5,7 @@ import numpy as np
 
 from heygem import faces
 from heygem.config import FaceConfig
-from heygem.pipeline import pingpong_indices
+from heygem.source import pingpong_indices
 
 
 def test_the_portrait_face_is_found_with_its_mouth_where_it_belongs(face_photo):

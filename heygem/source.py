@@ -1,0 +1,124 @@
+"""Step 5a: the face input as output batches: a still image repeated, or a video decoded in bounded batches.
+
+Frames travel as I420 (what ffmpeg decodes and encodes), half the bytes of BGR; a video
+shorter than the audio plays forward and backward from a raw frame file on disk, so memory
+does not grow with the video's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from heygem import media
+from heygem.errors import HeygemError
+from heygem.types import FrameBatch, FrameGeometry, MediaInfo
+
+# a batch of frames holds at most this many bytes of BGR frames (a few batches are in flight at
+# once: decoding, tracking, generating, encoding), but never fewer than MIN_BATCH_FRAMES frames
+BATCH_BYTES = 64 * 2**20
+MIN_BATCH_FRAMES = 4
+# a video shorter than the audio by more than this is kept in a frame file as it is decoded
+CACHE_MARGIN_SECONDS = 0.5
+
+
+def frames_per_batch(geometry: FrameGeometry, configured: int) -> int:
+    """``configured``, or fewer for big frames, so that one batch of BGR frames stays under BATCH_BYTES."""
+    frame_bytes = geometry.width * geometry.height * 3
+    return max(MIN_BATCH_FRAMES, min(configured, BATCH_BYTES // frame_bytes))
+
+
+def pingpong_indices(output_indices: np.ndarray, source_count: int) -> np.ndarray:
+    """Source frame for each output frame: forward, then backward, and so on, never jumping."""
+    if source_count <= 1:
+        return np.zeros_like(output_indices)
+    period = 2 * source_count - 2
+    phase = output_indices % period
+    return np.where(phase < source_count, phase, period - phase)
+
+
+class SourceFrames:
+    """The face input as output batches: one still image, or a video decoded in bounded batches.
+
+    Output frame i shows source frame i while the video lasts; a video shorter than the
+    audio then plays backward and forward (``pingpong_indices``) from a raw frame file in
+    the job's work folder, written while the video is decoded when probing already shows it
+    is short, otherwise by one more decode when it turns out so.
+    """
+
+    def __init__(self, info: MediaInfo, geometry: FrameGeometry, frames_needed: int,
+                 still_i420: np.ndarray | None, work_dir: Path, audio_seconds: float):
+        self.info = info
+        self.geometry = geometry
+        self.frames_needed = frames_needed
+        self.still_i420 = still_i420  # (H * 3/2, W) uint8 for a photo
+        self.work_dir = work_dir
+        self.frame_file: media.FrameFile | None = None
+        if still_i420 is None and info.duration + CACHE_MARGIN_SECONDS < audio_seconds:
+            self.frame_file = media.FrameFile(work_dir / "frames.yuv", geometry)
+        self.frame_count = 1 if still_i420 is not None else None  # source frames, once known
+
+    @classmethod
+    def open(cls, info: MediaInfo, geometry: FrameGeometry, frames_needed: int, audio_seconds: float,
+             work_dir: Path) -> "SourceFrames":
+        still = media.bgr_to_yuv420(media.load_image(info, geometry)) if info.kind == "image" else None
+        return cls(info, geometry, frames_needed, still, work_dir, audio_seconds)
+
+    @property
+    def is_still(self) -> bool:
+        return self.still_i420 is not None
+
+    @property
+    def tracking_capacity(self) -> int:
+        """Source frames the face track may need: the video's (probing can undercount a little)."""
+        return 1 if self.is_still else min(self.info.frame_count + 64, self.frames_needed)
+
+    def output_batches(self, frame_count: int, batch_frames: int) -> Iterator[FrameBatch]:
+        """Yield the output's frames in order, ``batch_frames`` at a time, as I420 batches."""
+        if self.is_still:
+            for output_indices in _batch_ranges(frame_count, batch_frames):
+                frames = np.repeat(self.still_i420[None], len(output_indices), axis=0)
+                yield FrameBatch(output_indices, np.zeros_like(output_indices), frames, source_total=1)
+            return
+        produced = 0
+        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames):
+            frames = frames[: frame_count - produced]
+            if self.frame_file is not None:
+                self.frame_file.append(frames)
+            indices = np.arange(produced, produced + len(frames))
+            produced += len(frames)
+            yield FrameBatch(indices, indices, frames)
+            if produced >= frame_count:
+                return
+        if produced == 0:
+            raise HeygemError(f"{self.info.path.name}: no video frames could be decoded")
+        self.frame_count = produced
+        if self.frame_file is None:  # shorter than probing said: keep it for playing backward
+            self._fill_frame_file(batch_frames)
+        for output_indices in _batch_ranges(frame_count, batch_frames, start=produced):
+            source_indices = pingpong_indices(output_indices, produced)
+            yield FrameBatch(output_indices, source_indices, self.frame_file.read(source_indices),
+                             source_total=produced)
+
+    def close(self) -> None:
+        if self.frame_file is not None:
+            self.frame_file.close()
+
+    def _fill_frame_file(self, batch_frames: int) -> None:
+        self.frame_file = media.FrameFile(self.work_dir / "frames.yuv", self.geometry)
+        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames):
+            self.frame_file.append(frames[: self.frame_count - self.frame_file.count])
+            if self.frame_file.count >= self.frame_count:
+                break
+
+
+def _batch_ranges(stop: int, size: int, start: int = 0) -> Iterator[np.ndarray]:
+    for first in range(start, stop, size):
+        yield np.arange(first, min(first + size, stop))
+
+
+def _batch_ranges(stop: int, size: int, start: int = 0) -> Iterator[np.ndarray]:
+    for first in range(start, stop, size):
+        yield np.arange(first, min(first + size, stop))

@@ -1,0 +1,126 @@
+"""Step 5b: a face (or None) for every frame of every batch, as the frames stream past.
+
+The face video's tracking comes from the avatar cache when the same video was tracked before
+with the same face options. Otherwise every batch of new source frames is tracked as a run of
+its own from a fresh start (heygem.faces), several runs at once on a pool of threads, and a
+batch moves on as soon as the boxes of all its frames are final.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+from heygem import faces, media
+from heygem.config import Config
+from heygem.errors import HeygemError
+from heygem.flow import ordered_map
+from heygem.source import SourceFrames
+from heygem.types import FrameBatch, FrameGeometry
+
+logger = logging.getLogger("heygem")
+
+
+class FaceStage:
+    """Step 4: attach a face (or None) to every frame of every batch.
+
+    The face video's tracking comes from the avatar cache when it was tracked before with
+    the same options; otherwise each batch of new source frames is tracked as a run from a
+    fresh start, on several threads at once, and a batch is passed on once the boxes of all
+    its frames are final (box smoothing looks half a window ahead).
+    """
+
+    def __init__(self, source: SourceFrames, config: Config, geometry: FrameGeometry, fps_fraction: str,
+                 work_dir: Path):
+        self.source = source
+        self.config = config
+        self.workers = face_worker_count(config) if not source.is_still else 1
+        self.cache_key = None
+        self.cache_outcome = "off"
+        cached = None
+        if not source.is_still and config.run.avatar_cache:
+            from heygem import avatar_cache
+
+            self.cache_key = avatar_cache.avatar_key(source.info.path, config.face, geometry, fps_fraction)
+            cached = avatar_cache.load_track(self.cache_key, source.tracking_capacity)
+            self.cache_outcome = "hit" if cached is not None else "miss"
+        self.builder = faces.TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
+                                          work_dir / "landmarks.npy", track=cached.track if cached else None)
+        self._pool: faces.FinderPool | None = None
+        if cached is not None:
+            self.builder.end()
+            logger.info("faces: %d frames from the avatar cache", self.builder.tracked)
+
+    def run(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
+        builder = self.builder
+        if builder.ended:  # tracked before: everything is known
+            for batch in batches:
+                yield self._attach(batch)
+            return
+        self._pool = faces.FinderPool(self.config.face, self.workers, still_images=self.source.is_still)
+        try:
+            waiting: deque[FrameBatch] = deque()
+            for batch, start, landmarks in ordered_map(self._track, self._new_runs(batches), self.workers):
+                if landmarks is not None:
+                    builder.add(start, landmarks)
+                elif not builder.ended:  # the first batch shown again: the video has ended
+                    self._end_of_video()
+                waiting.append(batch)
+                while waiting and builder.is_final(int(waiting[0].source_indices.max())):
+                    yield self._attach(waiting.popleft())
+            if not builder.ended:
+                self._end_of_video()
+            while waiting:
+                yield self._attach(waiting.popleft())
+        finally:
+            self._pool.close()
+
+    @staticmethod
+    def _new_runs(batches: Iterator[FrameBatch]) -> Iterator[tuple[FrameBatch, int | None]]:
+        """(batch, its first source frame when it brings new ones, else None), in order."""
+        tracked_until = 0
+        for batch in batches:
+            if int(batch.source_indices.max()) >= tracked_until:
+                yield batch, tracked_until
+                tracked_until = int(batch.source_indices.max()) + 1
+            else:
+                yield batch, None
+
+    def _track(self, item: tuple[FrameBatch, int | None]) -> tuple[FrameBatch, int | None, list | None]:
+        batch, start = item
+        if start is None:
+            return batch, None, None
+        new_frames = batch.frames_i420[batch.source_indices >= start]
+        if self.source.is_still:
+            new_frames = new_frames[:1]
+        return batch, start, self._pool.track_run(media.i420_batch_to_bgr(new_frames))
+
+    def _end_of_video(self) -> None:
+        builder = self.builder
+        builder.end()
+        if not builder.any_face:
+            raise HeygemError(f"no face was found in {self.source.info.path.name}: "
+                              "use a clearer frontal face or give --box")
+        logger.info("faces found in %d of %d source frames", int(builder.track.found[: builder.tracked].sum()),
+                    builder.tracked)
+        if self.cache_key is not None:
+            from heygem import avatar_cache
+
+            whole_video = self.source.frame_count is not None and builder.tracked >= self.source.frame_count
+            avatar_cache.store_track(self.cache_key, builder.finished_track(), whole_video)
+
+    def _attach(self, batch: FrameBatch) -> FrameBatch:
+        batch.faces = [self.builder.face(int(index)) for index in batch.source_indices]
+        return batch
+
+
+def face_worker_count(config: Config) -> int:
+    """Threads that track faces at once: --face-workers, or half the cores (at most 8) when concurrent."""
+    if not config.run.concurrent:
+        return 1
+    if config.run.face_workers:
+        return config.run.face_workers
+    return max(1, min(8, (os.cpu_count() or 1) // 2))

@@ -1,0 +1,113 @@
+"""The concurrent pipeline against the sequential one, and what a failing stage leaves behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import decode_frames
+from heygem import faces, media, render
+from heygem.errors import HeygemError
+from heygem.models.wav2lip import Wav2Lip
+from heygem.pipeline import generate
+
+
+@pytest.fixture(scope="module")
+def wav2lip_weights(tmp_path_factory) -> Path:
+    """A random-init generator saved in the official checkpoint layout."""
+    directory = tmp_path_factory.mktemp("wav2lip weights")
+    torch.manual_seed(1)
+    torch.save({"state_dict": Wav2Lip().state_dict()}, directory / "wav2lip.pth")
+    return directory
+
+
+def run(face, speech, output, **options):
+    overrides = {"run.avatar_cache": False, **options}
+    return generate(face, speech, output, overrides=overrides)
+
+
+@pytest.mark.parametrize("engine", ["landmark", "wav2lip"])
+def test_concurrent_output_equals_sequential_frame_for_frame(tmp_path, face_video, short_speech, engine,
+                                                             wav2lip_weights, monkeypatch):
+    # the 2 s video plays forward then backward under the 3.4 s speech: the frame file path too
+    if engine == "wav2lip":
+        monkeypatch.setenv("HEYGEM_WEIGHTS", str(wav2lip_weights))
+    options = {"engine.name": engine, "media.batch_frames": 8}
+    sequential = run(face_video, short_speech, tmp_path / "sequential.mp4", **options, **{"run.concurrent": False})
+    concurrent = run(face_video, short_speech, tmp_path / "concurrent.mp4", **options,
+                     **{"run.concurrent": True, "run.face_workers": 3})
+    assert sequential.engine == concurrent.engine == engine
+    first, second = decode_frames(tmp_path / "sequential.mp4"), decode_frames(tmp_path / "concurrent.mp4")
+    assert len(first) == len(second) == sequential.frames == 102
+    np.testing.assert_array_equal(first, second)
+    assert concurrent.frames_without_face == sequential.frames_without_face == 0
+    # the engine really changed the mouth: not a pass-through that is trivially equal
+    source = decode_frames(face_video)
+    assert np.abs(first[:59].astype(int) - source[:59]).max() > 20
+
+
+def children_of_this_process() -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                children.append(int(entry.name))
+    return children
+
+
+def fail_in(stage: str, monkeypatch) -> None:
+    """Make ``stage`` raise on its third batch (its first two go through)."""
+    calls = {"count": 0}
+
+    def failing(original):
+        def wrapper(*args, **kwargs):
+            calls["count"] += 1
+            if calls["count"] == 3:
+                raise HeygemError(f"broken in {stage}")
+            return original(*args, **kwargs)
+        return wrapper
+
+    if stage == "faces":
+        monkeypatch.setattr(faces.FinderPool, "track_run", failing(faces.FinderPool.track_run))
+    elif stage == "generate":
+        from heygem.engines.landmark import LandmarkEngine
+        monkeypatch.setattr(LandmarkEngine, "generate", failing(LandmarkEngine.generate))
+    elif stage == "blend":
+        monkeypatch.setattr(render, "blend_patch", failing(render.blend_patch))
+    elif stage == "decode":
+        monkeypatch.setattr(media, "iter_video_i420", _failing_decoder(media.iter_video_i420))
+
+
+def _failing_decoder(original):
+    def decode(*args, **kwargs):
+        for index, batch in enumerate(original(*args, **kwargs)):
+            if index == 2:
+                raise HeygemError("broken in decode")
+            yield batch
+    return decode
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+@pytest.mark.parametrize("stage", ["decode", "faces", "generate", "blend"])
+def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing(
+        tmp_path, face_video, short_speech, monkeypatch, stage, concurrent):
+    private_temp = tmp_path / "temp"
+    private_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_temp))
+    fail_in(stage, monkeypatch)
+    output_dir = tmp_path / "out"
+    with pytest.raises(HeygemError, match=f"broken in {stage}"):
+        run(face_video, short_speech, output_dir / "result.mp4",
+            **{"run.concurrent": concurrent, "run.face_workers": 2, "media.batch_frames": 8})
+    assert children_of_this_process() == []  # no ffmpeg left running
+    assert list(private_temp.iterdir()) == []  # no work folder or temporary file left
+    assert not output_dir.exists() or list(output_dir.iterdir()) == []  # no partial output

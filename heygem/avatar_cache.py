@@ -229,10 +229,11 @@ def load_track(key: str, frames_needed: int) -> CachedTrack | None:
         identity = os.fstat(directory_fd)
         meta, cached = _read_entry(directory_fd, key)
     except (_BrokenEntry, OSError, ValueError, EOFError) as error:
+        if identity is None or not _is_same_folder(entry_path, identity):
+            return None  # replaced or removed by another job while it was being read: not broken
         logger.warning("avatar cache: dropping the broken entry %s (%s); the face will be tracked again",
                        key[:16], error)
-        if identity is not None:
-            _remove_entry(entry_path, identity)
+        _remove_entry(entry_path, identity)
         return None
     finally:
         os.close(directory_fd)
@@ -245,15 +246,21 @@ def load_track(key: str, frames_needed: int) -> CachedTrack | None:
     return cached
 
 
+def _is_same_folder(path: Path, identity: os.stat_result) -> bool:
+    try:
+        current = os.stat(path)
+    except OSError:
+        return False
+    return (current.st_dev, current.st_ino) == (identity.st_dev, identity.st_ino)
+
+
 def _remove_entry(entry_path: Path, identity: os.stat_result | None = None) -> bool:
     """Move the entry away from the key's name, then delete it; with ``identity``, only if it is
     still the folder that was read (not a fresh entry stored since). Returns whether it was removed."""
+    if identity is not None and not _is_same_folder(entry_path, identity):
+        return False
+    doomed = entry_path.with_name(f".{entry_path.name}.{uuid.uuid4().hex}.stale")
     try:
-        if identity is not None:
-            current = os.stat(entry_path)
-            if (current.st_dev, current.st_ino) != (identity.st_dev, identity.st_ino):
-                return False
-        doomed = entry_path.with_name(f".{entry_path.name}.{uuid.uuid4().hex}.stale")
         os.rename(entry_path, doomed)
     except OSError:
         return False

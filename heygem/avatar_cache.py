@@ -79,6 +79,13 @@ def cache_dir() -> Path:
     return Path(override) if override else REPO_ROOT / "outputs" / "avatar-cache"
 
 
+def _entry_path(key: str) -> Path:
+    """The folder of ``key``, which must be a key made by :func:`avatar_key` (64 hex digits)."""
+    if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
+        raise ValueError(f"not an avatar cache key: {key!r}")
+    return cache_dir() / key
+
+
 # ---------------------------------------------------------------------------------------------
 # keys
 
@@ -216,7 +223,7 @@ def load_track(key: str, frames_needed: int) -> CachedTrack | None:
     that cannot be read or fails a check is logged, deleted and also a miss. The
     returned track is the whole stored track, which may be longer than asked for.
     """
-    entry_path = cache_dir() / key
+    entry_path = _entry_path(key)
     try:
         directory_fd = os.open(entry_path, os.O_RDONLY | os.O_DIRECTORY)  # every file from this one folder
     except FileNotFoundError:
@@ -314,8 +321,8 @@ def store_track(key: str, track: FaceTrack, whole_video: bool) -> None:
     ``key`` came from :func:`avatar_key` in this process. An existing entry that
     already covers as much is kept.
     """
-    root = cache_dir()
-    entry_path = root / key
+    entry_path = _entry_path(key)
+    root = entry_path.parent
     found = np.asarray(track.found, dtype=bool)
     raw_boxes = np.asarray(track.raw_boxes, dtype=np.float32)
     landmarks = np.asarray(track.landmarks, dtype=np.float32)

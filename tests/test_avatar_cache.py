@@ -379,3 +379,11 @@ def test_clear_cache_removes_old_entries_or_all(cache, tmp_path):
     assert avatar_cache.clear_cache() == 2
     assert list(cache.iterdir()) == []
     assert avatar_cache.clear_cache() == 0
+
+
+def test_only_keys_made_by_avatar_key_name_folders(cache):
+    for bad in ("../outside", "", "A" * 64, "0" * 63):
+        with pytest.raises(ValueError, match="not an avatar cache key"):
+            avatar_cache.load_track(bad, 1)
+        with pytest.raises(ValueError, match="not an avatar cache key"):
+            avatar_cache.store_track(bad, make_track(2), whole_video=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,15 @@ def face_video(media_dir, face_photo) -> Path:
                "-r", "30000/1001", "-t", "2", "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac",
                "-shortest", str(path))
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def avatar_cache_dir(tmp_path_factory) -> Iterator[Path]:
+    """No test writes face tracking into the repository's outputs/: the cache lives in a temporary folder."""
+    folder = tmp_path_factory.mktemp("avatar-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HEYGEM_CACHE_DIR", str(folder))
+        yield folder
 
 
 @pytest.fixture(autouse=True)

@@ -111,3 +111,22 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     assert children_of_this_process() == []  # no ffmpeg left running
     assert list(private_temp.iterdir()) == []  # no work folder or temporary file left
     assert not output_dir.exists() or list(output_dir.iterdir()) == []  # no partial output
+
+
+def test_the_avatar_cache_reuses_tracking_for_other_audio_and_misses_on_changed_options(
+        tmp_path, face_video, short_speech, media_dir, monkeypatch):
+    from conftest import ASSETS, run_ffmpeg
+
+    other_speech = media_dir / "other speech.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_zh.wav"), "-t", "3.4", str(other_speech))
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path / "cache"))
+    first = generate(face_video, short_speech, tmp_path / "first.mp4")
+    assert first.avatar_cache == "miss"
+    second = generate(face_video, other_speech, tmp_path / "second.mp4")
+    assert second.avatar_cache == "hit"
+    assert "faces" not in second.seconds_per_stage or second.seconds_per_stage["faces"] < first.seconds_per_stage["faces"]
+    uncached = generate(face_video, other_speech, tmp_path / "uncached.mp4", overrides={"run.avatar_cache": False})
+    assert uncached.avatar_cache == "off"
+    np.testing.assert_array_equal(decode_frames(tmp_path / "second.mp4"), decode_frames(tmp_path / "uncached.mp4"))
+    changed = generate(face_video, other_speech, tmp_path / "changed.mp4", overrides={"face.pads": [0, 20, 0, 0]})
+    assert changed.avatar_cache == "miss"

@@ -249,6 +249,8 @@ def crop_faces(planes: torch.Tensor, frame_index, boxes, size: int = FACE_SIZE) 
     with INTER_AREA's linear form, so the crops match engines.wav2lip.crop_face of the BGR frame.
     """
     frame_height, frame_width = planes.shape[1] * 2 // 3, planes.shape[2]
+    if len(boxes) == 0:
+        return torch.zeros((0, 3, size, size), dtype=torch.float32, device=planes.device)
     canvas = face_canvas(frame_index, boxes, frame_height, frame_width, planes.device)
     y, u, v = gather_canvas(planes, canvas)
     regions = i420_to_bgr(y, u, v)  # (F, 3, Hc, Wc) BGR in 0..255
@@ -417,6 +419,8 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
     not overlap: where they do, one of them wins.
     """
     frame_height, frame_width = planes.shape[1] * 2 // 3, planes.shape[2]
+    if len(boxes) == 0:
+        return
     canvas = face_canvas(frame_index, boxes, frame_height, frame_width, planes.device)
     if masks is None:
         hull_distance, box_distance = _edge_distances(canvas.boxes, landmarks, canvas)  # (F, Hc, Wc) each
@@ -452,13 +456,14 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
 
     plane_y, plane_u, plane_v = split_planes(planes)
     written = masks[:, 0] > 0  # (F, Hc, Wc)
-    frames, luma_rows, luma_columns = (index.expand_as(written) for index in _canvas_indices(canvas, 1))
-    plane_y[frames[written], luma_rows[written], luma_columns[written]] = new_y[written]
+    face, row, column = written.nonzero(as_tuple=True)  # (P,) each: the pixels to write
+    where = (canvas.frame_index[face], canvas.origin[face, 1] + row, canvas.origin[face, 0] + column)
+    plane_y[where] = new_y[face, row, column]
     written_blocks = functional.max_pool2d(written[:, None].float(), 2)[:, 0] > 0  # (F, Hc/2, Wc/2)
-    frames, chroma_rows, chroma_columns = (index.expand_as(written_blocks) for index in _canvas_indices(canvas, 2))
-    where = (frames[written_blocks], chroma_rows[written_blocks], chroma_columns[written_blocks])
-    plane_u[where] = new_u[written_blocks]
-    plane_v[where] = new_v[written_blocks]
+    face, row, column = written_blocks.nonzero(as_tuple=True)  # (Q,) each: the 2x2 blocks to write
+    where = (canvas.frame_index[face], canvas.origin[face, 1] // 2 + row, canvas.origin[face, 0] // 2 + column)
+    plane_u[where] = new_u[face, row, column]
+    plane_v[where] = new_v[face, row, column]
 
 
 __all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "crop_faces", "face_canvas", "face_masks",

@@ -327,3 +327,12 @@ def test_paste_faces_is_close_to_the_cpu_blend(portrait):
         x1, y1, x2, y2 = box
         difference = np.abs(result[face].astype(np.float32) - cpu)[y1:y2, x1:x2]
         assert difference.mean() < 4, difference.mean()  # the masks' soft edges differ a little
+
+
+def test_batches_without_faces(portrait):
+    planes = to_planes([portrait])
+    before = planes.clone()
+    no_boxes = np.zeros((0, 4), dtype=np.int64)
+    assert gpu_blend.crop_faces(planes, np.zeros(0, dtype=np.int64), no_boxes).shape == (0, 3, 96, 96)
+    gpu_blend.paste_faces(planes, np.zeros(0, dtype=np.int64), no_boxes, torch.zeros((0, 3, 96, 96)), None)
+    assert torch.equal(planes, before)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as functional
+from torch.nn import functional
 
 from heygem.blend import LOWER_FACE_POINTS
 from heygem.restore import CHANGE_THRESHOLD
@@ -54,14 +54,16 @@ def i420_to_bgr(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
     y: (N, h, w) uint8; u, v: (N, h/2, w/2) uint8 -> (N, 3, h, w) float32 BGR, whole numbers in 0..255.
     """
-    luma = (y.float() - 16.0).mul_(_RGB_FROM_Y).unsqueeze(1)  # (N, 1, h, w)
+    count, height, width = y.shape
+    luma = (y.float() - 16.0).mul_(_RGB_FROM_Y).view(count, 1, height // 2, 2, width // 2, 2)
     chroma_u = u.float() - 128.0  # (N, h/2, w/2)
     chroma_v = v.float() - 128.0
     offsets = torch.stack((_B_FROM_U * chroma_u,
                            _G_FROM_U * chroma_u + _G_FROM_V * chroma_v,
                            _R_FROM_V * chroma_v), dim=1)  # (N, 3, h/2, w/2) B, G, R offsets
-    offsets = offsets.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)  # (N, 3, h, w)
-    return (luma + offsets).round_().clamp_(0.0, 255.0)
+    # each chroma sample serves its 2x2 block: (N, 1, h/2, 2, w/2, 2) + (N, 3, h/2, 1, w/2, 1)
+    bgr = (luma + offsets[:, :, :, None, :, None]).view(count, 3, height, width)
+    return bgr.round_().clamp_(0.0, 255.0)
 
 
 def bgr_to_i420(bgr: torch.Tensor, chroma: str = "average") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -149,20 +151,41 @@ def face_canvas(frame_index, boxes, frame_height: int, frame_width: int, device:
                       origin=torch.from_numpy(origin).to(device), height=height, width=width)
 
 
-def _canvas_indices(canvas: FaceCanvas, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Index tensors for a plane subsampled by ``step``: frames (F, 1, 1), rows (F, h, 1), columns (F, 1, w)."""
+def _plane_rows(planes: torch.Tensor, canvas: FaceCanvas) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """For each plane: a (rows, row length) view of ``planes`` and the canvas's rows (F, h) and columns (F, w) in it.
+
+    Y rows are frame rows: frame n's row r is row n * 3H/2 + r of the (N * 3H/2, W) view. U and V
+    rows are half as long, so they index a (N * 3H, W/2) view: frame n's U row j is row
+    n * 3H + 2H + j there, its V row j is row n * 3H + 2H + H/2 + j.
+    """
+    count, rows, width = planes.shape
+    height = rows * 2 // 3
     device = canvas.origin.device
-    rows = canvas.origin[:, 1:2] // step + torch.arange(canvas.height // step, device=device)  # (F, h)
-    columns = canvas.origin[:, 0:1] // step + torch.arange(canvas.width // step, device=device)  # (F, w)
-    return canvas.frame_index[:, None, None], rows[:, :, None], columns[:, None, :]
+    frame = canvas.frame_index[:, None]  # (F, 1)
+    luma_rows = canvas.origin[:, 1:2] + torch.arange(canvas.height, device=device)  # (F, Hc) frame rows
+    luma_columns = canvas.origin[:, 0:1] + torch.arange(canvas.width, device=device)  # (F, Wc)
+    chroma_rows = luma_rows[:, 0::2] // 2  # (F, Hc/2) chroma-plane rows
+    chroma_columns = luma_columns[:, 0::2] // 2  # (F, Wc/2)
+    half_rows = planes.view(count * 3 * height, width // 2)
+    return {
+        "y": (planes.view(count * rows, width), frame * rows + luma_rows, luma_columns),
+        "u": (half_rows, frame * 3 * height + 2 * height + chroma_rows, chroma_columns),
+        "v": (half_rows, frame * 3 * height + 2 * height + height // 2 + chroma_rows, chroma_columns),
+    }
+
+
+def _gather(rows_view: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """rows_view[rows[f, i], columns[f, j]] as (F, h, w): whole rows first, then the columns of each."""
+    faces, height = rows.shape
+    picked = rows_view.index_select(0, rows.reshape(-1)).view(faces, height, -1)  # (F, h, row length)
+    return torch.gather(picked, 2, columns[:, None, :].expand(faces, height, columns.shape[1]))  # (F, h, w)
 
 
 def gather_canvas(planes: torch.Tensor, canvas: FaceCanvas) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each face's canvas of I420 ``planes``: y (F, Hc, Wc), u and v (F, Hc/2, Wc/2) uint8 copies."""
-    y, u, v = split_planes(planes)
-    luma_index = _canvas_indices(canvas, 1)
-    chroma_index = _canvas_indices(canvas, 2)
-    return y[luma_index], u[chroma_index], v[chroma_index]
+    split_planes(planes)  # checks the layout
+    views = _plane_rows(planes, canvas)
+    return tuple(_gather(*views[name]) for name in ("y", "u", "v"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +289,7 @@ def crop_faces(planes: torch.Tensor, frame_index, boxes, size: int = FACE_SIZE) 
 
 def _gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
     """Separable Gaussian blur of (B, C, h, w) with OpenCV's float kernel size and BORDER_REFLECT_101."""
-    radius = int(round(sigma * 4))  # OpenCV's kernel for float images: 2 * round(4 sigma) + 1 taps
+    radius = round(sigma * 4)  # OpenCV's kernel for float images: 2 * round(4 sigma) + 1 taps
     taps = torch.arange(-radius, radius + 1, device=images.device, dtype=torch.float32)
     kernel = torch.exp(-(taps ** 2) / (2 * sigma * sigma))
     kernel = kernel / kernel.sum()  # (K,)
@@ -446,24 +469,25 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
     scaled = scaled.clamp_(0.0, 255.0)
 
     if color_match:
-        edge = colour_band.float()  # (F, 1, Hc, Wc)
-        edge_count = edge.sum(dim=(1, 2, 3))  # (F,)
-        shift = ((regions - scaled) * edge).sum(dim=(2, 3)) / edge_count.clamp(min=1)[:, None]  # (F, 3)
+        edge = colour_band.float().flatten(1)  # (F, Hc * Wc)
+        edge_count = edge.sum(dim=1)  # (F,)
+        difference = torch.einsum("fcp,fp->fc", (regions - scaled).flatten(2), edge)  # (F, 3) summed over the band
+        shift = difference / edge_count.clamp(min=1)[:, None]  # (F, 3) mean colour difference
         shift = torch.where((edge_count >= _MIN_EDGE_PIXELS)[:, None], shift, torch.zeros_like(shift))
-        scaled = scaled + shift[:, :, None, None]
-    mixed = (regions + masks * (scaled - regions)).clamp_(0.0, 255.0)  # (F, 3, Hc, Wc)
+        scaled += shift[:, :, None, None]
+    mixed = scaled.sub_(regions).mul_(masks).add_(regions).clamp_(0.0, 255.0)  # (F, 3, Hc, Wc) alpha blend
     new_y, new_u, new_v = bgr_to_i420(mixed, chroma)
 
-    plane_y, plane_u, plane_v = split_planes(planes)
+    views = _plane_rows(planes, canvas)
     written = masks[:, 0] > 0  # (F, Hc, Wc)
     face, row, column = written.nonzero(as_tuple=True)  # (P,) each: the pixels to write
-    where = (canvas.frame_index[face], canvas.origin[face, 1] + row, canvas.origin[face, 0] + column)
-    plane_y[where] = new_y[face, row, column]
+    rows_view, rows, columns = views["y"]
+    rows_view[rows[face, row], columns[face, column]] = new_y[face, row, column]
     written_blocks = functional.max_pool2d(written[:, None].float(), 2)[:, 0] > 0  # (F, Hc/2, Wc/2)
     face, row, column = written_blocks.nonzero(as_tuple=True)  # (Q,) each: the 2x2 blocks to write
-    where = (canvas.frame_index[face], canvas.origin[face, 1] // 2 + row, canvas.origin[face, 0] // 2 + column)
-    plane_u[where] = new_u[face, row, column]
-    plane_v[where] = new_v[face, row, column]
+    for name, values in (("u", new_u), ("v", new_v)):
+        rows_view, rows, columns = views[name]
+        rows_view[rows[face, row], columns[face, column]] = values[face, row, column]
 
 
 __all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "crop_faces", "face_canvas", "face_masks",

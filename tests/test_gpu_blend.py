@@ -6,6 +6,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import ASSETS
 
 from heygem import gpu_blend
 from heygem.blend import LOWER_FACE_POINTS, blend_patch
@@ -13,8 +14,6 @@ from heygem.config import BlendConfig
 from heygem.engines.wav2lip import crop_face, resize_to_box
 from heygem.restore import sharpen_changed as cpu_sharpen_changed
 from heygem.types import Face, FacePatch
-
-from conftest import ASSETS
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +145,7 @@ def test_sharpen_changed_matches_restore_and_leaves_unchanged_pixels(portrait):
     generated = source.copy()
     generated[55:80, 25:70] = np.clip(generated[55:80, 25:70].astype(int) + np.where(
         (np.arange(45) // 3) % 2 == 0, 40, -40)[None, :, None], 0, 255)  # a striped "mouth"
-    to_tensor = lambda image: torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255.0  # noqa: E731
+    to_tensor = lambda image: torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255.0
 
     sharpened = gpu_blend.sharpen_changed(to_tensor(generated), to_tensor(source), 0.6)
     result = sharpened[0].permute(1, 2, 0).numpy() * 255.0
@@ -157,7 +156,7 @@ def test_sharpen_changed_matches_restore_and_leaves_unchanged_pixels(portrait):
     far = np.ones((96, 96), dtype=bool)
     far[35:96, 5:90] = False  # beyond the reach of the changed area's blur
     assert np.abs(result[far] - generated[far]).max() < 1e-3
-    stripes = lambda image: np.abs(np.diff(image[60:75, 30:65].astype(np.float32), axis=1)).mean()  # noqa: E731
+    stripes = lambda image: np.abs(np.diff(image[60:75, 30:65].astype(np.float32), axis=1)).mean()
     assert stripes(result) > 1.1 * stripes(generated)  # more local contrast where it changed
 
     same = to_tensor(generated)

@@ -301,7 +301,7 @@ class FixedBatchRunner:
                             "that use the GPU, or use --device cpu") from error
                 # Outside the except block, so the traceback no longer holds the failed batch's tensors.
                 failed_size, self.batch_size = self.batch_size, self.batch_size // 2
-                self._batch = None  # its buffers and graph were sized for the failed batch
+                outputs = self._batch = None  # buffers, graph and its output were sized for the failed batch
                 release_cached_memory()
                 logger.warning("%s: out of memory with a batch of %d, retrying with %d",
                                self.name, failed_size, self.batch_size)
@@ -347,10 +347,10 @@ class FixedBatchRunner:
         self._batch = None
         buffers = []
         for tensor in inputs:
-            cast = self.cast_weights and tensor.is_floating_point()
+            dtype = self.compute_dtype if self.cast_weights and tensor.is_floating_point() else tensor.dtype
             memory_format = torch.channels_last if self.channels_last and tensor.dim() == 4 else torch.contiguous_format
-            buffer = torch.empty((self.batch_size, *tensor.shape[1:]), dtype=self.compute_dtype if cast else tensor.dtype,
-                                 device=self.device, memory_format=memory_format)
+            buffer = torch.empty((self.batch_size, *tensor.shape[1:]), dtype=dtype, device=self.device,
+                                 memory_format=memory_format)  # (batch_size, ...) as the network will see it
             buffers.append(buffer.zero_())
         self._batch = _FixedBatch(self.batch_size, item_layout, buffers)
         return self._batch
@@ -371,7 +371,8 @@ class FixedBatchRunner:
                     self.module(*batch.inputs)
             torch.cuda.current_stream(self.device).wait_stream(side_stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph):
+            # thread_local: other stages may use the GPU from their own threads while this one captures
+            with torch.inference_mode(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 output = self.module(*batch.inputs)
         except Exception as error:  # noqa: BLE001 - any capture failure falls back to eager
             if is_out_of_memory(error):

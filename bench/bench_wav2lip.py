@@ -94,7 +94,7 @@ def measure(base_model, device, variant: Variant, batch_size: int, batches_per_c
 
     from heygem.device import FixedBatchRunner, configure_backends
 
-    configure_backends(cudnn=variant.cudnn)
+    configure_backends(cudnn=variant.cudnn, device=device)
     try:
         runner = FixedBatchRunner(copy.deepcopy(base_model), device, batch_size, precision=variant.precision,
                                   channels_last=variant.channels_last, use_cuda_graph=variant.cuda_graph,
@@ -129,7 +129,7 @@ def measure(base_model, device, variant: Variant, batch_size: int, batches_per_c
                   file=sys.stderr)
         return calls * count / elapsed
     finally:
-        configure_backends()
+        configure_backends(device=device)
 
 
 def main() -> None:

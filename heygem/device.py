@@ -59,7 +59,7 @@ def pick_device(name: str = "auto"):
     raise HeygemError(f"--device {name!r} is not valid: use auto, cpu, cuda or cuda:N")
 
 
-def configure_backends(deterministic: bool = False, cudnn: bool = True) -> None:
+def configure_backends(deterministic: bool = False, cudnn: bool = True, device=None) -> None:
     """Set the process-wide cuDNN and matmul flags.
 
     Fast (default): cuDNN autotunes a kernel per input shape, which pays off
@@ -68,6 +68,8 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True) -> None:
     Deterministic: the same input gives the same bits on every run, at some speed cost.
     ``cudnn=False`` switches cuDNN off, only to measure what it buys; when cuDNN is
     asked for but does not work (see cudnn_problem) it is switched off with one warning.
+    ``device`` is where the networks will run: cuDNN is checked on it when it is a GPU,
+    and not at all when it is the CPU (so a CPU run never starts CUDA); None checks the current GPU.
     """
     import torch
 
@@ -82,7 +84,8 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True) -> None:
         backend.benchmark = True
         backend.deterministic = False
         torch.use_deterministic_algorithms(False)
-    problem = cudnn_problem() if cudnn else None
+    runs_on_gpu = device is None or torch.device(device).type == "cuda"
+    problem = cudnn_problem(device) if cudnn and runs_on_gpu else None
     if problem is not None:
         _warn_once(problem)
     backend.enabled = cudnn and problem is None
@@ -106,11 +109,12 @@ def _warn_once(message: str) -> None:
         logger.warning("%s", message)
 
 
-def cudnn_problem() -> str | None:
+def cudnn_problem(device=None) -> str | None:
     """Why cuDNN cannot be used although CUDA can, in one line; None when it works or there is no CUDA.
 
     Checks that torch finds the library, that its version loads, and that one tiny
-    convolution runs through it (a missing sub-library only shows up there).
+    convolution runs through it on ``device`` (default: the current GPU), since a
+    missing sub-library only shows up there.
     """
     import torch
 
@@ -122,10 +126,11 @@ def cudnn_problem() -> str | None:
         return f"CUDA works but torch {torch.__version__} finds no cuDNN library: {advice}"
     try:
         version = torch.backends.cudnn.version()  # raises when the loaded cuDNN does not match the build
+        device = torch.device(device if device is not None else "cuda")
         with torch.backends.cudnn.flags(enabled=True):
-            probe = torch.ones(1, 1, 4, 4, device="cuda")
-            torch.nn.functional.conv2d(probe, torch.ones(1, 1, 3, 3, device="cuda"))
-            torch.cuda.synchronize()
+            probe = torch.ones(1, 1, 4, 4, device=device)  # (1, 1, 4, 4)
+            torch.nn.functional.conv2d(probe, torch.ones(1, 1, 3, 3, device=device))  # (1, 1, 2, 2)
+            torch.cuda.synchronize(device)
     except RuntimeError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return f"cuDNN does not work here ({reason}): {advice}"

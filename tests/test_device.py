@@ -187,8 +187,10 @@ def test_cuda_without_cudnn_is_explained_and_logged_once(restore_backend_flags, 
     assert "finds no cuDNN library" in problem and "install the torch build" in problem
 
     with caplog.at_level(logging.WARNING, logger="heygem"):
+        configure_backends(device=torch.device("cpu"))  # networks on the CPU: cuDNN is not looked at
+        assert torch.backends.cudnn.enabled and not caplog.records
         configure_backends()
-        configure_backends()
+        configure_backends(device=torch.device("cuda", 0))
     assert not torch.backends.cudnn.enabled  # runs without it
     assert [record.getMessage() for record in caplog.records] == [problem]
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"  # fast mode on an Ampere-or-newer GPU

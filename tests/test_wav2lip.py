@@ -217,6 +217,8 @@ def test_generate_faces_equals_the_per_batch_forward_on_the_cpu(checkpoint_dir):
     assert generated.dtype == torch.float32 and generated.device == engine.device
     torch.testing.assert_close(generated, expected, atol=1e-5, rtol=1e-4)
     assert engine.generate_faces(faces[:0], mel_windows[:0]).shape == (0, 3, 96, 96)
+    with pytest.raises(ValueError, match=r"got \(3, 6, 96, 96\) and \(2, 1, 80, 16\)"):
+        engine.generate_faces(faces, mel_windows[:2])
 
 
 def test_out_of_memory_errors_are_recognised():

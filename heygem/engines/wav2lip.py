@@ -125,6 +125,11 @@ class Wav2LipEngine:
         mel_windows: (F, 1, 80, 16) float.
         Returns (F, 3, 96, 96) float32 BGR in [0, 1] on ``self.device``.
         """
+        faces_fit = faces.dim() == 4 and faces.shape[1:] == (6, FACE_SIZE, FACE_SIZE)
+        mel_fits = mel_windows.dim() == 4 and mel_windows.shape[1:] == (1, 80, Wav2Lip.mel_window_frames)
+        if not (faces_fit and mel_fits and len(faces) == len(mel_windows)):
+            raise ValueError(f"generate_faces takes (F, 6, 96, 96) faces and (F, 1, 80, 16) mel windows, "
+                             f"got {tuple(faces.shape)} and {tuple(mel_windows.shape)}")
         if len(faces) == 0:
             return torch.empty((0, 3, FACE_SIZE, FACE_SIZE), device=self.device)
         return self.runner(mel_windows, faces)  # the public model takes the audio first

@@ -1,17 +1,21 @@
-"""Wav2Lip generator throughput on this machine, in frames per second.
+"""Wav2Lip generator throughput on this machine, in faces per second.
 
-Times the generator's forward pass alone (random-init weights, inputs already on
-the device, no face cropping or video work) for several batch sizes. On CUDA it
-compares fp32 with cuDNN autotuning, fp32 with cuDNN switched off, and fp16
-autocast with channels-last memory, which is what the wav2lip engine uses.
+Times the generator alone (random-init weights with BatchNorm folded, as the
+engine runs it; inputs already on the device; no face cropping or video work)
+through heygem.device.FixedBatchRunner, the runner the wav2lip engine uses, for
+several precisions and batch sizes. On CUDA the time comes from CUDA events; on
+the CPU from the wall clock. Prints the machine and a markdown table.
 
-    python bench/bench_wav2lip.py
-    python bench/bench_wav2lip.py --device cuda --batch-sizes 1 16 64 128 --seconds 5
+    python bench/bench_wav2lip.py                                   # CPU: quick, small batches
+    python bench/bench_wav2lip.py --device cuda --batch-sizes 1 16 64 128 256 --seconds 3
+    python bench/bench_wav2lip.py --variants fp16-cl-graph --batch-sizes 128
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import os
 import platform
 import sys
 import time
@@ -21,34 +25,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 
-@dataclass
+@dataclass(frozen=True)
 class Variant:
-    label: str
-    precision: str  # as heygem.device.inference_context takes it
-    channels_last: bool
-    cudnn_enabled: bool = True
-    folded: bool = False  # BatchNorm folded into the convolutions, as the engine runs it
+    key: str  # what --variants takes
+    label: str  # the table's row name
+    precision: str  # as FixedBatchRunner takes it
+    channels_last: bool = False
+    cuda_graph: bool = False
+    cudnn: bool = True
+    cuda_only: bool = False  # meaningless or far too slow on the CPU
 
 
-CPU_VARIANTS = [
-    Variant("fp32", "fp32", channels_last=False),
-    Variant("fp32 channels_last", "fp32", channels_last=True),
-    Variant("fp32 folded", "fp32", channels_last=False, folded=True),
+VARIANTS = [
+    Variant("fp32", "fp32", "fp32"),
+    Variant("fp32-no-cudnn", "fp32, cuDNN off", "fp32", cudnn=False, cuda_only=True),
+    Variant("fp16", "fp16", "fp16", cuda_only=True),
+    Variant("fp16-cl", "fp16 + channels_last", "fp16", channels_last=True, cuda_only=True),
+    Variant("fp16-cl-graph", "fp16 + channels_last + CUDA graph", "fp16", channels_last=True, cuda_graph=True,
+            cuda_only=True),
+    Variant("bf16", "bf16", "bf16", cuda_only=True),
 ]
-CUDA_VARIANTS = [
-    Variant("fp32 cudnn", "fp32", channels_last=False),
-    Variant("fp32 no cudnn", "fp32", channels_last=False, cudnn_enabled=False),
-    Variant("fp16 channels_last", "fp16", channels_last=True),
-    Variant("fp16 channels_last folded", "fp16", channels_last=True, folded=True),
-]
+CPU_EXTRA = [Variant("fp32-cl", "fp32 + channels_last", "fp32", channels_last=True)]  # only the CPU default list
 
 
 def parse_arguments() -> argparse.Namespace:
+    keys = [variant.key for variant in VARIANTS + CPU_EXTRA]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="faces per forward pass")
-    parser.add_argument("--seconds", type=float, default=3.0, help="time each measurement for at least this long")
-    parser.add_argument("--min-iterations", type=int, default=2, help="timed forward passes per measurement, at least")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                        help="faces per forward pass (default: 1 16 64 128 on CUDA, 4 16 on the CPU)")
+    parser.add_argument("--variants", nargs="+", choices=keys, default=None,
+                        help="which variants to time (default: all that apply to the device)")
+    parser.add_argument("--batches-per-call", type=int, default=None,
+                        help="faces handed to the runner per call, in batches (default: 4 on CUDA, 1 on the CPU)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="time each measurement for at least this long (default: 2 on CUDA, 1 on the CPU)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     return parser.parse_args()
 
@@ -64,8 +75,6 @@ def cpu_model() -> str:
 
 
 def describe_machine(device) -> list[str]:
-    import os
-
     import torch
 
     lines = [f"CPU: {cpu_model()}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"]
@@ -79,39 +88,48 @@ def describe_machine(device) -> list[str]:
     return lines
 
 
-def measure(model, device, variant: Variant, batch_size: int, seconds: float, min_iterations: int) -> float:
-    """Frames per second of the generator for one variant and batch size."""
+def measure(base_model, device, variant: Variant, batch_size: int, batches_per_call: int, seconds: float) -> float:
+    """Faces per second of the generator for one variant and batch size, through the engine's runner."""
     import torch
 
-    from heygem.device import inference_context
+    from heygem.device import FixedBatchRunner, configure_backends
 
-    memory_format = torch.channels_last if variant.channels_last else torch.contiguous_format
-    model.to(memory_format=memory_format)
-    faces = torch.rand(batch_size, 6, 96, 96, device=device).contiguous(memory_format=memory_format)
-    mel_windows = torch.randn(batch_size, 1, 80, 16, device=device)
-
-    def synchronize():
+    configure_backends(cudnn=variant.cudnn, device=device)
+    try:
+        runner = FixedBatchRunner(copy.deepcopy(base_model), device, batch_size, precision=variant.precision,
+                                  channels_last=variant.channels_last, use_cuda_graph=variant.cuda_graph,
+                                  name=variant.label)
+        count = batch_size * batches_per_call
+        faces = torch.rand(count, 6, 96, 96, device=device)  # (N, 6, 96, 96)
+        mel_windows = torch.randn(count, 1, 80, 16, device=device)  # (N, 1, 80, 16)
+        for _ in range(2 if device.type == "cuda" else 1):  # warm-up: cuDNN autotuning, graph capture, allocator
+            runner(mel_windows, faces)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-
-    previous_cudnn = torch.backends.cudnn.enabled
-    torch.backends.cudnn.enabled = variant.cudnn_enabled
-    try:
-        with inference_context(device, variant.precision):
-            for _ in range(3 if device.type == "cuda" else 1):  # warm-up, lets cuDNN pick its kernels
-                model(mel_windows, faces)
-            synchronize()
-            iterations, started = 0, time.perf_counter()
-            while iterations < min_iterations or time.perf_counter() - started < seconds:
-                model(mel_windows, faces)
-                iterations += 1
-                if device.type != "cuda" or iterations % 10 == 0:
-                    synchronize()
-            synchronize()
-            elapsed = time.perf_counter() - started
+            started, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            calls, wall_started = 0, time.perf_counter()
+            started.record()
+            while calls < 3 or time.perf_counter() - wall_started < seconds:
+                runner(mel_windows, faces)
+                calls += 1
+                if calls % 8 == 0:
+                    ended.record()
+                    ended.synchronize()  # keep the wall clock (which only decides when to stop) near the GPU
+            ended.record()
+            ended.synchronize()
+            elapsed = started.elapsed_time(ended) / 1000.0
+        else:
+            calls, started_seconds = 0, time.perf_counter()
+            while calls < 1 or time.perf_counter() - started_seconds < seconds:
+                runner(mel_windows, faces)
+                calls += 1
+            elapsed = time.perf_counter() - started_seconds
+        if runner.batch_size != batch_size:
+            print(f"  ({variant.label}: ran out of memory at {batch_size}, measured at {runner.batch_size})",
+                  file=sys.stderr)
+        return calls * count / elapsed
     finally:
-        torch.backends.cudnn.enabled = previous_cudnn
-    return iterations * batch_size / elapsed
+        configure_backends(device=device)
 
 
 def main() -> None:
@@ -119,28 +137,46 @@ def main() -> None:
 
     import torch
 
-    from heygem.device import configure_backends, pick_device
+    from heygem.device import pick_device
     from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
 
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
     device = pick_device(arguments.device)
-    configure_backends()
-    model = Wav2Lip().eval().to(device)
-    folded_model = fold_batchnorm(Wav2Lip().eval()).to(device)
-    variants = CUDA_VARIANTS if device.type == "cuda" else CPU_VARIANTS
+    on_gpu = device.type == "cuda"
+    batch_sizes = arguments.batch_sizes or ([1, 16, 64, 128] if on_gpu else [4, 16])
+    seconds = arguments.seconds if arguments.seconds is not None else (2.0 if on_gpu else 1.0)
+    batches_per_call = arguments.batches_per_call or (4 if on_gpu else 1)
+    if arguments.variants:
+        chosen = [variant for variant in VARIANTS + CPU_EXTRA if variant.key in arguments.variants]
+        skipped = [variant.key for variant in chosen if variant.cuda_only and not on_gpu]
+        if skipped:
+            print(f"skipping on the CPU: {', '.join(skipped)}", file=sys.stderr)
+        chosen = [variant for variant in chosen if on_gpu or not variant.cuda_only]
+    else:
+        chosen = VARIANTS if on_gpu else [variant for variant in VARIANTS + CPU_EXTRA if not variant.cuda_only]
 
-    print("Wav2Lip generator throughput (random-init weights, forward pass only, inputs on the device)")
+    torch.manual_seed(0)
+    base_model = fold_batchnorm(Wav2Lip()).to(device)
+
+    print("Wav2Lip generator throughput, faces/s (random-init weights, BatchNorm folded, inputs on the device, "
+          f"{batches_per_call} batches per runner call, timed with "
+          f"{'CUDA events' if on_gpu else 'the wall clock'})")
     for line in describe_machine(device):
         print(line)
     print()
-    print(f"{'variant':<26}{'batch':>7}{'frames/s':>12}{'ms/batch':>12}")
-    for variant in variants:
-        for batch_size in arguments.batch_sizes:
-            frames_per_second = measure(folded_model if variant.folded else model, device, variant, batch_size,
-                                        arguments.seconds, arguments.min_iterations)
-            milliseconds = 1000.0 * batch_size / frames_per_second
-            print(f"{variant.label:<26}{batch_size:>7}{frames_per_second:>12.1f}{milliseconds:>12.1f}", flush=True)
+    rows = []
+    for variant in chosen:
+        cells = []
+        for batch_size in batch_sizes:
+            faces_per_second = measure(base_model, device, variant, batch_size, batches_per_call, seconds)
+            print(f"  {variant.label}, batch {batch_size}: {faces_per_second:.1f} faces/s", file=sys.stderr, flush=True)
+            cells.append(f"{faces_per_second:.0f}" if faces_per_second >= 100 else f"{faces_per_second:.1f}")
+        rows.append((variant.label, cells))
+    print("| variant | " + " | ".join(f"batch {size}" for size in batch_sizes) + " |")
+    print("| --- | " + " | ".join("---:" for _ in batch_sizes) + " |")
+    for label, cells in rows:
+        print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

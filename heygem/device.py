@@ -59,35 +59,84 @@ def pick_device(name: str = "auto"):
     raise HeygemError(f"--device {name!r} is not valid: use auto, cpu, cuda or cuda:N")
 
 
-def configure_backends(deterministic: bool = False) -> None:
+def configure_backends(deterministic: bool = False, cudnn: bool = True, device=None) -> None:
     """Set the process-wide cuDNN and matmul flags.
 
     Fast (default): cuDNN autotunes a kernel per input shape, which pays off
-    because the engines run fixed-size batches; on Ampere and newer GPUs fp32
-    matmuls and convolutions use TF32 tensor cores.
+    because the networks run fixed-size batches (see FixedBatchRunner); on Ampere
+    and newer GPUs fp32 matmuls and convolutions use TF32 tensor cores.
     Deterministic: the same input gives the same bits on every run, at some speed cost.
+    ``cudnn=False`` switches cuDNN off, only to measure what it buys; when cuDNN is
+    asked for but does not work (see cudnn_problem) it is switched off with one warning.
+    ``device`` is where the networks will run: cuDNN is checked on it when it is a GPU,
+    and not at all when it is the CPU (so a CPU run never starts CUDA); None checks the current GPU.
     """
     import torch
 
-    cudnn = torch.backends.cudnn
+    backend = torch.backends.cudnn
     if deterministic:
         # cuBLAS needs a fixed workspace to be reproducible; it is read when CUDA starts.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        cudnn.benchmark = False
-        cudnn.deterministic = True
+        backend.benchmark = False
+        backend.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
-        cudnn.benchmark = True
-        cudnn.deterministic = False
+        backend.benchmark = True
+        backend.deterministic = False
         torch.use_deterministic_algorithms(False)
+    runs_on_gpu = device is None or torch.device(device).type == "cuda"
+    problem = cudnn_problem(device) if cudnn and runs_on_gpu else None
+    if problem is not None:
+        _warn_once(problem)
+    backend.enabled = cudnn and problem is None
     use_tf32 = not deterministic and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch 2.9 and newer
         torch.backends.cuda.matmul.fp32_precision = "tf32" if use_tf32 else "ieee"
-        cudnn.conv.fp32_precision = "tf32" if use_tf32 else "ieee"
+        backend.conv.fp32_precision = "tf32" if use_tf32 else "ieee"
     else:
         torch.backends.cuda.matmul.allow_tf32 = use_tf32
-        cudnn.allow_tf32 = use_tf32
-    logger.debug("backends: deterministic=%s, cudnn.benchmark=%s, tf32=%s", deterministic, cudnn.benchmark, use_tf32)
+        backend.allow_tf32 = use_tf32
+    logger.debug("backends: deterministic=%s, cudnn.enabled=%s, cudnn.benchmark=%s, tf32=%s",
+                 deterministic, backend.enabled, backend.benchmark, use_tf32)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning("%s", message)
+
+
+def cudnn_problem(device=None) -> str | None:
+    """Why cuDNN cannot be used although CUDA can, in one line; None when it works or there is no CUDA.
+
+    Checks that torch finds the library, that its version loads, and that one tiny
+    convolution runs through it on ``device`` (default: the current GPU), since a
+    missing sub-library only shows up there.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    advice = ("heygem runs the convolutions without it, several times slower; install the torch build "
+              "for your CUDA version (it brings a matching cuDNN) to get the speed back")
+    if not torch.backends.cudnn.is_available():
+        return f"CUDA works but torch {torch.__version__} finds no cuDNN library: {advice}"
+    try:
+        version = torch.backends.cudnn.version()  # raises when the loaded cuDNN does not match the build
+        device = torch.device(device if device is not None else "cuda")
+        with torch.backends.cudnn.flags(enabled=True):
+            probe = torch.ones(1, 1, 4, 4, device=device)  # (1, 1, 4, 4)
+            torch.nn.functional.conv2d(probe, torch.ones(1, 1, 3, 3, device=device))  # (1, 1, 2, 2)
+            torch.cuda.synchronize(device)
+    except RuntimeError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"cuDNN does not work here ({reason}): {advice}"
+    if version is None:
+        return f"CUDA works but cuDNN reports no version: {advice}"
+    return None
 
 
 def autocast_dtype(device, precision: str = "auto"):
@@ -172,6 +221,173 @@ def run_in_batches(
         release_cached_memory()
         logger.warning("out of memory with a batch of %d, retrying with %d", failed_size, batch_size)
     return outputs, batch_size
+
+
+class _FixedBatch:
+    """What the runner keeps for one batch size: static input buffers and, on CUDA, a captured graph."""
+
+    def __init__(self, batch_size: int, item_layout: tuple, inputs: list):
+        self.batch_size = batch_size
+        self.item_layout = item_layout  # per input: (shape of one item, dtype); a change needs new buffers
+        self.inputs = inputs  # one (batch_size, ...) buffer per network input, filled before each run
+        self.graph = None  # torch.cuda.CUDAGraph once captured
+        self.output = None  # the graph's static output, overwritten by each replay
+
+
+class FixedBatchRunner:
+    """Runs a network on any number of items in batches of exactly ``batch_size``.
+
+    The last batch is padded by repeating its last item, and the padding is
+    dropped from the result, so the network only ever sees one input shape:
+    cuDNN's autotuner searches once, and on CUDA the forward pass can be
+    captured once as a CUDA graph (static input and output buffers) and replayed
+    for every batch. When the device runs out of memory the batch size is
+    halved (a new graph is captured) and the batch retried, down to 1.
+
+    The runner takes the module over: it is put in eval mode, its weights are
+    converted to the compute precision on CUDA (on the CPU autocast is used
+    instead, which keeps fp32 weights) and to channels-last when asked.
+    Inputs must already be on ``device``; nothing crosses the bus inside the
+    runner. It is not thread-safe: one runner per thread.
+    """
+
+    def __init__(self, module, device, batch_size: int, precision: str = "auto", channels_last: bool = False,
+                 use_cuda_graph: bool = False, name: str = "network"):
+        import torch
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.device = torch.device(device)
+        self.batch_size = batch_size  # lowered for good when a batch runs out of memory
+        self.precision = precision
+        self.compute_dtype = autocast_dtype(self.device, precision)  # None: fp32
+        # On CUDA the weights themselves are cast: no per-op casts to run (or to capture in a graph).
+        self.cast_weights = self.compute_dtype is not None and self.device.type == "cuda"
+        self.channels_last = channels_last
+        self.use_cuda_graph = use_cuda_graph and self.device.type == "cuda"
+        self.name = name
+        module.eval()
+        if self.cast_weights:
+            module.to(dtype=self.compute_dtype)
+        if channels_last:
+            module.to(memory_format=torch.channels_last)
+        self.module = module
+        self._batch: _FixedBatch | None = None
+
+    def __call__(self, *inputs):
+        """One output row per item: ``inputs`` are tensors of N items each (dim 0) on the device.
+
+        Returns the module's output for all N items, (N, ...), on the device;
+        floating-point outputs come back as float32 whatever precision ran inside.
+        """
+        import torch
+
+        count = self._check_inputs(inputs)
+        device_scope = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        results = None
+        start = 0
+        with device_scope:
+            while start < count:
+                size = min(self.batch_size, count - start)
+                try:
+                    outputs = self._run_batch(inputs, start, size)  # (batch_size, ...), padding rows included
+                    if results is None:
+                        dtype = torch.float32 if outputs.is_floating_point() else outputs.dtype
+                        results = torch.empty((count, *outputs.shape[1:]), dtype=dtype, device=self.device)
+                    results[start:start + size].copy_(outputs[:size])  # (size, ...), padding dropped
+                    start += size
+                    continue
+                except Exception as error:  # noqa: BLE001 - anything but an out-of-memory is re-raised
+                    if not is_out_of_memory(error):
+                        raise
+                    if self.batch_size == 1:
+                        raise HeygemError(
+                            f"the {self.name} ran out of memory even with a batch of 1; close other programs "
+                            "that use the GPU, or use --device cpu") from error
+                # Outside the except block, so the traceback no longer holds the failed batch's tensors.
+                failed_size, self.batch_size = self.batch_size, self.batch_size // 2
+                outputs = self._batch = None  # buffers, graph and its output were sized for the failed batch
+                release_cached_memory()
+                logger.warning("%s: out of memory with a batch of %d, retrying with %d",
+                               self.name, failed_size, self.batch_size)
+        return results
+
+    def _check_inputs(self, inputs) -> int:
+        if not inputs:
+            raise ValueError("FixedBatchRunner needs at least one input tensor")
+        count = len(inputs[0])
+        for tensor in inputs:
+            if tensor.device != self.device and not (tensor.device.type == self.device.type == "cuda"
+                                                    and self.device.index is None):
+                raise ValueError(f"inputs must already be on {self.device}, got one on {tensor.device}")
+            if len(tensor) != count:
+                raise ValueError(f"inputs have different item counts: {[len(tensor) for tensor in inputs]}")
+        if count == 0:
+            raise ValueError("FixedBatchRunner got no items to run")
+        return count
+
+    def _run_batch(self, inputs, start: int, size: int):
+        """Run items start..start+size, padded to the batch size; returns the (batch_size, ...) output."""
+        batch = self._batch_for(inputs)
+        for buffer, tensor in zip(batch.inputs, inputs):
+            buffer[:size].copy_(tensor[start:start + size])  # casts and changes layout in the same copy
+            if size < batch.batch_size:
+                buffer[size:].copy_(tensor[start + size - 1])  # repeat the last item into the padding rows
+        if self.use_cuda_graph and batch.graph is None:
+            self._capture(batch)
+        if batch.graph is not None:
+            batch.graph.replay()
+            return batch.output
+        with inference_context(self.device, "fp32" if self.cast_weights else self.precision):
+            return self.module(*batch.inputs)
+
+    def _batch_for(self, inputs) -> _FixedBatch:
+        """The buffers for the current batch size and these inputs' item shapes, made when they change."""
+        import torch
+
+        item_layout = tuple((tuple(tensor.shape[1:]), tensor.dtype) for tensor in inputs)
+        batch = self._batch
+        if batch is not None and batch.batch_size == self.batch_size and batch.item_layout == item_layout:
+            return batch
+        self._batch = None
+        buffers = []
+        for tensor in inputs:
+            dtype = self.compute_dtype if self.cast_weights and tensor.is_floating_point() else tensor.dtype
+            memory_format = torch.channels_last if self.channels_last and tensor.dim() == 4 else torch.contiguous_format
+            buffer = torch.empty((self.batch_size, *tensor.shape[1:]), dtype=dtype, device=self.device,
+                                 memory_format=memory_format)  # (batch_size, ...) as the network will see it
+            buffers.append(buffer.zero_())
+        self._batch = _FixedBatch(self.batch_size, item_layout, buffers)
+        return self._batch
+
+    def _capture(self, batch: _FixedBatch) -> None:
+        """Capture the forward pass on ``batch``'s buffers as a CUDA graph, or fall back to running it op by op.
+
+        Warm-up runs on a side stream first, as CUDA graph capture wants: they let
+        cuDNN autotune and the allocator settle before anything is recorded.
+        """
+        import torch
+
+        try:
+            side_stream = torch.cuda.Stream(self.device)
+            side_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side_stream), torch.inference_mode():
+                for _ in range(3):
+                    self.module(*batch.inputs)
+            torch.cuda.current_stream(self.device).wait_stream(side_stream)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: other stages may use the GPU from their own threads while this one captures
+            with torch.inference_mode(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                output = self.module(*batch.inputs)
+        except Exception as error:  # noqa: BLE001 - any capture failure falls back to eager
+            if is_out_of_memory(error):
+                raise
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            logger.warning("%s: CUDA graph capture failed (%s); running it op by op", self.name, reason)
+            self.use_cuda_graph = False
+            return
+        batch.graph, batch.output = graph, output
+        logger.debug("%s: captured a CUDA graph for batches of %d", self.name, batch.batch_size)
 
 
 def worker_devices() -> list[str | None]:

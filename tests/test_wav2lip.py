@@ -196,6 +196,31 @@ def test_engine_returns_box_sized_patches_and_none_without_a_face(checkpoint_dir
         == [None]
 
 
+def test_generate_faces_equals_the_per_batch_forward_on_the_cpu(checkpoint_dir):
+    from heygem.models.wav2lip import fold_batchnorm
+
+    engine = Wav2LipEngine(checkpoint_dir / "official.pth", EngineConfig(device="cpu", batch_size=2))
+    assert engine.batch_size == 2
+    generator = torch.Generator().manual_seed(1)
+    faces = prepare_faces(torch.randint(0, 256, (3, 96, 96, 3), dtype=torch.uint8, generator=generator))
+    mel_windows = torch.randn(3, 1, 80, 16, generator=generator)
+
+    reference_model = empty_model()
+    load_state_dict_strict(reference_model, checkpoint_dir / "official.pth")
+    fold_batchnorm(reference_model)
+    with torch.inference_mode():  # the path before the runner: slices of 2, the last one short
+        expected = torch.cat([reference_model(mel_windows[start:start + 2], faces[start:start + 2])
+                              for start in range(0, 3, 2)])
+
+    generated = engine.generate_faces(faces, mel_windows)  # two passes of 2, the second padded
+    assert generated.shape == (3, 3, 96, 96)
+    assert generated.dtype == torch.float32 and generated.device == engine.device
+    torch.testing.assert_close(generated, expected, atol=1e-5, rtol=1e-4)
+    assert engine.generate_faces(faces[:0], mel_windows[:0]).shape == (0, 3, 96, 96)
+    with pytest.raises(ValueError, match=r"got \(3, 6, 96, 96\) and \(2, 1, 80, 16\)"):
+        engine.generate_faces(faces, mel_windows[:2])
+
+
 def test_out_of_memory_errors_are_recognised():
     assert is_out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))

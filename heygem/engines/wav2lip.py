@@ -4,6 +4,11 @@ Per batch: crop each face box and shrink it to 96x96, mask the lower half,
 run the generator on the masked crop plus the unmasked crop as reference and the
 frame's mel window, and scale the 96x96 result back to the box size. Pasting the
 patch into the frame is the blend stage's job.
+
+The generator runs through heygem.device.FixedBatchRunner: batches of one fixed
+size (the last one padded), so cuDNN autotunes once and, on a GPU, each batch
+is one CUDA graph replay. ``generate_faces`` is the tensor-in, tensor-out entry
+for callers that keep their batches on the GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 import torch
 
 from heygem.config import EngineConfig
-from heygem.device import configure_backends, inference_context, pick_device, run_in_batches
+from heygem.device import FixedBatchRunner, configure_backends, pick_device
 from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
 from heygem.types import Box, EngineBatch, FacePatch
 from heygem.weights import load_state_dict_strict
@@ -37,6 +42,7 @@ def prepare_faces(crops_bgr: torch.Tensor) -> torch.Tensor:
 
     Channels 0-2 are the crop with rows 48: zeroed (the mouth to generate),
     channels 3-5 the whole crop as the reference for identity and pose.
+    Runs where the crops are, so uint8 crops sent to the GPU are made float there.
     """
     reference = crops_bgr.permute(0, 3, 1, 2).float().div_(255.0)  # (B, 3, 96, 96)
     masked = reference.clone()
@@ -87,22 +93,46 @@ class Wav2LipEngine:
 
     def __init__(self, checkpoint_path: Path, config: EngineConfig):
         self.device = pick_device(config.device)
-        self.batch_size = config.batch_size  # lowered for good if a batch runs out of memory
+        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
+        batch_size = config.batch_size
         if self.device.type == "cpu":
             # bench/bench_wav2lip.py on a 2-core CPU: 9.6 frames/s at 16 faces a pass, 7.1 at 64
-            self.batch_size = min(self.batch_size, CPU_BATCH_SIZE)
-        self.precision = "auto"  # fp16 autocast on CUDA, fp32 on the CPU
+            batch_size = min(batch_size, CPU_BATCH_SIZE)
         with torch.device("meta"):  # no random init: every value comes from the checkpoint
             model = Wav2Lip()
         model.to_empty(device=self.device)
         load_state_dict_strict(model, checkpoint_path)
         fold_batchnorm(model)  # checked strictly above; now one op per unit instead of two
-        if self.device.type == "cuda":
-            configure_backends()
-            # NHWC is what fp16 tensor-core convolutions want; on the CPU it measured slower.
-            model.to(memory_format=torch.channels_last)
+        on_gpu = self.device.type == "cuda"
+        self.runner = FixedBatchRunner(
+            model, self.device, batch_size, precision=config.precision,
+            channels_last=on_gpu,  # NHWC is what tensor-core convolutions want; on the CPU it measured slower
+            use_cuda_graph=on_gpu and config.cuda_graph, name="wav2lip generator")
         self.model = model
-        logger.info("wav2lip engine on %s, batches of %d", self.device, self.batch_size)
+        logger.info("wav2lip engine on %s, batches of %d, %s%s%s", self.device, batch_size,
+                    str(self.runner.compute_dtype or torch.float32).removeprefix("torch."),
+                    ", channels-last" if on_gpu else "", ", CUDA graph" if self.runner.use_cuda_graph else "")
+
+    @property
+    def batch_size(self) -> int:
+        """Faces per generator pass; lowered for good if a batch runs out of memory."""
+        return self.runner.batch_size
+
+    def generate_faces(self, faces: torch.Tensor, mel_windows: torch.Tensor) -> torch.Tensor:
+        """Run the generator on tensors that are already on ``self.device``.
+
+        faces: (F, 6, 96, 96) float BGR in [0, 1], lower half of channels 0-2 masked (see prepare_faces);
+        mel_windows: (F, 1, 80, 16) float.
+        Returns (F, 3, 96, 96) float32 BGR in [0, 1] on ``self.device``.
+        """
+        faces_fit = faces.dim() == 4 and faces.shape[1:] == (6, FACE_SIZE, FACE_SIZE)
+        mel_fits = mel_windows.dim() == 4 and mel_windows.shape[1:] == (1, 80, Wav2Lip.mel_window_frames)
+        if not (faces_fit and mel_fits and len(faces) == len(mel_windows)):
+            raise ValueError(f"generate_faces takes (F, 6, 96, 96) faces and (F, 1, 80, 16) mel windows, "
+                             f"got {tuple(faces.shape)} and {tuple(mel_windows.shape)}")
+        if len(faces) == 0:
+            return torch.empty((0, 3, FACE_SIZE, FACE_SIZE), device=self.device)
+        return self.runner(mel_windows, faces)  # the public model takes the audio first
 
     def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
         frame_count, frame_height, frame_width = batch.frames_bgr.shape[:3]
@@ -123,29 +153,12 @@ class Wav2LipEngine:
 
         crops_bgr = torch.from_numpy(np.stack(
             [crop_face(batch.frames_bgr[row], box) for row, box in zip(face_rows, boxes)]))  # (F, 96, 96, 3) uint8
-        mel_windows = prepare_mel_windows(batch.mel_windows[face_rows])  # (F, 1, 80, 16)
-        generated = self.run_generator(crops_bgr, mel_windows).numpy()  # (F, 96, 96, 3) uint8 BGR
+        # Only uint8 pixels cross the bus; the float conversion happens on the device.
+        faces = prepare_faces(crops_bgr.to(self.device))  # (F, 6, 96, 96)
+        mel_windows = prepare_mel_windows(batch.mel_windows[face_rows]).to(self.device)  # (F, 1, 80, 16)
+        generated = to_uint8_images(self.generate_faces(faces, mel_windows)).cpu().numpy()  # (F, 96, 96, 3) BGR
 
         for row, box, image_bgr in zip(face_rows, boxes, generated):
             patches[row] = FacePatch(
                 box=box, image_bgr=resize_to_box(image_bgr, box), mask=None, face=batch.faces[row])
         return patches
-
-    def run_generator(self, crops_bgr: torch.Tensor, mel_windows: torch.Tensor) -> torch.Tensor:
-        """(F, 96, 96, 3) uint8 crops + (F, 1, 80, 16) mel -> (F, 96, 96, 3) uint8 on the CPU.
-
-        Runs in batches of ``self.batch_size``, halving it when the device runs out of memory.
-        Only uint8 pixels cross the bus; the float conversion happens on the device.
-        """
-        memory_format = torch.channels_last if self.device.type == "cuda" else torch.contiguous_format
-
-        def run_batch(rows: torch.Tensor) -> torch.Tensor:
-            with inference_context(self.device, self.precision):
-                crops = crops_bgr[rows].to(self.device)  # (b, 96, 96, 3) uint8
-                faces = prepare_faces(crops).contiguous(memory_format=memory_format)  # (b, 6, 96, 96)
-                mel = mel_windows[rows].to(self.device)  # (b, 1, 80, 16)
-                generated = self.model(mel, faces)  # (b, 3, 96, 96) in [0, 1]
-                return to_uint8_images(generated).cpu()  # (b, 96, 96, 3) uint8
-
-        outputs, self.batch_size = run_in_batches(run_batch, torch.arange(len(crops_bgr)), self.batch_size)
-        return torch.cat(outputs)

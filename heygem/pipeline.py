@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import audio, faces, media
+from heygem import audio, encode, faces, media
 from heygem.blend import blend_patch
 from heygem.config import REPO_ROOT, Config, EngineConfig, apply_overrides, load_config
 from heygem.errors import GenerationCancelled, HeygemError
@@ -128,9 +128,10 @@ def generate(
         window_starts = audio.mel_window_starts(frame_count, fps, mel.shape[1])
 
         # 5. generate, restore, blend, encode in bounded batches
-        encoder = media.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
-                                     crf=config.media.crf, preset=config.media.preset,
-                                     audio_bitrate=config.media.audio_bitrate)
+        encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
+                                      crf=config.media.crf, preset=config.media.preset,
+                                      audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
+                                      encoders=config.run.encoders)
         frames_without_face = 0
         batch_frames = frames_per_batch(geometry, config.media.batch_frames)
         batches = source.output_batches(frame_count, batch_frames)

@@ -248,13 +248,7 @@ class _FfmpegFeed:
                 return_code = self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 return_code = None
-        self._stderr.seek(0)
-        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
-        if lines:
-            return lines[-1]
-        if return_code is not None and return_code < 0:
-            return f"ffmpeg was stopped by signal {-return_code}"
-        return str(self.error) if self.error is not None else f"ffmpeg exited with status {return_code}"
+        return _ffmpeg_message(self._stderr, return_code, self.error)
 
     def wait(self) -> str | None:
         """Wait for ffmpeg to finish; None when it succeeded, else what went wrong (one line)."""
@@ -285,13 +279,18 @@ def _run_ffmpeg(args: list[str], register: Callable[[subprocess.Popen], None]) -
                                    stdout=subprocess.DEVNULL, stderr=stderr_file)
         register(process)
         return_code = process.wait()
-        if return_code == 0:
-            return None
-        stderr_file.seek(0)
-        lines = stderr_file.read().decode(errors="replace").strip().splitlines()
+        return None if return_code == 0 else _ffmpeg_message(stderr_file, return_code)
+
+
+def _ffmpeg_message(stderr_file, return_code: int | None, error: BaseException | None = None) -> str:
+    """ffmpeg's last stderr line, or how it ended when it said nothing (killed, say)."""
+    stderr_file.seek(0)
+    lines = stderr_file.read().decode(errors="replace").strip().splitlines()
     if lines:
         return lines[-1]
-    return f"ffmpeg was stopped by signal {-return_code}" if return_code < 0 else f"ffmpeg exited with status {return_code}"
+    if return_code is not None and return_code < 0:
+        return f"ffmpeg was stopped by signal {-return_code}"
+    return str(error) if error is not None else f"ffmpeg exited with status {return_code}"
 
 
 def _count_video_frames(path: Path) -> int:

@@ -1,4 +1,4 @@
-"""Stage 1 and 7: probe and decode inputs, encode and mux the output, all through ffmpeg.
+"""Stage 1: probe and decode the inputs through ffmpeg (encoding the output is in heygem.encode).
 
 ffmpeg is the system binary when one is on PATH, otherwise the one bundled in
 the imageio-ffmpeg wheel, so ``pip install`` alone is enough. Arguments are
@@ -12,12 +12,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import queue
 import shutil
 import subprocess
 import tempfile
-import threading
-import uuid
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -275,111 +272,6 @@ def load_image(info: MediaInfo, geometry: FrameGeometry) -> np.ndarray:
     if (width, height) == (geometry.width + width % 2, geometry.height + height % 2):
         return np.ascontiguousarray(image[: geometry.height, : geometry.width])
     return cv2.resize(image, (geometry.width, geometry.height), interpolation=cv2.INTER_AREA)
-
-
-# ---------------------------------------------------------------------------- encoding
-
-
-def encode_args(
-    geometry: FrameGeometry,
-    fps_fraction: str,
-    audio_path: Path,
-    audio_info: MediaInfo,
-    output_path: Path,
-    *,
-    crf: int = 18,
-    preset: str = "veryfast",
-    audio_bitrate: str = "192k",
-) -> list[str]:
-    """ffmpeg arguments that read raw I420 frames on stdin and write an H.264/AAC MP4 with the audio."""
-    import ffmpeg
-
-    frames = ffmpeg.input("pipe:", format="rawvideo", pix_fmt="yuv420p",
-                          s=f"{geometry.width}x{geometry.height}", framerate=fps_fraction)
-    sound = ffmpeg.input(str(audio_path))["a:0"]
-    audio_options = {"c:a": "copy"} if audio_info.audio_codec == "aac" else {"c:a": "aac", "b:a": audio_bitrate}
-    output = ffmpeg.output(
-        frames, sound, str(output_path),
-        **{"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf,
-           "movflags": "+faststart", "f": "mp4"},
-        **audio_options,
-    )
-    return ["-nostdin", "-v", "error", "-y", *output.get_args()]
-
-
-class VideoEncoder:
-    """Pipes frames into ffmpeg from a background thread; the MP4 appears atomically on close.
-
-    ``write`` only queues the batch (the queue is bounded, so memory stays bounded)
-    and returns, letting frame generation and encoding overlap.
-    """
-
-    def __init__(self, args: list[str], partial_path: Path, output_path: Path, queue_depth: int = 2):
-        self.output_path = Path(output_path)
-        self.partial_path = Path(partial_path)  # ``args`` write here; renamed to output_path on close
-        self._stderr = tempfile.TemporaryFile()
-        self._process = subprocess.Popen([ffmpeg_binary(), *args], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=self._stderr)
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._pump, name="heygem-encoder", daemon=True)
-        self._thread.start()
-
-    def _pump(self) -> None:
-        while True:
-            frames = self._queue.get()
-            if frames is None:
-                break
-            if self._error is not None:
-                continue
-            try:
-                for frame in frames:  # BGR -> I420 here, in parallel with the next batch's work
-                    self._process.stdin.write(bgr_to_yuv420(frame).data)
-            except (BrokenPipeError, OSError) as error:
-                self._error = error
-
-    def write(self, frames_bgr: np.ndarray) -> None:
-        """Queue (N, H, W, 3) uint8 BGR frames for encoding (blocks while the queue is full)."""
-        self._queue.put(frames_bgr)
-
-    def close(self) -> Path:
-        """Finish encoding and move the finished file into place; raises HeygemError on failure."""
-        self._queue.put(None)
-        self._thread.join()
-        try:
-            self._process.stdin.close()
-        except OSError:
-            pass
-        return_code = self._process.wait()
-        self._stderr.seek(0)
-        message = self._stderr.read().decode(errors="replace").strip()
-        self._stderr.close()
-        if return_code != 0 or self._error is not None:
-            self.partial_path.unlink(missing_ok=True)
-            last_line = message.splitlines()[-1] if message else str(self._error)
-            raise HeygemError(f"encoding the output failed: {last_line}")
-        os.replace(self.partial_path, self.output_path)
-        return self.output_path
-
-    def abort(self) -> None:
-        """Stop ffmpeg and remove the partial file."""
-        if self._process.poll() is None:
-            self._process.kill()
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-        self._process.wait()
-        self._stderr.close()
-        self.partial_path.unlink(missing_ok=True)
-
-
-def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, audio_info: MediaInfo,
-                 output_path: Path, *, crf: int, preset: str, audio_bitrate: str) -> VideoEncoder:
-    """Start an encoder writing ``output_path`` (see :func:`encode_args`)."""
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    partial_path = output_path.with_name(f".{output_path.stem}.{uuid.uuid4().hex}.partial.mp4")
-    args = encode_args(geometry, fps_fraction, audio_path, audio_info, partial_path,
-                       crf=crf, preset=preset, audio_bitrate=audio_bitrate)
-    return VideoEncoder(args, partial_path, output_path)
 
 
 def fps_to_fraction(fps: float) -> str:

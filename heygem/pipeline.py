@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import audio, media
+from heygem import audio, encode, media
 from heygem.config import REPO_ROOT, Config, EngineConfig, apply_overrides, load_config
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.flow import Stage, StageClock, run_stages
@@ -118,15 +118,16 @@ def generate(
         window_starts = audio.mel_window_starts(frame_count, fps, mel.shape[1])
 
         # 5. decode -> faces -> generate -> restore -> blend -> encode, in bounded batches
-        encoder = media.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
-                                     crf=config.media.crf, preset=config.media.preset,
-                                     audio_bitrate=config.media.audio_bitrate)
+        encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
+                                      crf=config.media.crf, preset=config.media.preset,
+                                      audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
+                                      encoders=config.run.encoders)
         render = choose_render(engine, mel, window_starts, fps, config)
         written = {"frames": 0, "without_face": 0}
 
-        def encode(batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
+        def encode_frames(batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
             for batch in batches:
-                encoder.write(batch.frames_bgr)
+                encoder.write_i420(batch.frames_i420)
                 written["frames"] += len(batch.output_indices)
                 written["without_face"] += sum(face is None for face in batch.faces)
                 report("generate", written["frames"] / frame_count)
@@ -134,7 +135,7 @@ def generate(
 
         batch_frames = frames_per_batch(geometry, config.media.batch_frames)
         run_stages(source.output_batches(frame_count, batch_frames),
-                   [Stage("faces", face_stage.run), *render.stages(), Stage("encode", encode)],
+                   [Stage("faces", face_stage.run), *render.stages(), Stage("encode", encode_frames)],
                    concurrent=config.run.concurrent, should_stop=should_stop, clock=clock)
         report("finish", 0.0)
 

@@ -65,9 +65,11 @@ class CpuRender:
 
     def blend(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         for batch in batches:
-            for frame, patch in zip(batch.frames_bgr, batch.patches):
-                if patch is not None:
-                    blend_patch(frame, patch, self.config.blend)
+            for index, patch in enumerate(batch.patches):
+                if patch is not None:  # frames without a patch keep their decoded I420 bytes
+                    blend_patch(batch.frames_bgr[index], patch, self.config.blend)
+                    batch.frames_i420[index] = media.bgr_to_yuv420(batch.frames_bgr[index])
+            batch.frames_bgr = None
             yield batch
 
 

@@ -56,6 +56,7 @@ CSS = """
 .job-card .job-detail {font-size: 0.92em; color: var(--body-text-color-subdued);}
 .job-card .job-error {margin-top: 6px; color: var(--color-red-500, #dc2626);}
 .empty-card {color: var(--body-text-color-subdued); padding: 12px 0;}
+#system-report td:nth-child(-n+2) {white-space: nowrap;}
 """
 
 

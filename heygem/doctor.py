@@ -533,13 +533,17 @@ def first_line(error: BaseException | str) -> str:
 # ---------------------------------------------------------------------------- views
 
 
-def verdict(report: DoctorReport) -> str:
-    problems = report.problems
-    warnings = [check for check in report.checks if check.status == WARNING]
-    counts = f"{plural(len(problems), 'problem')}, {plural(len(warnings), 'warning')}"
+def verdict(report: DoctorReport, where: str = "above") -> str:
+    """One sentence: can the default engine run, and how many problems and warnings the report lists ``where``."""
+    problems = len(report.problems)
+    warnings = sum(check.status == WARNING for check in report.checks)
+    counted = " and ".join(plural(count, noun) for count, noun in ((problems, "problem"), (warnings, "warning"))
+                           if count)
     if report.exit_code:
-        return f"NOT READY: the default (landmark) engine cannot run here ({counts}); see the fixes above."
-    return f"Ready: everything the default (landmark) engine needs works ({counts})."
+        return (f"NOT READY: the default (landmark) engine cannot run here; {counted} {where}, "
+                "each with its fix.")
+    listed = f"; {counted} {where}, each with its fix" if counted else ""
+    return f"Ready: everything the default (landmark) engine needs works{listed}."
 
 
 def benchmark_lines(benchmark: Benchmark) -> list[str]:
@@ -578,7 +582,7 @@ def format_text(report: DoctorReport) -> str:
     return "\n".join(lines)
 
 
-STATUS_MARKS = {OK: "✅ ok", WARNING: "⚠️ warning", PROBLEM: "❌ problem"}
+STATUS_MARKS = {OK: "ok", WARNING: "**warning**", PROBLEM: "**problem**"}  # plain words: emoji fonts are not everywhere
 
 
 def format_markdown(report: DoctorReport) -> str:
@@ -587,7 +591,7 @@ def format_markdown(report: DoctorReport) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    parts = [f"heygem {report.heygem} · Python {report.python} · {cell(report.platform)}", "", f"**{verdict(report)}**"]
+    parts = [f"heygem {report.heygem} · Python {report.python} · {cell(report.platform)}", "", f"**{verdict(report, where='below')}**"]
     for section, title in SECTIONS.items():
         checks = [check for check in report.checks if check.section == section]
         if not checks:

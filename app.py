@@ -157,8 +157,8 @@ def system_markdown() -> str:
 
 
 def benchmark_markdown_now() -> str:
-    """Run the doctor's GPU micro-benchmark (a few seconds) and show its outcome."""
-    return benchmark_markdown(run_benchmark())
+    """Run the doctor's GPU micro-benchmark (seconds) in a process of its own, so the jobs here keep cuDNN."""
+    return benchmark_markdown(run_benchmark(separate_process=True))
 
 
 def error_text(error: Exception) -> str:

@@ -112,6 +112,20 @@ class Benchmark:
     note: str  # "skipped: ..." or "failed: ..." or a summary of the result
     result: BenchmarkResult | None = None
 
+    def to_dict(self) -> dict:
+        result = None
+        if self.result is not None:
+            result = {**dataclasses.asdict(self.result), "speedup": round(self.result.speedup, 3)}
+        return {"ran": self.ran, "note": self.note, "result": result}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Benchmark":
+        result = data.get("result")
+        if result is not None:
+            fields = {field.name for field in dataclasses.fields(BenchmarkResult)}
+            result = BenchmarkResult(**{key: value for key, value in result.items() if key in fields})
+        return cls(ran=bool(data["ran"]), note=str(data["note"]), result=result)
+
 
 @dataclass
 class DoctorReport:
@@ -131,15 +145,11 @@ class DoctorReport:
         return 1 if any(check.required for check in self.problems) else 0
 
     def to_dict(self) -> dict:
-        benchmark = {"ran": self.benchmark.ran, "note": self.benchmark.note, "result": None}
-        if self.benchmark.result is not None:
-            benchmark["result"] = {**dataclasses.asdict(self.benchmark.result),
-                                   "speedup": round(self.benchmark.result.speedup, 3)}
         return {
             "heygem": self.heygem, "python": self.python, "platform": self.platform,
             "exit_code": self.exit_code,
             "checks": [dataclasses.asdict(check) for check in self.checks],
-            "benchmark": benchmark,
+            "benchmark": self.benchmark.to_dict(),
         }
 
 
@@ -479,11 +489,18 @@ def benchmark_generator(device_name: str = "cuda", batch_size: int = BENCHMARK_B
                            faces_per_second_cudnn=speeds[True], faces_per_second_no_cudnn=speeds[False])
 
 
-def run_benchmark() -> Benchmark:
-    """The micro-benchmark on the first GPU, or a note saying why it did not run. Never raises."""
+def run_benchmark(separate_process: bool = False) -> Benchmark:
+    """The micro-benchmark on the first GPU, or a note saying why it did not run. Never raises.
+
+    ``separate_process`` runs it in a fresh Python (``python -m heygem.doctor``): the web app
+    asks for that, because switching cuDNN off is process-wide and would slow the jobs its
+    workers run meanwhile.
+    """
     try:
         if not torch_sees_gpu():
             return Benchmark(False, "skipped: no CUDA GPU on this machine (the benchmark times GPU convolutions)")
+        if separate_process:
+            return benchmark_in_child_process()
         result = benchmark_generator()
     except Exception as error:  # noqa: BLE001 - the report must come out whatever happened
         logger.warning("GPU benchmark failed: %s", error)
@@ -491,6 +508,21 @@ def run_benchmark() -> Benchmark:
     note = (f"{result.faces_per_second_cudnn:,.0f} faces/s with cuDNN, {result.faces_per_second_no_cudnn:,.0f} "
             f"without: {result.speedup:.1f}x")
     return Benchmark(True, note, result)
+
+
+def benchmark_in_child_process() -> Benchmark:
+    """``run_benchmark()`` in a new Python process; its JSON comes back on the last line of stdout."""
+    import json
+
+    package_parent = Path(__file__).resolve().parent.parent
+    completed = subprocess.run([sys.executable, "-m", "heygem.doctor"], cwd=package_parent, capture_output=True,
+                               text=True, timeout=300, stdin=subprocess.DEVNULL)
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        errors = completed.stderr.strip().splitlines()
+        raise RuntimeError(f"the benchmark process exited with status {completed.returncode}: "
+                           f"{errors[-1] if errors else 'no message'}")
+    return Benchmark.from_dict(json.loads(lines[-1]))
 
 
 # ---------------------------------------------------------------------------- the whole report
@@ -525,7 +557,7 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def first_line(error: BaseException | str) -> str:
+def first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
 
@@ -631,3 +663,9 @@ def main(as_json: bool = False, benchmark: bool = True) -> int:
     report = run_checks(benchmark=benchmark)
     print(json.dumps(report.to_dict(), indent=2) if as_json else format_text(report))
     return report.exit_code
+
+
+if __name__ == "__main__":  # the web app's benchmark button runs this in a process of its own
+    import json
+
+    print(json.dumps(run_benchmark().to_dict()))

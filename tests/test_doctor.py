@@ -185,3 +185,17 @@ def test_the_benchmark_is_skipped_without_a_gpu():
     outcome = doctor.run_benchmark()
     assert not outcome.ran and outcome.result is None and outcome.note.startswith("skipped: no CUDA GPU")
     assert "no CUDA GPU" in doctor.benchmark_markdown(outcome)
+
+
+def test_the_benchmark_process_answers_in_json():
+    """What the web app's benchmark button runs: `python -m heygem.doctor`, one JSON line back."""
+    result = subprocess.run([sys.executable, "-m", "heygem.doctor"], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    outcome = doctor.Benchmark.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    if torch.cuda.is_available():
+        assert outcome.ran and outcome.result.faces_per_second_cudnn > 0 and outcome.result.batch_size == 64
+        assert doctor.Benchmark.from_dict(outcome.to_dict()) == outcome
+    else:
+        assert outcome == doctor.Benchmark(False, "skipped: no CUDA GPU on this machine (the benchmark times GPU "
+                                                  "convolutions)")

@@ -26,10 +26,10 @@ from heygem import __version__
 from heygem.api import create_router
 from heygem.batch import collect_files, plan_items, resolve_under_roots, submit_items, zip_results
 from heygem.config import REPO_ROOT
+from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
 from heygem.errors import HeygemError
 from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, start_workers
 from heygem.pipeline import warm_up
-from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
 
 logger = logging.getLogger("heygem")
 

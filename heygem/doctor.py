@@ -194,7 +194,8 @@ def check_torch() -> list[Check]:
     try:
         import torch
     except Exception as error:  # noqa: BLE001
-        return [Check("torch", "torch", WARNING, f"does not import ({first_line(error)}): only the landmark engine works",
+        return [Check("torch", "torch", WARNING,
+                      f"does not import ({first_line(error)}): only the landmark engine works",
                       "pip install -r requirements.txt (torch is what the Wav2Lip engine runs on)")]
     checks = [Check("torch", "torch", OK, torch.__version__)]
     cuda_build = torch.version.cuda
@@ -623,7 +624,8 @@ def format_markdown(report: DoctorReport) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    parts = [f"heygem {report.heygem} · Python {report.python} · {cell(report.platform)}", "", f"**{verdict(report, where='below')}**"]
+    parts = [f"heygem {report.heygem} · Python {report.python} · {cell(report.platform)}", "",
+             f"**{verdict(report, where='below')}**"]
     for section, title in SECTIONS.items():
         checks = [check for check in report.checks if check.section == section]
         if not checks:

@@ -26,10 +26,10 @@ from heygem import __version__
 from heygem.api import create_router
 from heygem.batch import collect_files, plan_items, resolve_under_roots, submit_items, zip_results
 from heygem.config import REPO_ROOT
+from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
 from heygem.errors import HeygemError
 from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, start_workers
 from heygem.pipeline import warm_up
-from heygem.system import system_report
 
 logger = logging.getLogger("heygem")
 
@@ -56,6 +56,7 @@ CSS = """
 .job-card .job-detail {font-size: 0.92em; color: var(--body-text-color-subdued);}
 .job-card .job-error {margin-top: 6px; color: var(--color-red-500, #dc2626);}
 .empty-card {color: var(--body-text-color-subdued); padding: 12px 0;}
+#system-report td:nth-child(-n+2) {white-space: nowrap;}
 """
 
 
@@ -151,49 +152,40 @@ def chart_update(job) -> dict:
 
 
 def system_markdown() -> str:
-    """The doctor's view of this machine as a Markdown table."""
-    report = system_report()
-    labels = {
-        "heygem": "heygem", "python": "Python", "platform": "Platform", "torch": "torch",
-        "cuda_available": "CUDA available", "cuda_version": "CUDA (torch build)", "cudnn_available": "cuDNN available",
-        "cudnn_enabled": "cuDNN enabled", "cudnn_active": "cuDNN in use", "cudnn_version": "cuDNN version",
-        "devices": "Devices", "ffmpeg": "ffmpeg", "ffmpeg_version": "ffmpeg version", "weights_dir": "Weights folder",
-        "weights_files": "Files in weights/", "wav2lip_checkpoint": "Wav2Lip checkpoint",
-        "engine_auto_picks": "engine=auto uses", "packages": "Packages", "problems": "Problems",
-    }
-
-    def show(value) -> str:
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        if value is None or value == []:
-            return "none"
-        if isinstance(value, dict):
-            return ", ".join(f"{key} {item}" for key, item in value.items())
-        if isinstance(value, list):
-            return "<br>".join(str(item) for item in value)
-        return str(value).replace("|", "\\|")
-
-    rows = [f"| {labels.get(key, key)} | {show(value)} |" for key, value in report.items()]
-    return "| | This machine |\n|---|---|\n" + "\n".join(rows)
+    """The doctor's checks (heygem.doctor) as Markdown, without the GPU benchmark."""
+    return format_markdown(run_checks(benchmark=False))
 
 
-# ---------------------------------------------------------------------- the page
+def benchmark_markdown_now() -> str:
+    """Run the doctor's GPU micro-benchmark (seconds) in a process of its own, so the jobs here keep cuDNN."""
+    return benchmark_markdown(run_benchmark(separate_process=True))
 
 
-def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
-    """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``."""
+def error_text(error: Exception) -> str:
+    return str(error) if isinstance(error, HeygemError) else f"{type(error).__name__}: {error}"
 
-    def error_text(error: Exception) -> str:
-        return str(error) if isinstance(error, HeygemError) else f"{type(error).__name__}: {error}"
 
-    # -- Generate
+def preview_face(face_path):
+    """Show an uploaded face in the image or the video preview, whichever fits."""
+    if not face_path:
+        return gr.update(visible=False, value=None), gr.update(visible=False, value=None)
+    is_image = Path(face_path).suffix.lower() in {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
+    return (gr.update(visible=is_image, value=face_path if is_image else None),
+            gr.update(visible=not is_image, value=None if is_image else face_path))
 
-    def preview_face(face_path):
-        if not face_path:
-            return gr.update(visible=False, value=None), gr.update(visible=False, value=None)
-        is_image = Path(face_path).suffix.lower() in {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
-        return (gr.update(visible=is_image, value=face_path if is_image else None),
-                gr.update(visible=not is_image, value=None if is_image else face_path))
+
+def example_pairs() -> list[list[str]]:
+    """The bundled face + speech samples the Generate tab offers as examples (those present)."""
+    return [[str(ASSETS / face), str(ASSETS / audio)] for face, audio in
+            (("astronaut.jpg", "speech_en.wav"), ("astronaut.jpg", "speech_zh.wav"))
+            if (ASSETS / face).is_file() and (ASSETS / audio).is_file()]
+
+
+# ---------------------------------------------------------------------- the tabs
+
+
+def generate_tab(store: JobStore) -> None:
+    """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
 
     def submit(face_path, audio_path, use_video_audio, *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
@@ -244,7 +236,49 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
         if job_id:
             store.cancel(job_id)
 
-    # -- Batch
+    examples = example_pairs()
+    with gr.Tab("Generate", id="generate"):
+        job_id_state = gr.State("")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1):
+                face = gr.File(label="Face: a video or a photo", file_types=["video", "image"],
+                               elem_id="face-input", height=120)
+                face_image = gr.Image(label="Face preview", visible=False, interactive=False, height=220)
+                face_video = gr.Video(label="Face preview", visible=False, interactive=False, height=220)
+                audio = gr.Audio(label="Speech: upload or record", sources=["upload", "microphone"],
+                                 type="filepath", elem_id="audio-input", buttons=["download"])
+                use_video_audio = gr.Checkbox(label="Use the face video's own audio instead", value=False)
+                controls = option_controls(store, prefix="")
+                generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
+                if examples:
+                    gr.Examples(examples, inputs=[face, audio], label="Examples: click one, then Generate",
+                                example_labels=["Astronaut photo + English speech",
+                                                "Astronaut photo + Chinese speech"][:len(examples)])
+            with gr.Column(scale=1):
+                card = gr.HTML("<div class='empty-card'>Your job's progress shows here.</div>", elem_id="job-card")
+                result = gr.Video(label="Result", interactive=False, elem_id="result-video", buttons=["download"])
+                with gr.Row():
+                    download = gr.DownloadButton("Download MP4", visible=False, elem_id="download-button")
+                    cancel_button = gr.Button("Cancel", visible=False, variant="stop", size="lg")
+                chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
+                                   x_label_angle=-35, x_title="", label="Seconds per stage", elem_id="stage-chart")
+        face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
+                    api_visibility="private")
+        watching = generate.click(
+            submit, [face, audio, use_video_audio, *controls],
+            [job_id_state, card, result, download, chart, cancel_button],
+            concurrency_limit=8, show_progress="minimal", api_name="submit",
+        ).success(
+            watch, job_id_state, [card, result, download, chart, cancel_button],
+            concurrency_limit=None, show_progress="hidden", api_name="watch",
+        )
+        # A new job replaces the one this page was following (that one keeps running; see Jobs).
+        generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
+        cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
+
+
+def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
+    """Many faces and audio files (uploaded or from a server folder), paired, queued, followed in a table."""
 
     def plan_batch(source, uploaded, folder, pairing, manifest):
         if source == "folder":
@@ -275,38 +309,79 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
              "job": outcome[item.name] if isinstance(outcome[item.name], str) else None,
              "error": None if isinstance(outcome[item.name], str) else error_text(outcome[item.name])}
             for item in items]}
-        table, summary, finished = batch_table(state)
+        table, summary, finished = batch_table(store, state)
         return state, table, summary, gr.update(visible=False, value=None), gr.Timer(active=not finished)
-
-    def batch_table(state):
-        rows, finished = [], True
-        counts: dict[str, int] = {}
-        for item in state["items"]:
-            job = store.find(item["job"]) if item["job"] else None
-            status = job.status if job else "failed" if item["error"] else "deleted"
-            if job is not None and not job.is_finished:
-                finished = False
-            counts[status] = counts.get(status, 0) + 1
-            detail = item["error"] or (job.error or job.stage if job else "")
-            rows.append([item["name"], item["face"], item["audio"], STATUS_LABELS.get(status, status),
-                         f"{job.progress:.0%}" if job else "", detail or "",
-                         f"{job.seconds:.1f}" if job and job.seconds else "", item["job"] or ""])
-        frame = pd.DataFrame(rows, columns=BATCH_COLUMNS)
-        summary = f"**{state['batch']}** · {len(rows)} item(s): " + ", ".join(
-            f"{count} {status}" for status, count in sorted(counts.items()))
-        return frame, summary, finished
 
     def refresh_batch(state):
         if not state:
             return gr.update(), gr.update(), gr.update(), gr.Timer(active=False)
-        table, summary, finished = batch_table(state)
+        table, summary, finished = batch_table(store, state)
         download = gr.update(visible=False)
         if finished:
             archive = zip_results(store, state["batch"])
             download = gr.update(visible=archive is not None, value=str(archive) if archive else None)
         return table, summary, download, gr.Timer(active=not finished)
 
-    # -- Jobs
+    with gr.Tab("Batch", id="batch"):
+        batch_state = gr.State(None)
+        batch_timer = gr.Timer(1.5, active=False)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1):
+                source = gr.Radio([("Upload files", "upload"), ("A folder on the server", "folder")],
+                                  value="upload", label="Inputs")
+                uploaded = gr.File(file_count="multiple", label="Faces and audio files",
+                                   file_types=["video", "image", "audio"], height=160)
+                roots_text = ", ".join(f"`{root}`" for root in batch_roots) or \
+                    "none (start the app with --batch-root DIR)"
+                folder = gr.Textbox(label="Folder on the server", visible=False,
+                                    placeholder=str(batch_roots[0]) if batch_roots else "",
+                                    info=f"must be inside: {roots_text}".replace("`", ""))
+                pairing = gr.Radio(
+                    [("Same name: anna.mp4 + anna.wav", "stem"), ("Every face with every audio", "cross"),
+                     ("A CSV manifest", "manifest")], value="stem", label="Pairing")
+                manifest = gr.File(label="Manifest CSV: face,audio[,name][,options]", file_types=[".csv"],
+                                   visible=False, height=90)
+                batch_controls = option_controls(store, prefix="batch-")
+                start = gr.Button("Start batch", variant="primary")
+            with gr.Column(scale=2):
+                batch_summary = gr.Markdown("Items and their progress show here.")
+                batch_items = gr.Dataframe(pd.DataFrame(columns=BATCH_COLUMNS), interactive=False, wrap=True,
+                                           max_height=480, elem_id="batch-table",
+                                           column_widths=["12%", "12%", "12%", "9%", "8%", "27%", "7%", "13%"])
+                batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False)
+        source.change(lambda choice: (gr.update(visible=choice == "upload"), gr.update(visible=choice == "folder")),
+                      source, [uploaded, folder], queue=False, api_visibility="private")
+        pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False,
+                       api_visibility="private")
+        start.click(start_batch, [source, uploaded, folder, pairing, manifest, *batch_controls],
+                    [batch_state, batch_items, batch_summary, batch_zip, batch_timer],
+                    concurrency_limit=2, api_visibility="private")
+        batch_timer.tick(refresh_batch, batch_state, [batch_items, batch_summary, batch_zip, batch_timer],
+                         show_progress="hidden", concurrency_limit=None, api_visibility="private")
+
+
+def batch_table(store: JobStore, state: dict) -> tuple[pd.DataFrame, str, bool]:
+    """The batch's rows (one per item, with its job's state), a one-line summary, and whether all ended."""
+    rows, finished = [], True
+    counts: dict[str, int] = {}
+    for item in state["items"]:
+        job = store.find(item["job"]) if item["job"] else None
+        status = job.status if job else "failed" if item["error"] else "deleted"
+        if job is not None and not job.is_finished:
+            finished = False
+        counts[status] = counts.get(status, 0) + 1
+        detail = item["error"] or (job.error or job.stage if job else "")
+        rows.append([item["name"], item["face"], item["audio"], STATUS_LABELS.get(status, status),
+                     f"{job.progress:.0%}" if job else "", detail or "",
+                     f"{job.seconds:.1f}" if job and job.seconds else "", item["job"] or ""])
+    frame = pd.DataFrame(rows, columns=BATCH_COLUMNS)
+    summary = f"**{state['batch']}** · {len(rows)} item(s): " + ", ".join(
+        f"{count} {status}" for status, count in sorted(counts.items()))
+    return frame, summary, finished
+
+
+def jobs_tab(store: JobStore) -> None:
+    """Every job in the store: a filtered, self-refreshing table; cancel, retry or delete the selected one."""
 
     def jobs_table(status_filter):
         jobs = store.list(status=None if status_filter == "all" else status_filter, limit=500)
@@ -367,138 +442,74 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
         table, summary = jobs_table(status_filter)
         return table, summary, job_id, *show_job(job_id)
 
-    # -- layout
+    with gr.Tab("Jobs", id="jobs") as tab:
+        with gr.Row(equal_height=True):
+            status_filter = gr.Dropdown(["all", "queued", "running", "done", "failed", "cancelled"],
+                                        value="all", label="Show", scale=2, min_width=160)
+            auto_refresh = gr.Checkbox(value=True, label="Refresh every 3 s", scale=1, min_width=160)
+            refresh = gr.Button("Refresh now", scale=1, min_width=120, size="md")
+        jobs_summary = gr.Markdown()
+        jobs_timer = gr.Timer(3.0, active=False)
+        jobs = gr.Dataframe(pd.DataFrame(columns=JOB_COLUMNS), interactive=False, wrap=True, max_height=420,
+                            elem_id="jobs-table", datatype=["str"] * (len(JOB_COLUMNS) - 1) + ["markdown"],
+                            column_widths=["19%", "9%", "16%", "8%", "14%", "6%", "10%", "10%", "8%"])
+        with gr.Row():
+            selected = gr.Textbox(label="Selected job", placeholder="click a row", scale=3)
+            cancel_job = gr.Button("Cancel", variant="stop", scale=1)
+            retry_job = gr.Button("Retry", scale=1)
+            delete_job = gr.Button("Delete", scale=1)
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                selected_card = gr.HTML("<div class='empty-card'>Pick a job in the table.</div>")
+                selected_chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
+                                            x_label_angle=-35, x_title="", label="Seconds per stage")
+                selected_log = gr.Textbox(label="job.log", lines=8, max_lines=16, interactive=False)
+            selected_video = gr.Video(label="Result", interactive=False)
+        detail = [selected_card, selected_video, selected_chart, selected_log]
+        for trigger in (tab.select, refresh.click, status_filter.change):
+            trigger(jobs_table, status_filter, [jobs, jobs_summary], show_progress="hidden",
+                    api_visibility="private")
+        tab.select(lambda on: gr.Timer(active=on), auto_refresh, jobs_timer, api_visibility="private")
+        auto_refresh.change(lambda on: gr.Timer(active=on), auto_refresh, jobs_timer, api_visibility="private")
+        jobs_timer.tick(refresh_jobs, [status_filter, jobs], [jobs, jobs_summary], show_progress="hidden",
+                        concurrency_limit=None, api_visibility="private")
+        jobs.select(select_job, jobs, [selected, *detail], api_visibility="private")
+        selected.submit(show_job, selected, detail, api_visibility="private")
+        for button, action in ((cancel_job, "cancel"), (retry_job, "retry"), (delete_job, "delete")):
+            button.click(lambda job_id, shown, action=action: job_action(action, job_id, shown),
+                         [selected, status_filter], [jobs, jobs_summary, selected, *detail],
+                         api_visibility="private")
 
-    examples = [[str(ASSETS / face), str(ASSETS / audio)] for face, audio in
-                (("astronaut.jpg", "speech_en.wav"), ("astronaut.jpg", "speech_zh.wav"))
-                if (ASSETS / face).is_file() and (ASSETS / audio).is_file()]
 
+def system_tab() -> None:
+    """What `python -m heygem doctor` reports, checked when the tab opens; the GPU benchmark on request."""
+    with gr.Tab("System", id="system") as tab:
+        gr.Markdown("The same checks as `python -m heygem doctor` on the machine that serves this page.")
+        report = gr.Markdown("Loading…", elem_id="system-report")
+        system_refresh = gr.Button("Check again")
+        gr.Markdown("The GPU benchmark runs the Wav2Lip generator for a few seconds with cuDNN on and off "
+                    "(jobs running on the same GPU slow it down).")
+        benchmark_button = gr.Button("Run the GPU benchmark", elem_id="benchmark-button")
+        benchmark = gr.Markdown(elem_id="system-benchmark")
+        for trigger in (tab.select, system_refresh.click):
+            trigger(system_markdown, None, report, api_visibility="private")
+        benchmark_button.click(benchmark_markdown_now, None, benchmark, concurrency_limit=1,
+                               api_visibility="private")
+
+
+# ---------------------------------------------------------------------- the page
+
+
+def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
+    """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``."""
     with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
         gr.Markdown(f"# heygem\nA face (video or photo) and some speech in, a lip-synced talking video out. "
                     f"<small>v{__version__} · jobs are kept in `{store.outputs_dir}` · REST API under `/api/jobs`</small>")
         with gr.Tabs():
-            with gr.Tab("Generate", id="generate"):
-                job_id_state = gr.State("")
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=1):
-                        face = gr.File(label="Face: a video or a photo", file_types=["video", "image"],
-                                       elem_id="face-input", height=120)
-                        face_image = gr.Image(label="Face preview", visible=False, interactive=False, height=220)
-                        face_video = gr.Video(label="Face preview", visible=False, interactive=False, height=220)
-                        audio = gr.Audio(label="Speech: upload or record", sources=["upload", "microphone"],
-                                         type="filepath", elem_id="audio-input", buttons=["download"])
-                        use_video_audio = gr.Checkbox(label="Use the face video's own audio instead", value=False)
-                        controls = option_controls(store, prefix="")
-                        generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
-                        if examples:
-                            gr.Examples(examples, inputs=[face, audio], label="Examples: click one, then Generate",
-                                        example_labels=["Astronaut photo + English speech",
-                                                        "Astronaut photo + Chinese speech"][:len(examples)])
-                    with gr.Column(scale=1):
-                        card = gr.HTML("<div class='empty-card'>Your job's progress shows here.</div>",
-                                       elem_id="job-card")
-                        result = gr.Video(label="Result", interactive=False, elem_id="result-video",
-                                          buttons=["download"])
-                        with gr.Row():
-                            download = gr.DownloadButton("Download MP4", visible=False, elem_id="download-button")
-                            cancel_button = gr.Button("Cancel", visible=False, variant="stop", size="lg")
-                        chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
-                                           x_label_angle=-35, x_title="", label="Seconds per stage",
-                                           elem_id="stage-chart")
-                face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
-                            api_visibility="private")
-                watching = generate.click(
-                    submit, [face, audio, use_video_audio, *controls],
-                    [job_id_state, card, result, download, chart, cancel_button],
-                    concurrency_limit=8, show_progress="minimal", api_name="submit",
-                ).success(
-                    watch, job_id_state, [card, result, download, chart, cancel_button],
-                    concurrency_limit=None, show_progress="hidden", api_name="watch",
-                )
-                # A new job replaces the one this page was following (that one keeps running; see Jobs).
-                generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
-                cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
-
-            with gr.Tab("Batch", id="batch"):
-                batch_state = gr.State(None)
-                batch_timer = gr.Timer(1.5, active=False)
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=1):
-                        source = gr.Radio([("Upload files", "upload"), ("A folder on the server", "folder")],
-                                          value="upload", label="Inputs")
-                        uploaded = gr.File(file_count="multiple", label="Faces and audio files",
-                                           file_types=["video", "image", "audio"], height=160)
-                        roots_text = ", ".join(f"`{root}`" for root in batch_roots) or \
-                            "none (start the app with --batch-root DIR)"
-                        folder = gr.Textbox(label="Folder on the server", visible=False,
-                                            placeholder=str(batch_roots[0]) if batch_roots else "",
-                                            info=f"must be inside: {roots_text}".replace("`", ""))
-                        pairing = gr.Radio(
-                            [("Same name: anna.mp4 + anna.wav", "stem"), ("Every face with every audio", "cross"),
-                             ("A CSV manifest", "manifest")], value="stem", label="Pairing")
-                        manifest = gr.File(label="Manifest CSV: face,audio[,name][,options]", file_types=[".csv"],
-                                           visible=False, height=90)
-                        batch_controls = option_controls(store, prefix="batch-")
-                        start = gr.Button("Start batch", variant="primary")
-                    with gr.Column(scale=2):
-                        batch_summary = gr.Markdown("Items and their progress show here.")
-                        batch_items = gr.Dataframe(pd.DataFrame(columns=BATCH_COLUMNS), interactive=False, wrap=True,
-                                                   max_height=480, elem_id="batch-table",
-                                                   column_widths=["12%", "12%", "12%", "9%", "8%", "27%", "7%", "13%"])
-                        batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False)
-                source.change(lambda choice: (gr.update(visible=choice == "upload"), gr.update(visible=choice == "folder")),
-                              source, [uploaded, folder], queue=False, api_visibility="private")
-                pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False,
-                               api_visibility="private")
-                start.click(start_batch, [source, uploaded, folder, pairing, manifest, *batch_controls],
-                            [batch_state, batch_items, batch_summary, batch_zip, batch_timer],
-                            concurrency_limit=2, api_visibility="private")
-                batch_timer.tick(refresh_batch, batch_state, [batch_items, batch_summary, batch_zip, batch_timer],
-                                 show_progress="hidden", concurrency_limit=None, api_visibility="private")
-
-            with gr.Tab("Jobs", id="jobs") as jobs_tab:
-                with gr.Row(equal_height=True):
-                    status_filter = gr.Dropdown(["all", "queued", "running", "done", "failed", "cancelled"],
-                                                value="all", label="Show", scale=2, min_width=160)
-                    auto_refresh = gr.Checkbox(value=True, label="Refresh every 3 s", scale=1, min_width=160)
-                    refresh = gr.Button("Refresh now", scale=1, min_width=120, size="md")
-                jobs_summary = gr.Markdown()
-                jobs_timer = gr.Timer(3.0, active=False)
-                jobs = gr.Dataframe(pd.DataFrame(columns=JOB_COLUMNS), interactive=False, wrap=True, max_height=420,
-                                    elem_id="jobs-table", datatype=["str"] * (len(JOB_COLUMNS) - 1) + ["markdown"],
-                                    column_widths=["19%", "9%", "16%", "8%", "14%", "6%", "10%", "10%", "8%"])
-                with gr.Row():
-                    selected = gr.Textbox(label="Selected job", placeholder="click a row", scale=3)
-                    cancel_job = gr.Button("Cancel", variant="stop", scale=1)
-                    retry_job = gr.Button("Retry", scale=1)
-                    delete_job = gr.Button("Delete", scale=1)
-                with gr.Row(equal_height=False):
-                    with gr.Column():
-                        selected_card = gr.HTML("<div class='empty-card'>Pick a job in the table.</div>")
-                        selected_chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
-                                                    x_label_angle=-35, x_title="", label="Seconds per stage")
-                        selected_log = gr.Textbox(label="job.log", lines=8, max_lines=16, interactive=False)
-                    selected_video = gr.Video(label="Result", interactive=False)
-                detail = [selected_card, selected_video, selected_chart, selected_log]
-                for trigger in (jobs_tab.select, refresh.click, status_filter.change):
-                    trigger(jobs_table, status_filter, [jobs, jobs_summary], show_progress="hidden",
-                            api_visibility="private")
-                jobs_tab.select(lambda on: gr.Timer(active=on), auto_refresh, jobs_timer, api_visibility="private")
-                auto_refresh.change(lambda on: gr.Timer(active=on), auto_refresh, jobs_timer, api_visibility="private")
-                jobs_timer.tick(refresh_jobs, [status_filter, jobs], [jobs, jobs_summary], show_progress="hidden",
-                                concurrency_limit=None, api_visibility="private")
-                jobs.select(select_job, jobs, [selected, *detail], api_visibility="private")
-                selected.submit(show_job, selected, detail, api_visibility="private")
-                for button, action in ((cancel_job, "cancel"), (retry_job, "retry"), (delete_job, "delete")):
-                    button.click(lambda job_id, shown, action=action: job_action(action, job_id, shown),
-                                 [selected, status_filter], [jobs, jobs_summary, selected, *detail],
-                                 api_visibility="private")
-
-            with gr.Tab("System", id="system") as system_tab:
-                system = gr.Markdown("Loading…")
-                system_refresh = gr.Button("Check again")
-                for trigger in (system_tab.select, system_refresh.click):
-                    trigger(system_markdown, None, system, api_visibility="private")
+            generate_tab(store)
+            batch_tab(store, batch_roots)
+            jobs_tab(store)
+            system_tab()
     return demo
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m heygem generate|batch|jobs ...``.
+"""Command line: ``python -m heygem generate|batch|jobs|doctor ...``.
 
 Every generation option comes from heygem.config, so ``--help`` always matches
 configs/default.yaml. Problems the user can fix end with one line on stderr and
@@ -71,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_batch_parser(commands)
     add_jobs_parser(commands)
+
+    doctor = commands.add_parser(
+        "doctor", help="check this machine: packages, GPU, ffmpeg, mediapipe, weights",
+        description="Check what heygem needs on this machine and say how to fix what is missing. Exit status 0 "
+                    "when the default (landmark) engine can run, 1 otherwise.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--no-benchmark", action="store_true",
+                        help="skip the few-second GPU convolution benchmark (cuDNN on against off)")
+    doctor.set_defaults(handler=run_doctor)
     return parser
 
 
@@ -111,6 +121,12 @@ def run_generate(args: argparse.Namespace) -> int:
         f"{summary.total_seconds:.1f} s"
     )
     return 0
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from heygem import doctor
+
+    return doctor.main(as_json=args.json, benchmark=not args.no_benchmark)
 
 
 def main(argv: list[str] | None = None) -> int:

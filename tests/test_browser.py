@@ -125,3 +125,20 @@ def test_an_example_fills_the_form_and_generates(page, tmp_path):
     page.locator("#output-height input").press("Enter")
     video = generate_and_download(page, tmp_path)
     assert_playable_mp4(video, probe(ASSETS / "speech_en.wav").duration)
+
+
+def test_the_system_tab_shows_the_doctor_report_and_runs_the_benchmark_on_request(page):
+    import torch
+
+    page.get_by_role("tab", name="System").click()
+    report = page.locator("#system-report")
+    report.get_by_text("Ready: everything the default (landmark) engine needs works").wait_for(timeout=120_000)
+    text = report.inner_text()
+    for expected in (f"torch\t{torch.__version__}", "libx264\tencoder present", "aac\tencoder present",
+                     "face_landmark.tflite", "--engine auto\tlandmark"):
+        assert expected in text, text
+    assert page.locator("#system-report table").count() == 6  # one per section
+    assert page.inner_text("#system-benchmark").strip() == ""  # not run when the tab opens
+    page.click("#benchmark-button")
+    expected = "faces/s" if torch.cuda.is_available() else "skipped: no CUDA GPU"
+    page.locator("#system-benchmark").get_by_text(expected).first.wait_for(timeout=60_000)

@@ -4,7 +4,7 @@
 
 The page (Gradio Blocks) and the REST API (heygem/api.py, under /api) are
 served by one process, which also runs the job worker(s). Everything the page
-does goes through the job store in heygem/jobs.py, so a job started here shows
+does goes through the job store in heygem/jobs/, so a job started here shows
 up in the REST API and in ``python -m heygem jobs list``, and survives a restart.
 """
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heygem.errors import HeygemError
+from heygem.flags import add_option_flags, option_overrides
 from heygem.jobs import CANCELLED, DEFAULT_OUTPUTS, DONE, FAILED, JobStore, new_job_id, sanitize_filename, start_workers
 
 logger = logging.getLogger("heygem")
@@ -431,8 +432,6 @@ def _log_jobs_quietly(args: argparse.Namespace) -> None:
 
 
 def batch_command(args: argparse.Namespace) -> int:
-    from heygem.cli import option_overrides
-
     _log_jobs_quietly(args)
     options = {**_parse_options(args.options), **option_overrides(args)}
     results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
@@ -461,8 +460,6 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
                         help="the job store the items run through (default: outputs/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    from heygem.cli import add_option_flags
-
     add_option_flags(parser)
     parser.set_defaults(handler=batch_command)
     return parser

@@ -147,3 +147,15 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
         rerun = {row["name"]: row["status"] for row in csv.DictReader(handle)}
     assert rerun == {"anna": "skipped", "bé 2": "skipped", "blank": "failed", "broken": "failed", "lonely": "failed"}
     assert first_run == {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
+
+
+def test_batch_mode_does_not_import_the_command_line_module():
+    """heygem.batch takes its flag helpers from heygem.flags, so it and heygem.cli do not import each other."""
+    code = ("import argparse, sys, heygem.batch as batch\n"
+            "commands = argparse.ArgumentParser().add_subparsers()\n"
+            "batch.add_batch_parser(commands); batch.add_jobs_parser(commands)\n"
+            "args = commands.choices['batch'].parse_args(['in', '-o', 'out', '--fps', '12'])\n"
+            "assert batch.option_overrides(args) == {'media.fps': 12}, args\n"
+            "assert 'heygem.cli' not in sys.modules, 'heygem.batch imported heygem.cli'\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -15,6 +15,7 @@ import asyncio
 import html
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +28,8 @@ from heygem.api import create_router
 from heygem.batch import collect_files, plan_items, resolve_under_roots, submit_items, zip_results
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
-from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, start_workers
+from heygem.flags import add_devices_flag
+from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, devices_from_flags, start_workers
 from heygem.pipeline import warm_up
 from heygem.system import system_report
 
@@ -518,8 +520,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-root", action="append", default=[], metavar="DIR",
                         help="a server folder the Batch tab may read from (repeat for more); none by default")
     parser.add_argument("--workers", type=int, default=None,
-                        help="job workers in this process (default: one per GPU, or one; 0: run them elsewhere "
-                             "with `python -m heygem jobs work`)")
+                        help="job workers in this process (default: one per GPU, or one; with --devices: one per "
+                             "listed device; 0: run them elsewhere with `python -m heygem jobs work`)")
+    add_devices_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -535,10 +538,15 @@ def main(argv: list[str] | None = None) -> None:
         if not colon or not user or not password:
             raise SystemExit("--auth takes USER:PASS")
         auth = (user, password)
+    try:  # a bad --devices ends here with one line, before anything starts
+        devices = devices_from_flags(args.devices, args.workers)
+    except HeygemError as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
     max_upload_bytes = int(args.max_upload_mb * 2**20)
     store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes)
     if args.workers != 0:
-        start_workers(store, args.workers)
+        start_workers(store, args.workers, devices=devices)
         threading.Thread(target=warm_up, name="heygem-warm-up", daemon=True).start()
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root])
     demo.queue(default_concurrency_limit=4, max_size=256)

@@ -39,3 +39,10 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
 def option_overrides(args: argparse.Namespace) -> dict:
     """The config overrides given on the command line, as {"section.name": value}."""
     return {key: value for key, value in vars(args).items() if "." in key}
+
+
+def add_devices_flag(parser: argparse.ArgumentParser) -> None:
+    """``--devices cuda:0,cuda:1``: one job worker per listed device (checked by heygem.jobs.parse_devices)."""
+    parser.add_argument("--devices", metavar="LIST", default=None,
+                        help="run one job worker per listed device, e.g. cuda:0,cuda:1 (cpu, cuda or cuda:N; "
+                             "list a device twice for two workers on it); a job whose options name a device keeps it")

@@ -64,12 +64,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     batch TEXT,                            -- batch id, when created by a batch
     label TEXT,                            -- the batch item's name
-    item_key TEXT                          -- hash of inputs and options, for resuming batches
+    item_key TEXT,                         -- hash of inputs and options, for resuming batches
+    worker TEXT,                           -- the worker that claimed the last attempt (e.g. worker-1)
+    device TEXT                            -- the engine.device that attempt ran with (cuda:1, cpu, auto)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, queued, id);
 CREATE INDEX IF NOT EXISTS jobs_by_batch ON jobs (batch);
 CREATE INDEX IF NOT EXISTS jobs_by_item_key ON jobs (item_key);
 """
+# Columns newer than the first release of the schema: added to an older jobs.db when it is opened.
+_ADDED_COLUMNS = {"worker": "TEXT", "device": "TEXT"}
 
 
 @dataclass
@@ -95,6 +99,8 @@ class Job:
     label: str | None
     item_key: str | None
     owner: str | None
+    worker: str | None  # the worker that claimed the last attempt
+    device: str | None  # the engine.device the last attempt ran with
     directory: Path
     jobs_ahead: int | None = None  # queued jobs that run before this one (None unless queued)
     summary: dict | None = field(default=None, repr=False)  # result.json, once done
@@ -160,6 +166,8 @@ class Job:
             "options": self.options,
             "batch": self.batch,
             "label": self.label,
+            "worker": self.worker,
+            "device": self.device,
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "seconds_per_stage": summary.get("seconds_per_stage"),
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
@@ -194,7 +202,21 @@ def new_job_id() -> str:
 
 
 def process_owner(worker_name: str) -> str:
+    """Who runs a job: host:pid:token:worker_name."""
     return f"{socket.gethostname()}:{os.getpid()}:{_PROCESS_TOKEN}:{worker_name}"
+
+
+def owner_worker(owner: str) -> str:
+    """The worker name at the end of an owner string (host:pid:token:worker-1 -> worker-1)."""
+    return owner.split(":", 3)[-1]
+
+
+def job_device(options: dict, worker_device: str | None) -> str:
+    """The engine.device a job runs with: its own option when it names a device, else its worker's, else auto."""
+    own = str(options.get("engine.device") or "auto")
+    if own != "auto" or not worker_device:
+        return own
+    return worker_device
 
 
 def _owner_is_gone(owner: str | None, heartbeat: float | None) -> bool:
@@ -251,6 +273,7 @@ class JobStore:
         self._connections_lock = threading.Lock()
         self.job_added = threading.Event()  # set when a job is queued in this process; workers wake up
         self._connect().executescript(_SCHEMA)
+        self._add_missing_columns()
 
     # ------------------------------------------------------------------ connections
 
@@ -267,6 +290,15 @@ class JobStore:
             with self._connections_lock:
                 self._connections.append(connection)
         return connection
+
+    def _add_missing_columns(self) -> None:
+        """Bring a jobs.db made by an earlier version up to the current columns (new ones start empty)."""
+        with self._transaction() as db:
+            present = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in present:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+                    logger.info("job store: added the column %s to %s", name, self.database_path)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -299,7 +331,8 @@ class JobStore:
             finished=row["finished"], face_name=row["face_name"], audio_name=row["audio_name"],
             options=json.loads(row["options"]), engine=row["engine"], attempts=row["attempts"],
             cancel_requested=bool(row["cancel_requested"]), batch=row["batch"], label=row["label"],
-            item_key=row["item_key"], owner=row["owner"], directory=self.outputs_dir / row["id"],
+            item_key=row["item_key"], owner=row["owner"], worker=row["worker"], device=row["device"],
+            directory=self.outputs_dir / row["id"],
         )
 
     def get(self, job_id: str) -> Job:
@@ -435,7 +468,8 @@ class JobStore:
                 raise HeygemError(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be retried")
             db.execute(
                 "UPDATE jobs SET status = ?, queued = ?, progress = 0, stage = '', error = NULL, started = NULL, "
-                "finished = NULL, owner = NULL, cancel_requested = 0 WHERE id = ?", (QUEUED, time.time(), job_id))
+                "finished = NULL, owner = NULL, worker = NULL, device = NULL, cancel_requested = 0 WHERE id = ?",
+                (QUEUED, time.time(), job_id))
         append_log(self.outputs_dir / job_id, "queued again (retry)")
         self.job_added.set()
         return self.get(job_id)
@@ -474,22 +508,28 @@ class JobStore:
 
     # ------------------------------------------------------------------ for workers
 
-    def claim_next(self, owner: str, batch: str | None = None) -> Job | None:
-        """Move the oldest queued job (of ``batch``, if given) to running for ``owner``."""
+    def claim_next(self, owner: str, batch: str | None = None, *, device: str | None = None) -> Job | None:
+        """Move the oldest queued job (of ``batch``, if given) to running for ``owner``.
+
+        ``device`` is the claiming worker's device (None: auto); the job records
+        the device it will run with (see :func:`job_device`) and the worker's name.
+        """
         with self._transaction() as db:
             if batch is None:
-                row = db.execute("SELECT id FROM jobs WHERE status = ? ORDER BY queued, id LIMIT 1",
+                row = db.execute("SELECT id, options FROM jobs WHERE status = ? ORDER BY queued, id LIMIT 1",
                                  (QUEUED,)).fetchone()
             else:
-                row = db.execute("SELECT id FROM jobs WHERE status = ? AND batch = ? ORDER BY queued, id LIMIT 1",
-                                 (QUEUED, batch)).fetchone()
+                row = db.execute("SELECT id, options FROM jobs WHERE status = ? AND batch = ? "
+                                 "ORDER BY queued, id LIMIT 1", (QUEUED, batch)).fetchone()
             if row is None:
                 return None
             now = time.time()
             db.execute(
                 "UPDATE jobs SET status = ?, started = ?, heartbeat = ?, finished = NULL, owner = ?, "
-                "attempts = attempts + 1, progress = 0, stage = 'starting', error = NULL WHERE id = ?",
-                (RUNNING, now, now, owner, row["id"]))
+                "attempts = attempts + 1, progress = 0, stage = 'starting', error = NULL, worker = ?, device = ? "
+                "WHERE id = ?",
+                (RUNNING, now, now, owner, owner_worker(owner), job_device(json.loads(row["options"]), device),
+                 row["id"]))
         return self.get(row["id"])
 
     def report_progress(self, job_id: str, owner: str, stage: str, fraction: float) -> None:
@@ -536,7 +576,7 @@ class JobStore:
                 else:
                     cursor = db.execute(
                         "UPDATE jobs SET status = ?, progress = 0, stage = '', started = NULL, owner = NULL, "
-                        "error = NULL WHERE id = ? AND owner IS ? AND status = ?",
+                        "worker = NULL, device = NULL, error = NULL WHERE id = ? AND owner IS ? AND status = ?",
                         (QUEUED, row["id"], row["owner"], RUNNING))
             if cursor.rowcount == 1:
                 recovered.append(row["id"])

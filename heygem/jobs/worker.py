@@ -7,22 +7,26 @@ copies the thread's log records into the job's job.log.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from heygem.device import worker_devices
+from heygem.device import pick_device, worker_devices
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, process_owner
+from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
 
 logger = logging.getLogger("heygem")
 
 PROGRESS_WRITE_INTERVAL = 0.25  # seconds between progress writes within one stage
 STOP_POLL_INTERVAL = 0.25  # seconds between cancellation checks
 IDLE_POLL_INTERVAL = 1.0  # seconds an idle worker waits before looking for jobs again
+DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
 class _JobLogHandler(logging.FileHandler):
@@ -39,8 +43,9 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             generate: Callable | None = None) -> str:
     """Run one claimed job to its end and record the outcome; return the final status.
 
-    ``device`` (e.g. "cuda:1") pins the job to one GPU when its options leave
-    the device on auto. A HeygemError becomes the job's error message; any
+    ``device`` (e.g. "cuda:1", the worker's) pins the job to one GPU when its
+    options leave the device on auto; result.json records the worker and the
+    device the job ran with. A HeygemError becomes the job's error message; any
     other exception is logged with its traceback and recorded as well, so the
     worker can go on with the next job.
     """
@@ -53,12 +58,13 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
         logger.setLevel(logging.INFO)
     started = time.monotonic()
     try:
-        logger.info("job %s: attempt %d started by %s", job.id, job.attempts, owner)
+        run_on = job_device(job.options, device)
+        logger.info("job %s: attempt %d started by %s on %s", job.id, job.attempts, owner, run_on)
         for stale in (job.result_path, job.summary_path):  # left by an interrupted attempt
             stale.unlink(missing_ok=True)
         overrides = dict(job.options)
-        if device and overrides.get("engine.device", "auto") == "auto":
-            overrides["engine.device"] = device
+        if run_on != "auto":
+            overrides["engine.device"] = run_on
 
         last_write = {"stage": None, "time": 0.0}
 
@@ -91,6 +97,7 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
         else:
             if job.result_path.is_file():
                 status, error, engine = DONE, None, getattr(summary, "engine", None)
+                _record_placement(job.summary_path, owner_worker(owner), run_on)
                 logger.info("job %s done in %.1f s", job.id, time.monotonic() - started)
             else:
                 status, error, engine = FAILED, "the pipeline finished without writing result.mp4; see job.log", None
@@ -104,6 +111,19 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
     finally:
         logger.removeHandler(handler)
         handler.close()
+
+
+def _record_placement(summary_path: Path, worker: str, device: str) -> None:
+    """Add the worker and the device to the job's result.json (made here when the pipeline wrote none)."""
+    partial = summary_path.with_name(f".{summary_path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+        summary.update(worker=worker, device=device)
+        partial.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+        os.replace(partial, summary_path)
+    except (OSError, ValueError, AttributeError) as problem:  # the video is there; only the note is missing
+        partial.unlink(missing_ok=True)
+        logger.warning("could not add the worker and device to %s: %s", summary_path, problem)
 
 
 class Worker(threading.Thread):
@@ -125,7 +145,7 @@ class Worker(threading.Thread):
         while not self._stopping.is_set():
             try:
                 self.store.recover_interrupted()
-                job = self.store.claim_next(self.owner, batch=self.batch)
+                job = self.store.claim_next(self.owner, batch=self.batch, device=self.device)
             except sqlite3.Error:
                 logger.exception("%s: the job store is not reachable; trying again", self.name)
                 job = None
@@ -149,17 +169,68 @@ class Worker(threading.Thread):
             self.join(wait)
 
 
-def start_workers(store: JobStore, count: int | None = None, *, batch: str | None = None,
-                  generate: Callable | None = None) -> list[Worker]:
-    """Start one worker per device (``count`` overrides how many); they run until the process ends."""
-    store.recover_interrupted()
-    devices = worker_devices() if count is None else [None] * count
-    if count is not None and count > 1:
+def parse_devices(text: str) -> list[str]:
+    """The devices of ``--devices`` ("cuda:0,cuda:1", "cpu,cpu"), one worker each; a device may repeat.
+
+    Raises HeygemError with one line that says what to write instead when an
+    entry is not cpu, cuda or cuda:N, or names a GPU this machine does not have.
+    """
+    entries = [entry.strip().lower() for entry in (text or "").split(",")]
+    if not any(entries):
+        raise HeygemError("--devices needs at least one device, e.g. --devices cuda:0,cuda:1 or --devices cpu")
+    for entry in entries:
+        if not DEVICE_NAME.fullmatch(entry):
+            shown = repr(entry) if entry else "an empty entry"
+            raise HeygemError(f"--devices: {shown} is not a device; list cpu, cuda or cuda:N separated by commas, "
+                              "e.g. --devices cuda:0,cuda:1")
+    for entry in dict.fromkeys(entries):
+        if entry != "cpu":
+            try:
+                pick_device(entry)
+            except HeygemError as problem:
+                raise HeygemError(f"--devices lists {entry}, which cannot be used here: {problem}") from None
+    return entries
+
+
+def plan_devices(count: int | None = None, devices: list[str] | None = None) -> list[str | None]:
+    """The device of each worker to start (None: the engine picks).
+
+    With ``devices``: one worker each, or ``count`` workers taking them in
+    turn. Without: one per GPU when there are several, else one; ``count``
+    workers spread over the GPUs when there are several, else on auto.
+    """
+    if devices:
+        if count is None:
+            return list(devices)
+        if count == 0:
+            raise HeygemError("--workers 0 starts no worker here, so --devices has nothing to run on: "
+                              "leave one of the two out")
+        return [devices[index % len(devices)] for index in range(count)]
+    if count is None:
+        return worker_devices()
+    if count > 1:
         gpus = worker_devices()
         if gpus[0] is not None:
-            devices = [gpus[index % len(gpus)] for index in range(count)]
+            return [gpus[index % len(gpus)] for index in range(count)]
+    return [None] * count
+
+
+def devices_from_flags(devices: str | None, workers: int | None = None) -> list[str] | None:
+    """``--devices`` checked against this machine and against ``--workers``; None when it was not given."""
+    if devices is None:
+        return None
+    names = parse_devices(devices)
+    plan_devices(workers, names)
+    return names
+
+
+def start_workers(store: JobStore, count: int | None = None, *, devices: list[str] | None = None,
+                  batch: str | None = None, generate: Callable | None = None) -> list[Worker]:
+    """Start the workers :func:`plan_devices` gives; they run until the process ends (or are stopped)."""
+    planned = plan_devices(count, devices)
+    store.recover_interrupted()
     workers = [Worker(store, device, batch=batch, name=f"worker-{index}", generate=generate)
-               for index, device in enumerate(devices)]
+               for index, device in enumerate(planned)]
     for worker in workers:
         worker.start()
     return workers

@@ -293,7 +293,10 @@ class JobStore:
 
     def _add_missing_columns(self) -> None:
         """Bring a jobs.db made by an earlier version up to the current columns (new ones start empty)."""
-        with self._transaction() as db:
+        present = {row["name"] for row in self._connect().execute("PRAGMA table_info(jobs)")}
+        if present.issuperset(_ADDED_COLUMNS):
+            return
+        with self._transaction() as db:  # checked again under the write lock: another process may have added them
             present = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
             for name, kind in _ADDED_COLUMNS.items():
                 if name not in present:

@@ -155,7 +155,7 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
 
 
 def test_batch_mode_does_not_import_the_command_line_module():
-    """heygem.batch takes its flag helpers from heygem.flags, so it and heygem.cli do not import each other."""
+    """heygem.batch takes its option flags from heygem.flags, so it and heygem.cli do not import each other."""
     code = ("import argparse, sys, heygem.batch as batch\n"
             "commands = argparse.ArgumentParser().add_subparsers()\n"
             "batch.add_batch_parser(commands); batch.add_jobs_parser(commands)\n"

@@ -4,7 +4,7 @@
 
 The page (Gradio Blocks) and the REST API (heygem/api.py, under /api) are
 served by one process, which also runs the job worker(s). Everything the page
-does goes through the job store in heygem/jobs.py, so a job started here shows
+does goes through the job store in heygem/jobs/, so a job started here shows
 up in the REST API and in ``python -m heygem jobs list``, and survives a restart.
 """
 
@@ -15,6 +15,7 @@ import asyncio
 import html
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ from heygem.batch import collect_files, plan_items, resolve_under_roots, submit_
 from heygem.config import REPO_ROOT
 from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
 from heygem.errors import HeygemError
-from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, start_workers
+from heygem.flags import add_devices_flag
+from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, devices_from_flags, start_workers
 from heygem.pipeline import warm_up
 
 logger = logging.getLogger("heygem")
@@ -529,8 +531,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-root", action="append", default=[], metavar="DIR",
                         help="a server folder the Batch tab may read from (repeat for more); none by default")
     parser.add_argument("--workers", type=int, default=None,
-                        help="job workers in this process (default: one per GPU, or one; 0: run them elsewhere "
-                             "with `python -m heygem jobs work`)")
+                        help="job workers in this process (default: one per GPU, or one; with --devices: one per "
+                             "listed device; 0: run them elsewhere with `python -m heygem jobs work`)")
+    add_devices_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -546,10 +549,15 @@ def main(argv: list[str] | None = None) -> None:
         if not colon or not user or not password:
             raise SystemExit("--auth takes USER:PASS")
         auth = (user, password)
+    try:  # a bad --devices ends here with one line, before anything starts
+        devices = devices_from_flags(args.devices, args.workers)
+    except HeygemError as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
     max_upload_bytes = int(args.max_upload_mb * 2**20)
     store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes)
     if args.workers != 0:
-        start_workers(store, args.workers)
+        start_workers(store, args.workers, devices=devices)
         threading.Thread(target=warm_up, name="heygem-warm-up", daemon=True).start()
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root])
     demo.queue(default_concurrency_limit=4, max_size=256)

@@ -8,8 +8,8 @@ Items are planned from a list of files by one of three pairings:
 - a CSV manifest with the columns ``face``, ``audio`` (empty: the video's own
   sound) and optionally ``name`` and ``options`` (a JSON object).
 
-``python -m heygem batch`` runs the items with a worker in this process,
-skips items whose inputs and options are unchanged since a finished earlier run,
+``python -m heygem batch`` runs the items with a worker in this process
+(one per device with ``--devices cuda:0,cuda:1``), skips items whose inputs and options are unchanged since a finished earlier run,
 keeps going when an item fails and writes ``summary.csv``. The web app plans
 items the same way and queues them on its own workers.
 """
@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heygem.errors import HeygemError
-from heygem.jobs import CANCELLED, DEFAULT_OUTPUTS, DONE, FAILED, JobStore, new_job_id, sanitize_filename, start_workers
+from heygem.flags import add_devices_flag, add_option_flags, option_overrides
+from heygem.jobs import (CANCELLED, DEFAULT_OUTPUTS, DONE, FAILED, JobStore, devices_from_flags, new_job_id,
+                         sanitize_filename, start_workers)
 
 logger = logging.getLogger("heygem")
 
@@ -42,7 +44,7 @@ PAIRINGS = ("stem", "cross")  # or the path of a CSV manifest
 SUMMARY_NAME = "summary.csv"
 STATE_NAME = ".heygem-batch.json"  # item name -> key of the inputs and options its result was made from
 SKIPPED = "skipped"
-SUMMARY_COLUMNS = ("name", "status", "face", "audio", "output", "seconds", "engine", "error", "job_id")
+SUMMARY_COLUMNS = ("name", "status", "face", "audio", "output", "seconds", "engine", "error", "job_id", "device")
 
 
 @dataclass
@@ -67,6 +69,7 @@ class BatchResult:
     seconds: float | None = None
     engine: str | None = None
     error: str | None = None
+    device: str | None = None  # the device the job ran with
 
     def row(self) -> dict:
         return {
@@ -79,6 +82,7 @@ class BatchResult:
             "engine": self.engine or "",
             "error": self.error or "",
             "job_id": self.job_id or "",
+            "device": self.device or "",
         }
 
 
@@ -330,11 +334,13 @@ def write_summary(results: list[BatchResult], path: Path) -> None:
 
 
 def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options: dict | None = None, *,
-              jobs_dir: Path = DEFAULT_OUTPUTS, show_progress: bool = True) -> list[BatchResult]:
+              jobs_dir: Path = DEFAULT_OUTPUTS, show_progress: bool = True,
+              devices: list[str] | None = None) -> list[BatchResult]:
     """Make every item of ``input_dir`` into ``output_dir/<name>.mp4`` and write ``summary.csv``.
 
     Jobs go through the store in ``jobs_dir`` and run on a worker in this
-    process. Items whose result exists and whose inputs and options are
+    process, or on one worker per entry of ``devices`` (e.g. ["cuda:0",
+    "cuda:1"]). Items whose result exists and whose inputs and options are
     unchanged are skipped; a failed item is recorded and the rest go on.
     """
     from tqdm import tqdm
@@ -369,7 +375,7 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
             pending[item.name] = outcome
     by_name = {item.name: item for item in items}
 
-    workers = start_workers(store, 1, batch=batch) if pending else []
+    workers = start_workers(store, None if devices else 1, devices=devices, batch=batch) if pending else []
     bar = tqdm(total=len(items), unit="item", desc="batch", disable=not show_progress)
     bar.update(len(results))
     try:
@@ -383,7 +389,7 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
                 del pending[name]
                 item = by_name[name]
                 result = BatchResult(item, job.status, job_id=job.id, seconds=job.seconds, engine=job.engine,
-                                     error=job.error)
+                                     error=job.error, device=job.device)
                 if job.status == DONE:
                     result.output_path = output_dir / f"{name}.mp4"
                     _copy_atomically(job.result_path, result.output_path)
@@ -431,12 +437,11 @@ def _log_jobs_quietly(args: argparse.Namespace) -> None:
 
 
 def batch_command(args: argparse.Namespace) -> int:
-    from heygem.cli import option_overrides
-
+    devices = devices_from_flags(args.devices)
     _log_jobs_quietly(args)
     options = {**_parse_options(args.options), **option_overrides(args)}
     results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
-                        jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet)
+                        jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet, devices=devices)
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
@@ -461,21 +466,21 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
                         help="the job store the items run through (default: outputs/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    from heygem.cli import add_option_flags
-
+    add_devices_flag(parser)
     add_option_flags(parser)
     parser.set_defaults(handler=batch_command)
     return parser
 
 
 def jobs_command(args: argparse.Namespace) -> int:
+    devices = devices_from_flags(getattr(args, "devices", None), getattr(args, "workers", None))
     store = JobStore(args.jobs_dir)
     if args.jobs_action == "list":
         jobs = store.list(status=args.status, limit=args.limit)
-        print(f"{'id':24} {'status':10} {'progress':>8}  {'engine':9} {'created':20} error/stage")
+        print(f"{'id':24} {'status':10} {'progress':>8}  {'engine':9} {'device':8} {'created':20} error/stage")
         for job in jobs:
             detail = job.error or job.stage
-            print(f"{job.id:24} {job.status:10} {job.progress:8.0%}  {job.engine:9} "
+            print(f"{job.id:24} {job.status:10} {job.progress:8.0%}  {job.engine:9} {job.device or '':8} "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.created)):20} {detail}")
         return 0
     if args.jobs_action == "clean":
@@ -490,7 +495,7 @@ def jobs_command(args: argparse.Namespace) -> int:
         return 0
     if args.jobs_action == "work":
         _log_jobs_quietly(args)
-        workers = start_workers(store, args.workers)
+        workers = start_workers(store, args.workers, devices=devices)
         print(f"{len(workers)} worker(s) running jobs from {store.outputs_dir}; Ctrl+C stops")
         try:
             while True:
@@ -517,6 +522,8 @@ def add_jobs_parser(subparsers) -> argparse.ArgumentParser:
     retrying = actions.add_parser("retry", help="queue a failed or cancelled job again")
     retrying.add_argument("job_id")
     working = actions.add_parser("work", help="run queued jobs in this process (when the app runs with --workers 0)")
-    working.add_argument("--workers", type=int, default=None, help="how many (default: one per GPU, or one)")
+    working.add_argument("--workers", type=int, default=None,
+                         help="how many (default: one per GPU, or one; with --devices: one per listed device)")
+    add_devices_flag(working)
     parser.set_defaults(handler=jobs_command)
     return parser

@@ -12,39 +12,11 @@ import logging
 import sys
 from pathlib import Path
 
-from heygem.config import iter_options, load_config
+from heygem.config import load_config
 from heygem.errors import GenerationCancelled, HeygemError
+from heygem.flags import add_option_flags, option_overrides
 
 logger = logging.getLogger("heygem")
-
-
-def add_option_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per config option; unset flags stay out of the namespace (the config decides)."""
-    for section, leaf in iter_options():
-        meta = leaf.metadata
-        kwargs = {"dest": f"{section}.{leaf.name}", "default": argparse.SUPPRESS, "help": meta["help"],
-                  "metavar": leaf.name.upper()}
-        if meta.get("choices"):
-            kwargs["choices"] = meta["choices"]
-            kwargs.pop("metavar")
-        annotation = str(leaf.type)
-        if annotation == "bool":
-            kwargs["action"] = argparse.BooleanOptionalAction
-            del kwargs["metavar"]
-        elif annotation.startswith("list"):
-            kwargs["nargs"] = 4
-            kwargs["type"] = int
-            kwargs["metavar"] = "N"
-        elif "int" in annotation:
-            kwargs["type"] = int
-        elif "float" in annotation:
-            kwargs["type"] = float
-        parser.add_argument(meta["flag"], **kwargs)
-
-
-def option_overrides(args: argparse.Namespace) -> dict:
-    """The config overrides given on the command line, as {"section.name": value}."""
-    return {key: value for key, value in vars(args).items() if "." in key}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_flags(generate)
     generate.set_defaults(handler=run_generate)
 
-    from heygem.batch import add_batch_parser, add_jobs_parser
+    from heygem.batch import add_batch_parser, add_jobs_parser  # here: keeps importing heygem.cli cheap
 
     add_batch_parser(commands)
     add_jobs_parser(commands)

@@ -134,16 +134,33 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
     assert {name: row["status"] for name, row in rows.items()} == {
         "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed"}
     assert rows["anna"]["output"] == "anna.mp4" and rows["broken"]["error"]
+    assert rows["anna"]["device"] == "auto" and rows["lonely"]["device"] == ""  # no --devices: the engine picks
     first_run = {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
 
-    # The rerun goes through the command line: finished items are skipped, failed ones are tried again.
+    # The rerun goes through the command line: finished items are skipped, failed ones are tried again,
+    # here on a worker placed by --devices.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     completed = subprocess.run(
         [sys.executable, "-m", "heygem", "batch", str(batch_folder), "--output", str(output), "--output-height", "256",
-         "--jobs-dir", str(jobs_dir), "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+         "--jobs-dir", str(jobs_dir), "--quiet", "--devices", "cpu"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 1, completed.stderr  # some items failed
     assert "2 skipped" in completed.stdout and "3 failed" in completed.stdout, completed.stdout
     with open(output / "summary.csv", newline="", encoding="utf-8") as handle:
-        rerun = {row["name"]: row["status"] for row in csv.DictReader(handle)}
+        rerun_rows = {row["name"]: row for row in csv.DictReader(handle)}
+    rerun = {name: row["status"] for name, row in rerun_rows.items()}
+    assert rerun_rows["blank"]["device"] == "cpu"  # it ran again, and failed, on the cpu worker
     assert rerun == {"anna": "skipped", "bé 2": "skipped", "blank": "failed", "broken": "failed", "lonely": "failed"}
     assert first_run == {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
+
+
+def test_batch_mode_does_not_import_the_command_line_module():
+    """heygem.batch takes its option flags from heygem.flags, so it and heygem.cli do not import each other."""
+    code = ("import argparse, sys, heygem.batch as batch\n"
+            "commands = argparse.ArgumentParser().add_subparsers()\n"
+            "batch.add_batch_parser(commands); batch.add_jobs_parser(commands)\n"
+            "args = commands.choices['batch'].parse_args(['in', '-o', 'out', '--fps', '12'])\n"
+            "assert batch.option_overrides(args) == {'media.fps': 12}, args\n"
+            "assert 'heygem.cli' not in sys.modules, 'heygem.batch imported heygem.cli'\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

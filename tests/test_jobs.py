@@ -5,18 +5,20 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ASSETS, assert_playable_mp4, run_ffmpeg
+from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.jobs import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobStore, Upload, UploadTooLarge,
-                         process_owner, sanitize_filename, start_workers)
+from heygem.jobs import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobStore, Upload, UploadTooLarge, devices_from_flags,
+                         parse_devices, plan_devices, process_owner, sanitize_filename, start_workers)
 from heygem.media import probe
 
 
@@ -238,3 +240,125 @@ def test_the_store_is_shared_between_threads(tmp_path, media):
         claimed = list(pool.map(lambda owner: [job.id for job in iter(lambda: store.claim_next(owner), None)], owners))
     flat = [job_id for batch in claimed for job_id in batch]
     assert sorted(flat) == sorted(ids)  # every job claimed exactly once
+
+
+class SlowGeneration:
+    """Stands in for the pipeline: takes ``seconds``, records when it ran and with which device, writes a result."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.runs: dict[str, dict] = {}  # job id -> start, end, device
+        self.lock = threading.Lock()
+
+    def __call__(self, face_path, audio_path, output_path, *, overrides, progress, should_stop):
+        started = time.monotonic()
+        while time.monotonic() - started < self.seconds:
+            progress("generate", (time.monotonic() - started) / self.seconds)
+            if should_stop():
+                raise GenerationCancelled()
+            time.sleep(0.02)
+        output_path.write_bytes(b"not really a video")
+        output_path.with_suffix(".json").write_text(json.dumps({"seconds_per_stage": {"generate": self.seconds}}))
+        with self.lock:
+            self.runs[output_path.parent.name] = {"start": started, "end": time.monotonic(),
+                                                  "device": overrides.get("engine.device")}
+
+
+def run_on_workers(store: JobStore, job_ids: list[str], generation: SlowGeneration, **worker_options) -> list:
+    workers = start_workers(store, generate=generation, **worker_options)
+    try:
+        wait_for(store, job_ids, timeout=30)
+    finally:
+        for worker in workers:
+            worker.stop(wait=10)
+    return workers
+
+
+def test_two_cpu_workers_run_two_jobs_at_the_same_time(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    job_ids = [store.create_job(media["face"], media["speech"], {}) for _ in range(2)]
+    generation = SlowGeneration(seconds=1.5)
+    workers = run_on_workers(store, job_ids, generation, devices=parse_devices("cpu,cpu"))
+    assert [worker.device for worker in workers] == ["cpu", "cpu"]
+    first, second = (generation.runs[job_id] for job_id in job_ids)
+    overlap = min(first["end"], second["end"]) - max(first["start"], second["start"])
+    assert overlap > 1.0, generation.runs  # they ran side by side, not one after the other
+    jobs = [store.get(job_id) for job_id in job_ids]
+    assert {job.worker for job in jobs} == {"worker-0", "worker-1"}
+    for job in jobs:
+        assert job.status == DONE and generation.runs[job.id]["device"] == "cpu" and job.device == "cpu"
+        assert job.to_dict()["device"] == "cpu" and job.to_dict()["worker"] == job.worker
+        summary = json.loads(job.summary_path.read_text(encoding="utf-8"))
+        assert summary == {"seconds_per_stage": {"generate": 1.5}, "worker": job.worker, "device": "cpu"}
+        assert f"{job.worker} on cpu" in job.log_path.read_text(encoding="utf-8")
+
+
+def test_each_job_runs_on_its_workers_device_unless_it_names_one(tmp_path, media):
+    # The fake generation touches no GPU, so GPU names work here without one.
+    store = JobStore(tmp_path / "outputs")
+    own_device = store.create_job(media["face"], media["speech"], {"engine.device": "cpu"})
+    others = [store.create_job(media["face"], media["speech"], {}) for _ in range(3)]
+    generation = SlowGeneration(seconds=0.3)
+    run_on_workers(store, [own_device, *others], generation, devices=["cuda:0", "cuda:1"])
+    worker_devices = {"worker-0": "cuda:0", "worker-1": "cuda:1"}
+    for job_id in others:
+        job = store.get(job_id)
+        assert generation.runs[job_id]["device"] == worker_devices[job.worker] == job.device, job
+        assert job.read_summary()["device"] == job.device and job.read_summary()["worker"] == job.worker
+    job = store.get(own_device)
+    assert generation.runs[own_device]["device"] == "cpu" == job.device and job.worker in worker_devices
+
+
+def test_worker_devices_from_the_flags(monkeypatch):
+    assert parse_devices(" cpu, CPU ") == ["cpu", "cpu"]
+    for bad in ("gpu0", "cuda:x", "cpu,,cpu", "", "cuda:0;cuda:1"):
+        with pytest.raises(HeygemError, match="--devices"):
+            parse_devices(bad)
+    assert plan_devices(None, ["cuda:0", "cuda:1"]) == ["cuda:0", "cuda:1"]
+    assert plan_devices(3, ["cuda:0", "cuda:1"]) == ["cuda:0", "cuda:1", "cuda:0"]
+    with pytest.raises(HeygemError, match="--workers 0"):
+        plan_devices(0, ["cpu"])
+    assert devices_from_flags(None, 0) is None and devices_from_flags("cpu,cpu", 3) == ["cpu", "cpu"]
+    # --workers alone: one per GPU, N spread over the GPUs, or on auto without several GPUs.
+    monkeypatch.setattr("heygem.jobs.worker.worker_devices", lambda: ["cuda:0", "cuda:1"])
+    assert plan_devices() == ["cuda:0", "cuda:1"]
+    assert plan_devices(3) == ["cuda:0", "cuda:1", "cuda:0"]
+    assert plan_devices(1) == [None]
+    monkeypatch.setattr("heygem.jobs.worker.worker_devices", lambda: [None])
+    assert plan_devices() == [None] and plan_devices(2) == [None, None] and plan_devices(0) == []
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "heygem", "jobs", "--jobs-dir", "{outputs}", "work", "--devices", "gpu0"],
+    ["-m", "heygem", "batch", "{inputs}", "--output", "{outputs}", "--devices", "cpu,,cpu"],
+    ["-m", "heygem", "jobs", "--jobs-dir", "{outputs}", "work", "--devices", "cpu", "--workers", "0"],
+    ["app.py", "--outputs", "{outputs}", "--devices", "cuda:x"],
+], ids=["jobs-work", "batch", "no-workers", "app"])
+def test_a_bad_device_list_is_one_line_and_exit_status_2(command, tmp_path):
+    outputs = tmp_path / "outputs"
+    arguments = [part.format(outputs=outputs, inputs=tmp_path) for part in command]
+    result = subprocess.run([sys.executable, *arguments], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --") and "Traceback" not in result.stderr, result.stderr
+    assert "--devices" in lines[0] or "--workers 0" in lines[0]
+    assert not outputs.exists()  # refused before anything was started or written
+
+
+def test_a_job_store_from_before_the_worker_columns_is_upgraded(tmp_path, media):
+    store = JobStore(tmp_path / "outputs")
+    job_id = store.create_job(media["face"], media["speech"], {})
+    store.close()
+    db = sqlite3.connect(store.database_path, isolation_level=None)
+    columns = [row[1] for row in db.execute("PRAGMA table_info(jobs)") if row[1] not in ("worker", "device")]
+    db.executescript(f"CREATE TABLE earlier AS SELECT {', '.join(columns)} FROM jobs; DROP TABLE jobs; "
+                     "ALTER TABLE earlier RENAME TO jobs;")
+    assert "device" not in [row[1] for row in db.execute("PRAGMA table_info(jobs)")]
+    db.close()
+    reopened = JobStore(tmp_path / "outputs")
+    job = reopened.get(job_id)
+    assert job.status == QUEUED and job.worker is None and job.device is None
+    claimed = reopened.claim_next(process_owner("worker-3"), device="cuda:1")
+    assert (claimed.id, claimed.worker, claimed.device) == (job_id, "worker-3", "cuda:1")
+    assert reopened.finish(job_id, process_owner("worker-3"), FAILED, error="stopped here")
+    assert reopened.retry(job_id).device is None  # a queued job has not run anywhere yet

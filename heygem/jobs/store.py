@@ -1,17 +1,4 @@
-"""The durable job store and its workers: the one path every generation takes.
-
-The web UI, the REST API, batch mode and ``python -m heygem jobs`` all create
-and read jobs through :class:`JobStore`; :func:`run_job` is the only place a
-job turns into a call of :func:`heygem.pipeline.generate`.
-
-Layout on disk (``outputs/`` by default)::
-
-    outputs/jobs.db                 SQLite in WAL mode, one connection per thread
-    outputs/<job_id>/<face name>    the inputs as uploaded, names sanitised
-    outputs/<job_id>/options.json   the options the job was submitted with
-    outputs/<job_id>/job.log        what happened, attempt by attempt
-    outputs/<job_id>/result.mp4     the video, once done
-    outputs/<job_id>/result.json    the pipeline's summary (seconds per stage, ...)
+"""The durable job store: jobs as rows of one SQLite database next to their folders.
 
 States: ``queued -> running -> done | failed | cancelled``. A worker claims a
 job inside one write transaction, so two workers (threads or processes) never
@@ -19,6 +6,8 @@ run the same job; it records its owner (host, pid, a per-process token), and
 only that owner may move the job on. A job left ``running`` by a process that
 no longer exists (a crash, ``kill -9``) goes back to ``queued`` when a worker
 starts next, and runs again from the start.
+
+The database (``outputs/jobs.db``) is in WAL mode with one connection per thread.
 """
 
 from __future__ import annotations
@@ -27,40 +16,29 @@ import contextlib
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import socket
 import sqlite3
 import threading
 import time
-import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Iterator
 
-from heygem.config import REPO_ROOT, Config, apply_overrides, load_config
-from heygem.errors import GenerationCancelled, HeygemError
-from heygem.device import worker_devices
+from heygem.config import Config, apply_overrides, load_config
+from heygem.errors import HeygemError
+from heygem.jobs.files import (DATABASE_NAME, DEFAULT_OUTPUTS, LOG_NAME, OPTIONS_NAME, RESULT_NAME, SUMMARY_NAME,
+                               Upload, append_log, store_input)
 from heygem.media import probe_inputs
 
 logger = logging.getLogger("heygem")
-
-DEFAULT_OUTPUTS = Path(os.environ.get("HEYGEM_OUTPUTS", REPO_ROOT / "outputs"))
-DATABASE_NAME = "jobs.db"
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 STATUSES = (QUEUED, RUNNING, DONE, FAILED, CANCELLED)
 FINISHED = (DONE, FAILED, CANCELLED)
 
-RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME = "result.mp4", "result.json", "options.json", "job.log"
-RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME}
-MAX_NAME_BYTES = 120  # longest sanitised input file name, in UTF-8 bytes
-
-PROGRESS_WRITE_INTERVAL = 0.25  # seconds between progress writes within one stage
-STOP_POLL_INTERVAL = 0.25  # seconds between cancellation checks
-IDLE_POLL_INTERVAL = 1.0  # seconds an idle worker waits before looking for jobs again
 FOREIGN_OWNER_STALE_SECONDS = 600  # a job owned by another host with no heartbeat for this long is requeued
 
 _PROCESS_TOKEN = secrets.token_hex(4)  # tells this process from an earlier one that had the same pid
@@ -86,24 +64,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     batch TEXT,                            -- batch id, when created by a batch
     label TEXT,                            -- the batch item's name
-    item_key TEXT                          -- hash of inputs and options, for resuming batches
+    item_key TEXT,                         -- hash of inputs and options, for resuming batches
+    worker TEXT,                           -- the worker that claimed the last attempt (e.g. worker-1)
+    device TEXT                            -- the engine.device that attempt ran with (cuda:1, cpu, auto)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, queued, id);
 CREATE INDEX IF NOT EXISTS jobs_by_batch ON jobs (batch);
 CREATE INDEX IF NOT EXISTS jobs_by_item_key ON jobs (item_key);
 """
-
-
-class UploadTooLarge(HeygemError):
-    """An input file is larger than the configured upload limit."""
-
-
-@dataclass(frozen=True)
-class Upload:
-    """An input that arrives as a stream (an HTTP upload) rather than a file on disk."""
-
-    name: str  # the file name the client sent; sanitised before use
-    stream: BinaryIO
+# Columns newer than the first release of the schema: added to an older jobs.db when it is opened.
+_ADDED_COLUMNS = {"worker": "TEXT", "device": "TEXT"}
 
 
 @dataclass
@@ -129,6 +99,8 @@ class Job:
     label: str | None
     item_key: str | None
     owner: str | None
+    worker: str | None  # the worker that claimed the last attempt
+    device: str | None  # the engine.device the last attempt ran with
     directory: Path
     jobs_ahead: int | None = None  # queued jobs that run before this one (None unless queued)
     summary: dict | None = field(default=None, repr=False)  # result.json, once done
@@ -194,6 +166,8 @@ class Job:
             "options": self.options,
             "batch": self.batch,
             "label": self.label,
+            "worker": self.worker,
+            "device": self.device,
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "seconds_per_stage": summary.get("seconds_per_stage"),
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
@@ -206,26 +180,6 @@ def iso_time(seconds: float | None) -> str | None:
         return None
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
-
-def sanitize_filename(name: str, fallback: str) -> str:
-    """A safe file name that keeps what the user will recognise.
-
-    Keeps letters and digits of any script, spaces, dots, dashes and
-    underscores; drops any folder part; never starts or ends with a dot or a
-    space; at most ``MAX_NAME_BYTES`` bytes with the suffix kept.
-    """
-    name = unicodedata.normalize("NFC", name or "").replace("\\", "/").rsplit("/", 1)[-1]
-    name = re.sub(r"[^\w.\- ]+", "_", name)
-    name = re.sub(r"\s+", " ", name).strip(" .")
-    if not name or not re.search(r"[^._\- ]", name):
-        name = fallback
-    stem, dot, suffix = name.rpartition(".")
-    if not dot or not stem:
-        stem, suffix = name, ""
-    suffix = suffix[:16]
-    while len((stem + "." + suffix).encode("utf-8")) > MAX_NAME_BYTES and len(stem) > 1:
-        stem = stem[:-1]
-    return f"{stem}.{suffix}" if suffix else stem
 
 
 def flatten_options(options: dict | None) -> dict:
@@ -248,7 +202,21 @@ def new_job_id() -> str:
 
 
 def process_owner(worker_name: str) -> str:
+    """Who runs a job: host:pid:token:worker_name."""
     return f"{socket.gethostname()}:{os.getpid()}:{_PROCESS_TOKEN}:{worker_name}"
+
+
+def owner_worker(owner: str) -> str:
+    """The worker name at the end of an owner string (host:pid:token:worker-1 -> worker-1)."""
+    return owner.split(":", 3)[-1]
+
+
+def job_device(options: dict, worker_device: str | None) -> str:
+    """The engine.device a job runs with: its own option when it names a device, else its worker's, else auto."""
+    own = str(options.get("engine.device") or "auto")
+    if own != "auto" or not worker_device:
+        return own
+    return worker_device
 
 
 def _owner_is_gone(owner: str | None, heartbeat: float | None) -> bool:
@@ -305,6 +273,7 @@ class JobStore:
         self._connections_lock = threading.Lock()
         self.job_added = threading.Event()  # set when a job is queued in this process; workers wake up
         self._connect().executescript(_SCHEMA)
+        self._add_missing_columns()
 
     # ------------------------------------------------------------------ connections
 
@@ -321,6 +290,18 @@ class JobStore:
             with self._connections_lock:
                 self._connections.append(connection)
         return connection
+
+    def _add_missing_columns(self) -> None:
+        """Bring a jobs.db made by an earlier version up to the current columns (new ones start empty)."""
+        present = {row["name"] for row in self._connect().execute("PRAGMA table_info(jobs)")}
+        if present.issuperset(_ADDED_COLUMNS):
+            return
+        with self._transaction() as db:  # checked again under the write lock: another process may have added them
+            present = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in present:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+                    logger.info("job store: added the column %s to %s", name, self.database_path)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -353,7 +334,8 @@ class JobStore:
             finished=row["finished"], face_name=row["face_name"], audio_name=row["audio_name"],
             options=json.loads(row["options"]), engine=row["engine"], attempts=row["attempts"],
             cancel_requested=bool(row["cancel_requested"]), batch=row["batch"], label=row["label"],
-            item_key=row["item_key"], owner=row["owner"], directory=self.outputs_dir / row["id"],
+            item_key=row["item_key"], owner=row["owner"], worker=row["worker"], device=row["device"],
+            directory=self.outputs_dir / row["id"],
         )
 
     def get(self, job_id: str) -> Job:
@@ -442,10 +424,10 @@ class JobStore:
         directory = self.outputs_dir / job_id
         directory.mkdir(parents=False, exist_ok=False)
         try:
-            face_name = self._store_input(face, directory, "face", taken=set())
+            face_name = store_input(face, directory, "face", set(), self.max_upload_bytes)
             audio_name = None
             if audio is not None:
-                audio_name = self._store_input(audio, directory, "audio", taken={face_name})
+                audio_name = store_input(audio, directory, "audio", {face_name}, self.max_upload_bytes)
             probe_inputs(directory / face_name, None if audio_name is None else directory / audio_name)
             (directory / OPTIONS_NAME).write_text(
                 json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
@@ -459,30 +441,11 @@ class JobStore:
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        _append_log(directory, f"queued: face {face_name!r}, audio {audio_name or 'from the face video'!r}, "
-                               f"options {json.dumps(flat_options, ensure_ascii=False)}")
+        append_log(directory, f"queued: face {face_name!r}, audio {audio_name or 'from the face video'!r}, "
+                              f"options {json.dumps(flat_options, ensure_ascii=False)}")
         logger.info("job %s queued", job_id)
         self.job_added.set()
         return job_id
-
-    def _store_input(self, source: Path | str | Upload, directory: Path, role: str, taken: set[str]) -> str:
-        """Copy one input into the job folder under its sanitised name; return that name."""
-        if isinstance(source, Upload):
-            original_name, stream, close = source.name, source.stream, False
-        else:
-            path = Path(source)
-            if not path.is_file():
-                raise HeygemError(f"{role} file not found: {path}")
-            original_name, stream, close = path.name, open(path, "rb"), True
-        name = sanitize_filename(original_name, fallback=role)
-        if name in RESERVED_NAMES or name in taken:
-            name = sanitize_filename(f"{role}-{name}", fallback=role)
-        try:
-            _copy_limited(stream, directory / name, self.max_upload_bytes, original_name or role)
-        finally:
-            if close:
-                stream.close()
-        return name
 
     # ------------------------------------------------------------------ changing
 
@@ -496,7 +459,7 @@ class JobStore:
             elif row["status"] == RUNNING:
                 db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
         if row["status"] in (QUEUED, RUNNING):
-            _append_log(self.outputs_dir / job_id, "cancel requested")
+            append_log(self.outputs_dir / job_id, "cancel requested")
             logger.info("job %s: cancel requested", job_id)
         return self.get(job_id)
 
@@ -508,8 +471,9 @@ class JobStore:
                 raise HeygemError(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be retried")
             db.execute(
                 "UPDATE jobs SET status = ?, queued = ?, progress = 0, stage = '', error = NULL, started = NULL, "
-                "finished = NULL, owner = NULL, cancel_requested = 0 WHERE id = ?", (QUEUED, time.time(), job_id))
-        _append_log(self.outputs_dir / job_id, "queued again (retry)")
+                "finished = NULL, owner = NULL, worker = NULL, device = NULL, cancel_requested = 0 WHERE id = ?",
+                (QUEUED, time.time(), job_id))
+        append_log(self.outputs_dir / job_id, "queued again (retry)")
         self.job_added.set()
         return self.get(job_id)
 
@@ -547,22 +511,28 @@ class JobStore:
 
     # ------------------------------------------------------------------ for workers
 
-    def claim_next(self, owner: str, batch: str | None = None) -> Job | None:
-        """Move the oldest queued job (of ``batch``, if given) to running for ``owner``."""
+    def claim_next(self, owner: str, batch: str | None = None, *, device: str | None = None) -> Job | None:
+        """Move the oldest queued job (of ``batch``, if given) to running for ``owner``.
+
+        ``device`` is the claiming worker's device (None: auto); the job records
+        the device it will run with (see :func:`job_device`) and the worker's name.
+        """
         with self._transaction() as db:
             if batch is None:
-                row = db.execute("SELECT id FROM jobs WHERE status = ? ORDER BY queued, id LIMIT 1",
+                row = db.execute("SELECT id, options FROM jobs WHERE status = ? ORDER BY queued, id LIMIT 1",
                                  (QUEUED,)).fetchone()
             else:
-                row = db.execute("SELECT id FROM jobs WHERE status = ? AND batch = ? ORDER BY queued, id LIMIT 1",
-                                 (QUEUED, batch)).fetchone()
+                row = db.execute("SELECT id, options FROM jobs WHERE status = ? AND batch = ? "
+                                 "ORDER BY queued, id LIMIT 1", (QUEUED, batch)).fetchone()
             if row is None:
                 return None
             now = time.time()
             db.execute(
                 "UPDATE jobs SET status = ?, started = ?, heartbeat = ?, finished = NULL, owner = ?, "
-                "attempts = attempts + 1, progress = 0, stage = 'starting', error = NULL WHERE id = ?",
-                (RUNNING, now, now, owner, row["id"]))
+                "attempts = attempts + 1, progress = 0, stage = 'starting', error = NULL, worker = ?, device = ? "
+                "WHERE id = ?",
+                (RUNNING, now, now, owner, owner_worker(owner), job_device(json.loads(row["options"]), device),
+                 row["id"]))
         return self.get(row["id"])
 
     def report_progress(self, job_id: str, owner: str, stage: str, fraction: float) -> None:
@@ -609,187 +579,14 @@ class JobStore:
                 else:
                     cursor = db.execute(
                         "UPDATE jobs SET status = ?, progress = 0, stage = '', started = NULL, owner = NULL, "
-                        "error = NULL WHERE id = ? AND owner IS ? AND status = ?",
+                        "worker = NULL, device = NULL, error = NULL WHERE id = ? AND owner IS ? AND status = ?",
                         (QUEUED, row["id"], row["owner"], RUNNING))
             if cursor.rowcount == 1:
                 recovered.append(row["id"])
-                _append_log(self.outputs_dir / row["id"], "interrupted (the process running it stopped); "
-                            + ("cancelled" if row["cancel_requested"] else "queued again to run from the start"))
+                append_log(self.outputs_dir / row["id"], "interrupted (the process running it stopped); "
+                           + ("cancelled" if row["cancel_requested"] else "queued again to run from the start"))
                 logger.warning("job %s was interrupted; %s", row["id"],
                                "cancelled" if row["cancel_requested"] else "queued again")
         if recovered:
             self.job_added.set()
         return recovered
-
-
-# ---------------------------------------------------------------------- inputs
-
-
-def human_size(size: float) -> str:
-    """1536 -> '1.5 kB', 734003200 -> '700 MB' (binary units, as upload limits are given)."""
-    for unit in ("bytes", "kB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "bytes" or size >= 10 else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.0f} GB"
-
-
-def _copy_limited(stream: BinaryIO, destination: Path, max_bytes: int | None, shown_name: str) -> None:
-    total = 0
-    with open(destination, "xb") as output:
-        while chunk := stream.read(1 << 20):
-            total += len(chunk)
-            if max_bytes is not None and total > max_bytes:
-                raise UploadTooLarge(f"{shown_name} is larger than the upload limit of {human_size(max_bytes)}")
-            output.write(chunk)
-    if total == 0:
-        raise HeygemError(f"{shown_name} is empty")
-
-
-def _append_log(directory: Path, message: str) -> None:
-    with contextlib.suppress(OSError):
-        with open(directory / LOG_NAME, "a", encoding="utf-8") as log:
-            log.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {message}\n")
-
-
-# ---------------------------------------------------------------------- running
-
-
-class _JobLogHandler(logging.FileHandler):
-    """Copies the heygem log records of one thread into a job's job.log."""
-
-    def __init__(self, path: Path):
-        super().__init__(path, mode="a", encoding="utf-8")
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-        thread_id = threading.get_ident()
-        self.addFilter(lambda record: record.thread == thread_id)
-
-
-def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
-            generate: Callable | None = None) -> str:
-    """Run one claimed job to its end and record the outcome; return the final status.
-
-    ``device`` (e.g. "cuda:1") pins the job to one GPU when its options leave
-    the device on auto. A HeygemError becomes the job's error message; any
-    other exception is logged with its traceback and recorded as well, so the
-    worker can go on with the next job.
-    """
-    if generate is None:
-        from heygem.pipeline import generate
-
-    handler = _JobLogHandler(job.log_path)
-    logger.addHandler(handler)
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
-    started = time.monotonic()
-    try:
-        logger.info("job %s: attempt %d started by %s", job.id, job.attempts, owner)
-        for stale in (job.result_path, job.summary_path):  # left by an interrupted attempt
-            stale.unlink(missing_ok=True)
-        overrides = dict(job.options)
-        if device and overrides.get("engine.device", "auto") == "auto":
-            overrides["engine.device"] = device
-
-        last_write = {"stage": None, "time": 0.0}
-
-        def report(stage: str, fraction: float) -> None:
-            now = time.monotonic()
-            if stage != last_write["stage"] or now - last_write["time"] >= PROGRESS_WRITE_INTERVAL:
-                last_write.update(stage=stage, time=now)
-                store.report_progress(job.id, owner, stage, fraction)
-
-        last_check = {"time": 0.0, "stop": False}
-
-        def should_stop() -> bool:
-            now = time.monotonic()
-            if now - last_check["time"] >= STOP_POLL_INTERVAL:
-                last_check.update(time=now, stop=store.should_stop(job.id, owner))
-            return last_check["stop"]
-
-        try:
-            summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
-                               progress=report, should_stop=should_stop)
-        except GenerationCancelled:
-            logger.info("job %s cancelled after %.1f s", job.id, time.monotonic() - started)
-            status, error, engine = CANCELLED, None, None
-        except HeygemError as problem:
-            logger.error("job %s failed: %s", job.id, problem)
-            status, error, engine = FAILED, str(problem), None
-        except Exception as problem:  # a bug, not the user's input: keep the traceback in job.log
-            logger.exception("job %s failed with an unexpected error", job.id)
-            status, error, engine = FAILED, f"unexpected error ({type(problem).__name__}: {problem}); see job.log", None
-        else:
-            if job.result_path.is_file():
-                status, error, engine = DONE, None, getattr(summary, "engine", None)
-                logger.info("job %s done in %.1f s", job.id, time.monotonic() - started)
-            else:
-                status, error, engine = FAILED, "the pipeline finished without writing result.mp4; see job.log", None
-                logger.error("job %s: %s", job.id, error)
-        if not store.finish(job.id, owner, status, error=error, engine=engine):
-            logger.warning("job %s was cancelled, deleted or taken over while running; its outcome is dropped",
-                           job.id)
-            current = store.find(job.id)
-            return current.status if current is not None else CANCELLED
-        return status
-    finally:
-        logger.removeHandler(handler)
-        handler.close()
-
-
-class Worker(threading.Thread):
-    """Runs queued jobs one at a time, on one device."""
-
-    def __init__(self, store: JobStore, device: str | None = None, *, batch: str | None = None,
-                 name: str = "worker-0", generate: Callable | None = None):
-        super().__init__(name=f"heygem-{name}", daemon=True)
-        self.store = store
-        self.device = device
-        self.batch = batch
-        self.owner = process_owner(name)
-        self.generate = generate
-        self.current_job_id: str | None = None
-        self._stopping = threading.Event()
-
-    def run(self) -> None:
-        logger.info("%s started (device %s)", self.name, self.device or "auto")
-        while not self._stopping.is_set():
-            try:
-                self.store.recover_interrupted()
-                job = self.store.claim_next(self.owner, batch=self.batch)
-            except sqlite3.Error:
-                logger.exception("%s: the job store is not reachable; trying again", self.name)
-                job = None
-            if job is None:
-                self.store.job_added.wait(IDLE_POLL_INTERVAL)
-                self.store.job_added.clear()
-                continue
-            self.current_job_id = job.id
-            try:
-                run_job(self.store, job, self.owner, self.device, generate=self.generate)
-            except Exception:  # the store itself failed; the job is recovered on the next start
-                logger.exception("%s: could not record job %s", self.name, job.id)
-            finally:
-                self.current_job_id = None
-
-    def stop(self, wait: float | None = None) -> None:
-        """Stop after the current job (cancel it first to stop sooner)."""
-        self._stopping.set()
-        self.store.job_added.set()
-        if wait is not None:
-            self.join(wait)
-
-
-def start_workers(store: JobStore, count: int | None = None, *, batch: str | None = None,
-                  generate: Callable | None = None) -> list[Worker]:
-    """Start one worker per device (``count`` overrides how many); they run until the process ends."""
-    store.recover_interrupted()
-    devices = worker_devices() if count is None else [None] * count
-    if count is not None and count > 1:
-        gpus = worker_devices()
-        if gpus[0] is not None:
-            devices = [gpus[index % len(gpus)] for index in range(count)]
-    workers = [Worker(store, device, batch=batch, name=f"worker-{index}", generate=generate)
-               for index, device in enumerate(devices)]
-    for worker in workers:
-        worker.start()
-    return workers

@@ -1,0 +1,122 @@
+"""Where a job's files live and how they are named.
+
+Layout on disk (``outputs/`` by default)::
+
+    outputs/jobs.db                 the job store (SQLite)
+    outputs/<job_id>/<face name>    the inputs as uploaded, names sanitised
+    outputs/<job_id>/options.json   the options the job was submitted with
+    outputs/<job_id>/job.log        what happened, attempt by attempt
+    outputs/<job_id>/result.mp4     the video, once done
+    outputs/<job_id>/result.json    the pipeline's summary (seconds per stage, ...)
+
+Input names keep what the user will recognise but can never leave the job's
+folder or take the name of a file the job itself writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import unicodedata
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from heygem.config import REPO_ROOT
+from heygem.errors import HeygemError
+
+DEFAULT_OUTPUTS = Path(os.environ.get("HEYGEM_OUTPUTS", REPO_ROOT / "outputs"))
+DATABASE_NAME = "jobs.db"
+
+RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME = "result.mp4", "result.json", "options.json", "job.log"
+RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME}
+MAX_NAME_BYTES = 120  # longest sanitised input file name, in UTF-8 bytes
+
+
+class UploadTooLarge(HeygemError):
+    """An input file is larger than the configured upload limit."""
+
+
+@dataclass(frozen=True)
+class Upload:
+    """An input that arrives as a stream (an HTTP upload) rather than a file on disk."""
+
+    name: str  # the file name the client sent; sanitised before use
+    stream: BinaryIO
+
+
+def sanitize_filename(name: str, fallback: str) -> str:
+    """A safe file name that keeps what the user will recognise.
+
+    Keeps letters and digits of any script, spaces, dots, dashes and
+    underscores; drops any folder part; never starts or ends with a dot or a
+    space; at most ``MAX_NAME_BYTES`` bytes with the suffix kept.
+    """
+    name = unicodedata.normalize("NFC", name or "").replace("\\", "/").rsplit("/", 1)[-1]
+    name = re.sub(r"[^\w.\- ]+", "_", name)
+    name = re.sub(r"\s+", " ", name).strip(" .")
+    if not name or not re.search(r"[^._\- ]", name):
+        name = fallback
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or not stem:
+        stem, suffix = name, ""
+    suffix = suffix[:16]
+    while len((stem + "." + suffix).encode("utf-8")) > MAX_NAME_BYTES and len(stem) > 1:
+        stem = stem[:-1]
+    return f"{stem}.{suffix}" if suffix else stem
+
+
+def human_size(size: float) -> str:
+    """1536 -> '1.5 kB', 734003200 -> '700 MB' (binary units, as upload limits are given)."""
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "bytes" or size >= 10 else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.0f} GB"
+
+
+def _copy_limited(stream: BinaryIO, destination: Path, max_bytes: int | None, shown_name: str) -> None:
+    total = 0
+    with open(destination, "xb") as output:
+        while chunk := stream.read(1 << 20):
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise UploadTooLarge(f"{shown_name} is larger than the upload limit of {human_size(max_bytes)}")
+            output.write(chunk)
+    if total == 0:
+        raise HeygemError(f"{shown_name} is empty")
+
+
+def append_log(directory: Path, message: str) -> None:
+    """Add one timestamped line to the job folder's job.log."""
+    with contextlib.suppress(OSError):
+        with open(directory / LOG_NAME, "a", encoding="utf-8") as log:
+            log.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {message}\n")
+
+
+def store_input(source: Path | str | Upload, directory: Path, role: str, taken: set[str],
+                max_bytes: int | None = None) -> str:
+    """Copy one input into the job folder under its sanitised name; return that name.
+
+    ``role`` ("face" or "audio") names the file when nothing usable is left of
+    its own name; a name the job writes itself, or one in ``taken``, gets the
+    role as a prefix.
+    """
+    if isinstance(source, Upload):
+        original_name, stream, close = source.name, source.stream, False
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise HeygemError(f"{role} file not found: {path}")
+        original_name, stream, close = path.name, open(path, "rb"), True
+    name = sanitize_filename(original_name, fallback=role)
+    if name in RESERVED_NAMES or name in taken:
+        name = sanitize_filename(f"{role}-{name}", fallback=role)
+    try:
+        _copy_limited(stream, directory / name, max_bytes, original_name or role)
+    finally:
+        if close:
+            stream.close()
+    return name

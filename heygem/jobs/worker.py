@@ -1,0 +1,236 @@
+"""The workers: threads that claim queued jobs and run them, one at a time each.
+
+:func:`run_job` is the only place a job turns into a call of
+:func:`heygem.pipeline.generate`; it records the outcome in the store and
+copies the thread's log records into the job's job.log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from heygem.device import pick_device, worker_devices
+from heygem.errors import GenerationCancelled, HeygemError
+from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
+
+logger = logging.getLogger("heygem")
+
+PROGRESS_WRITE_INTERVAL = 0.25  # seconds between progress writes within one stage
+STOP_POLL_INTERVAL = 0.25  # seconds between cancellation checks
+IDLE_POLL_INTERVAL = 1.0  # seconds an idle worker waits before looking for jobs again
+DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+class _JobLogHandler(logging.FileHandler):
+    """Copies the heygem log records of one thread into a job's job.log."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, mode="a", encoding="utf-8")
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        thread_id = threading.get_ident()
+        self.addFilter(lambda record: record.thread == thread_id)
+
+
+def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
+            generate: Callable | None = None) -> str:
+    """Run one claimed job to its end and record the outcome; return the final status.
+
+    ``device`` (e.g. "cuda:1", the worker's) pins the job to one GPU when its
+    options leave the device on auto; result.json records the worker and the
+    device the job ran with. A HeygemError becomes the job's error message; any
+    other exception is logged with its traceback and recorded as well, so the
+    worker can go on with the next job.
+    """
+    if generate is None:
+        from heygem.pipeline import generate
+
+    handler = _JobLogHandler(job.log_path)
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    started = time.monotonic()
+    try:
+        run_on = job_device(job.options, device)
+        logger.info("job %s: attempt %d started by %s on %s", job.id, job.attempts, owner, run_on)
+        for stale in (job.result_path, job.summary_path):  # left by an interrupted attempt
+            stale.unlink(missing_ok=True)
+        overrides = dict(job.options)
+        if run_on != "auto":
+            overrides["engine.device"] = run_on
+
+        last_write = {"stage": None, "time": 0.0}
+
+        def report(stage: str, fraction: float) -> None:
+            now = time.monotonic()
+            if stage != last_write["stage"] or now - last_write["time"] >= PROGRESS_WRITE_INTERVAL:
+                last_write.update(stage=stage, time=now)
+                store.report_progress(job.id, owner, stage, fraction)
+
+        last_check = {"time": 0.0, "stop": False}
+
+        def should_stop() -> bool:
+            now = time.monotonic()
+            if now - last_check["time"] >= STOP_POLL_INTERVAL:
+                last_check.update(time=now, stop=store.should_stop(job.id, owner))
+            return last_check["stop"]
+
+        try:
+            summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
+                               progress=report, should_stop=should_stop)
+        except GenerationCancelled:
+            logger.info("job %s cancelled after %.1f s", job.id, time.monotonic() - started)
+            status, error, engine = CANCELLED, None, None
+        except HeygemError as problem:
+            logger.error("job %s failed: %s", job.id, problem)
+            status, error, engine = FAILED, str(problem), None
+        except Exception as problem:  # a bug, not the user's input: keep the traceback in job.log
+            logger.exception("job %s failed with an unexpected error", job.id)
+            status, error, engine = FAILED, f"unexpected error ({type(problem).__name__}: {problem}); see job.log", None
+        else:
+            if job.result_path.is_file():
+                status, error, engine = DONE, None, getattr(summary, "engine", None)
+                _record_placement(job.summary_path, owner_worker(owner), run_on)
+                logger.info("job %s done in %.1f s", job.id, time.monotonic() - started)
+            else:
+                status, error, engine = FAILED, "the pipeline finished without writing result.mp4; see job.log", None
+                logger.error("job %s: %s", job.id, error)
+        if not store.finish(job.id, owner, status, error=error, engine=engine):
+            logger.warning("job %s was cancelled, deleted or taken over while running; its outcome is dropped",
+                           job.id)
+            current = store.find(job.id)
+            return current.status if current is not None else CANCELLED
+        return status
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def _record_placement(summary_path: Path, worker: str, device: str) -> None:
+    """Add the worker and the device to the job's result.json (made here when the pipeline wrote none)."""
+    partial = summary_path.with_name(f".{summary_path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+        summary.update(worker=worker, device=device)
+        partial.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+        os.replace(partial, summary_path)
+    except (OSError, ValueError, AttributeError) as problem:  # the video is there; only the note is missing
+        partial.unlink(missing_ok=True)
+        logger.warning("could not add the worker and device to %s: %s", summary_path, problem)
+
+
+class Worker(threading.Thread):
+    """Runs queued jobs one at a time, on one device."""
+
+    def __init__(self, store: JobStore, device: str | None = None, *, batch: str | None = None,
+                 name: str = "worker-0", generate: Callable | None = None):
+        super().__init__(name=f"heygem-{name}", daemon=True)
+        self.store = store
+        self.device = device
+        self.batch = batch
+        self.owner = process_owner(name)
+        self.generate = generate
+        self.current_job_id: str | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        logger.info("%s started (device %s)", self.name, self.device or "auto")
+        while not self._stopping.is_set():
+            try:
+                self.store.recover_interrupted()
+                job = self.store.claim_next(self.owner, batch=self.batch, device=self.device)
+            except sqlite3.Error:
+                logger.exception("%s: the job store is not reachable; trying again", self.name)
+                job = None
+            if job is None:
+                self.store.job_added.wait(IDLE_POLL_INTERVAL)
+                self.store.job_added.clear()
+                continue
+            self.current_job_id = job.id
+            try:
+                run_job(self.store, job, self.owner, self.device, generate=self.generate)
+            except Exception:  # the store itself failed; the job is recovered on the next start
+                logger.exception("%s: could not record job %s", self.name, job.id)
+            finally:
+                self.current_job_id = None
+
+    def stop(self, wait: float | None = None) -> None:
+        """Stop after the current job (cancel it first to stop sooner)."""
+        self._stopping.set()
+        self.store.job_added.set()
+        if wait is not None:
+            self.join(wait)
+
+
+def parse_devices(text: str) -> list[str]:
+    """The devices of ``--devices`` ("cuda:0,cuda:1", "cpu,cpu"), one worker each; a device may repeat.
+
+    Raises HeygemError with one line that says what to write instead when an
+    entry is not cpu, cuda or cuda:N, or names a GPU this machine does not have.
+    """
+    entries = [entry.strip().lower() for entry in (text or "").split(",")]
+    if not any(entries):
+        raise HeygemError("--devices needs at least one device, e.g. --devices cuda:0,cuda:1 or --devices cpu")
+    for entry in entries:
+        if not DEVICE_NAME.fullmatch(entry):
+            shown = repr(entry) if entry else "an empty entry"
+            raise HeygemError(f"--devices: {shown} is not a device; list cpu, cuda or cuda:N separated by commas, "
+                              "e.g. --devices cuda:0,cuda:1")
+    for entry in dict.fromkeys(entries):
+        if entry != "cpu":
+            try:
+                pick_device(entry)
+            except HeygemError as problem:
+                raise HeygemError(f"--devices lists {entry}, which cannot be used here: {problem}") from None
+    return entries
+
+
+def plan_devices(count: int | None = None, devices: list[str] | None = None) -> list[str | None]:
+    """The device of each worker to start (None: the engine picks).
+
+    With ``devices``: one worker each, or ``count`` workers taking them in
+    turn. Without: one per GPU when there are several, else one; ``count``
+    workers spread over the GPUs when there are several, else on auto.
+    """
+    if devices:
+        if count is None:
+            return list(devices)
+        if count == 0:
+            raise HeygemError("--workers 0 starts no worker here, so --devices has nothing to run on: "
+                              "leave one of the two out")
+        return [devices[index % len(devices)] for index in range(count)]
+    if count is None:
+        return worker_devices()
+    if count > 1:
+        gpus = worker_devices()
+        if gpus[0] is not None:
+            return [gpus[index % len(gpus)] for index in range(count)]
+    return [None] * count
+
+
+def devices_from_flags(devices: str | None, workers: int | None = None) -> list[str] | None:
+    """``--devices`` checked against this machine and against ``--workers``; None when it was not given."""
+    if devices is None:
+        return None
+    names = parse_devices(devices)
+    plan_devices(workers, names)
+    return names
+
+
+def start_workers(store: JobStore, count: int | None = None, *, devices: list[str] | None = None,
+                  batch: str | None = None, generate: Callable | None = None) -> list[Worker]:
+    """Start the workers :func:`plan_devices` gives; they run until the process ends (or are stopped)."""
+    planned = plan_devices(count, devices)
+    store.recover_interrupted()
+    workers = [Worker(store, device, batch=batch, name=f"worker-{index}", generate=generate)
+               for index, device in enumerate(planned)]
+    for worker in workers:
+        worker.start()
+    return workers

@@ -3,8 +3,10 @@
 16 kHz mono; pre-emphasis 0.97; STFT with n_fft 800, window 800, hop 200
 (80 mel frames per second, centred frames with reflect padding as librosa 0.7 did); 80 mel bands from 55 to 7600 Hz; amplitude to dB
 (floor 1e-5) minus a 20 dB reference; symmetric normalisation of
-[-100 dB, 0 dB] onto [-4, 4] with clipping. Written against librosa's keyword
-API so that librosa releases do not break it.
+[-100 dB, 0 dB] onto [-4, 4] with clipping. The STFT and the Slaney-style mel
+filters are written out here with numpy (the same numbers librosa gives, see
+tests/test_audio.py), so no librosa release can change them and no job waits
+for librosa's import and first-call compilation.
 """
 
 from __future__ import annotations
@@ -60,12 +62,49 @@ def load_audio_16k(path: str | Path) -> np.ndarray:
     return samples
 
 
+# The Slaney mel scale: linear below 1 kHz (200/3 Hz per mel), logarithmic above.
+_HZ_PER_MEL = 200.0 / 3.0
+_LOG_START_HZ = 1000.0
+_LOG_START_MEL = _LOG_START_HZ / _HZ_PER_MEL  # 15
+_MELS_PER_LOG_HZ = 27.0 / np.log(6.4)
+
+
+def hz_to_mel(hz: np.ndarray) -> np.ndarray:
+    hz = np.asarray(hz, dtype=np.float64)
+    linear = hz / _HZ_PER_MEL
+    logarithmic = _LOG_START_MEL + np.log(np.maximum(hz, _LOG_START_HZ) / _LOG_START_HZ) * _MELS_PER_LOG_HZ
+    return np.where(hz >= _LOG_START_HZ, logarithmic, linear)
+
+
+def mel_to_hz(mels: np.ndarray) -> np.ndarray:
+    mels = np.asarray(mels, dtype=np.float64)
+    linear = mels * _HZ_PER_MEL
+    logarithmic = _LOG_START_HZ * np.exp((mels - _LOG_START_MEL) / _MELS_PER_LOG_HZ)
+    return np.where(mels >= _LOG_START_MEL, logarithmic, linear)
+
+
+def mel_frequencies(count: int, fmin: float = FMIN, fmax: float = FMAX) -> np.ndarray:
+    """``count`` frequencies in Hz, evenly spaced on the mel scale from ``fmin`` to ``fmax``."""
+    return mel_to_hz(np.linspace(hz_to_mel(fmin), hz_to_mel(fmax), count))
+
+
 @functools.lru_cache(maxsize=1)
 def _mel_basis() -> np.ndarray:
-    import librosa
+    """(80, 401) float32 triangular filters on the STFT bins, each scaled to unit area (Slaney)."""
+    bin_hz = np.linspace(0.0, SAMPLE_RATE / 2, 1 + N_FFT // 2)  # (401,)
+    edges_hz = mel_frequencies(N_MELS + 2)  # (82,) lower edge, centre, upper edge of each band
+    widths = np.diff(edges_hz)  # (81,)
+    rising = (bin_hz[None, :] - edges_hz[:-2, None]) / widths[:-1, None]  # (80, 401)
+    falling = (edges_hz[2:, None] - bin_hz[None, :]) / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(rising, falling))
+    weights *= (2.0 / (edges_hz[2:] - edges_hz[:-2]))[:, None]
+    return weights.astype(np.float32)
 
-    # (80, 401) float32 triangular filters on the linear-frequency STFT bins
-    return librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=N_MELS, fmin=FMIN, fmax=FMAX).astype(np.float32)
+
+@functools.lru_cache(maxsize=1)
+def _hann_window() -> np.ndarray:
+    """The periodic Hann window of WIN_LENGTH samples (as spectral analysis uses it)."""
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(WIN_LENGTH) / WIN_LENGTH)).astype(np.float32)
 
 
 def preemphasis(samples: np.ndarray, coefficient: float = PREEMPHASIS) -> np.ndarray:
@@ -75,13 +114,17 @@ def preemphasis(samples: np.ndarray, coefficient: float = PREEMPHASIS) -> np.nda
     return emphasised
 
 
+def stft_magnitude(samples: np.ndarray) -> np.ndarray:
+    """(401, T) float32 magnitude of the centred STFT: reflect-padded by N_FFT/2, Hann window, hop 200."""
+    padded = np.pad(samples.astype(np.float32), N_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH]  # (T, 800) views
+    return np.abs(np.fft.rfft(frames * _hann_window(), axis=1)).astype(np.float32).T
+
+
 def melspectrogram(samples_16k: np.ndarray) -> np.ndarray:
     """Wav2Lip's normalised log-mel spectrogram: (80, T) float32 in [-4, 4], T = 1 + S // 200."""
-    import librosa
-
-    spectrum = librosa.stft(y=preemphasis(samples_16k), n_fft=N_FFT, hop_length=HOP_LENGTH,
-                            win_length=WIN_LENGTH, center=True, pad_mode="reflect")
-    mel = _mel_basis() @ np.abs(spectrum).astype(np.float32)  # (80, T) linear amplitude
+    samples = preemphasis(samples_16k)
+    mel = _mel_basis() @ stft_magnitude(samples)  # (80, T) linear amplitude
     decibels = 20.0 * np.log10(np.maximum(1e-5, mel)) - REF_LEVEL_DB
     normalised = 2 * MAX_ABS_VALUE * ((decibels - MIN_LEVEL_DB) / -MIN_LEVEL_DB) - MAX_ABS_VALUE
     return np.clip(normalised, -MAX_ABS_VALUE, MAX_ABS_VALUE).astype(np.float32)

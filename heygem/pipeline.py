@@ -185,7 +185,7 @@ def _timed(clock: StageClock, stage: str):
 
 
 def warm_up() -> None:
-    """Load the heavy libraries before the first job needs them (librosa's first call takes seconds)."""
+    """Load the heavy libraries before the first job needs them (mediapipe takes seconds to import)."""
     audio.melspectrogram(np.zeros(audio.SAMPLE_RATE // 10, dtype=np.float32))
     import mediapipe  # noqa: F401
 

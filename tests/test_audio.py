@@ -82,3 +82,23 @@ def test_audio_is_decoded_from_any_container(media_dir, speech_wav):
         samples = audio.load_audio_16k(path)
         assert abs(len(samples) - len(reference)) < 0.06 * 16000, suffix  # codec padding only
         assert samples.dtype == np.float32 and 0.05 < np.abs(samples).max() <= 1.0
+
+
+def test_mel_filters_and_frequencies_equal_librosas():
+    import librosa
+
+    expected = librosa.filters.mel(sr=16000, n_fft=800, n_mels=80, fmin=55, fmax=7600)
+    np.testing.assert_allclose(audio._mel_basis(), expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(audio.mel_frequencies(82), librosa.mel_frequencies(n_mels=82, fmin=55, fmax=7600),
+                               rtol=1e-9)
+
+
+def test_stft_equals_librosas_centred_reflect_padded_stft():
+    import librosa
+
+    samples = np.random.default_rng(3).normal(0, 0.2, 16000 + 123).astype(np.float32)
+    expected = np.abs(librosa.stft(y=samples, n_fft=800, hop_length=200, win_length=800, center=True,
+                                   pad_mode="reflect"))
+    ours = audio.stft_magnitude(samples)
+    assert ours.shape == expected.shape == (401, 1 + len(samples) // 200)
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)

@@ -306,18 +306,28 @@ class TeethColour:
         return self.bgr
 
 
-def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
-                   geometry: MouthGeometry, teeth_memory: TeethColour | None = None) -> FaceColours:
-    """Lip, skin and teeth colours of the source patch.
+LUMA_WEIGHTS = np.array([0.114, 0.587, 0.299], np.float32)  # BGR -> luma
+
+
+@dataclass(frozen=True)
+class SourceColours:
+    """What the source patch shows of the lips, the skin and (when visible) the teeth."""
+
+    lips: np.ndarray  # (3,) float32 BGR
+    skin: np.ndarray  # (3,) float32 BGR
+    seen_teeth: np.ndarray | None  # (3,) float32 BGR, None when the source shows no teeth
+
+
+def source_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
+                   geometry: MouthGeometry) -> SourceColours:
+    """Lip and skin colours of the source patch, and its teeth where it shows them (the brightest
+    pixels between the inner lips). Depends on this frame alone.
 
     ``patch_origin`` (2,) is the patch's top-left corner in the frame and ``landmarks``
-    (468, 2) the face-mesh points in frame pixels. Teeth come from the source when it
-    shows them (the brightest pixels between the inner lips; remembered in ``teeth_memory``
-    for the frames that do not), otherwise from the skin's light: a warm off-white a
-    little brighter than the skin.
+    (468, 2) the face-mesh points in frame pixels.
     """
     shape = patch_bgr.shape[:2]
-    luma_weights = np.array([0.114, 0.587, 0.299], np.float32)
+    luma_weights = LUMA_WEIGHTS
     outer = landmarks[list(UPPER_OUTER_LIP + LOWER_OUTER_LIP[-2:0:-1])] - patch_origin
     inner = landmarks[list(UPPER_INNER_LIP + LOWER_INNER_LIP[-2:0:-1])] - patch_origin
     frame = geometry.frame
@@ -344,10 +354,28 @@ def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: n
         bright = inside[inside_luma >= np.percentile(inside_luma, 70)]
         if len(bright) and float(bright.mean(axis=0) @ luma_weights) > 0.85 * skin_luma:
             seen_teeth = bright.mean(axis=0).astype(np.float32)
-    teeth = teeth_memory.update(seen_teeth) if teeth_memory is not None else seen_teeth
+    return SourceColours(lips=lips, skin=skin, seen_teeth=seen_teeth)
+
+
+def face_colours(source: SourceColours, teeth: np.ndarray | None) -> FaceColours:
+    """The colours to draw with: ``teeth`` as remembered over the video (see TeethColour), or,
+    when no frame so far showed teeth, from the skin's light: a warm off-white a little
+    brighter than the skin."""
     if teeth is None:
-        teeth = 0.4 * skin + 0.6 * min(skin_luma * 1.12, 235.0)
-    return FaceColours(lips=lips, skin=skin, teeth=np.clip(teeth, 0, 255).astype(np.float32))
+        teeth = 0.4 * source.skin + 0.6 * min(float(source.skin @ LUMA_WEIGHTS) * 1.12, 235.0)
+    return FaceColours(lips=source.lips, skin=source.skin, teeth=np.clip(teeth, 0, 255).astype(np.float32))
+
+
+def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
+                   geometry: MouthGeometry, teeth_memory: TeethColour | None = None) -> FaceColours:
+    """Lip, skin and teeth colours of the source patch.
+
+    Teeth come from the source when it shows them (remembered in ``teeth_memory`` for
+    the frames that do not), otherwise from the skin's light (see face_colours).
+    """
+    source = source_colours(patch_bgr, patch_origin, landmarks, geometry)
+    teeth = teeth_memory.update(source.seen_teeth) if teeth_memory is not None else source.seen_teeth
+    return face_colours(source, teeth)
 
 
 # Tooth edges of the upper front teeth, across the mouth from its centre, as fractions of the mouth width:
@@ -507,15 +535,66 @@ def _coarse_shifts(geometry: MouthGeometry, target: MouthTarget, box: Box, step:
     return shift_u, shift_v
 
 
-def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
-                  face: Face | None = None, teeth_memory: TeethColour | None = None) -> FacePatch | None:
-    """New pixels for the lower face of ``frame_bgr`` with the mouth in the given shape.
+@dataclass
+class MouthInterior:
+    """What drawing the mouth's inside needs, over the patch window where it is drawn."""
 
-    ``landmarks`` (468, 2) float32 are the frame's mediapipe face-mesh points in pixels;
-    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread). Returns None
-    when the face is too small or outside the frame.
+    window: tuple[slice, slice]  # rows and columns of the patch
+    u: np.ndarray  # (h, w) float32, output pixels in mouth coordinates (see render_interior)
+    u_column: np.ndarray  # (h, w) float32
+    v: np.ndarray  # (h, w) float32
+    target_levels: list  # 7 x (h, w) float32
+    closing_px: np.ndarray  # (h, w) float32
+    interior_weight: np.ndarray  # (h, w) float32
+    geometry: MouthGeometry
+    colours: SourceColours
+
+
+@dataclass
+class WarpedMouth:
+    """A frame after the warp, before the mouth interior is drawn: everything about it that
+    depends on this frame alone. ``interior`` is None where nothing is drawn inside the lips."""
+
+    box: Box
+    image_bgr: np.ndarray  # (h, w, 3) uint8 BGR, the box after the warp
+    mask: np.ndarray  # (h, w) float32 in [0, 1], where the warp moved pixels
+    fade: np.ndarray  # (h, w) float32, the box's border fade
+    mouth_width: float
+    interior: MouthInterior | None
+
+
+class RegionTooSmall(Exception):
+    """The warp reads frame pixels outside the region it was given (see warp_mouth)."""
+
+
+def _map_to_region(map_values: np.ndarray, start: int, size: int, frame_size: int) -> np.ndarray:
+    """Frame coordinates -> coordinates in a region [start, start + size) of a frame axis of
+    ``frame_size`` pixels. Bilinear sampling must find both its neighbours inside the region
+    wherever the region ends inside the frame (at the frame's own edges the border is
+    replicated, as for the whole frame). Subtracting the integer ``start`` from float32
+    coordinates >= start is exact, so the sampling is bit-identical to the whole frame's."""
+    if start > 0 and float(map_values.min()) < start:
+        raise RegionTooSmall
+    if start + size < frame_size and float(map_values.max()) > start + size - 2:
+        raise RegionTooSmall
+    return map_values - np.float32(start) if start else map_values
+
+
+def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
+               source_origin: tuple[int, int] = (0, 0),
+               frame_size: tuple[int, int] | None = None) -> WarpedMouth | None:
+    """The first half of animate_mouth: the warp, the mask and the inputs of the interior.
+
+    ``source_bgr`` is the frame, or a region of it whose top-left corner is at
+    ``source_origin`` (x, y) in a frame of ``frame_size`` (width, height) pixels; a region
+    must contain the patch box, and gives the same result as the whole frame unless the
+    warp reads outside it, which raises RegionTooSmall.
     """
-    frame_height, frame_width = frame_bgr.shape[:2]
+    if frame_size is None:
+        frame_height, frame_width = source_bgr.shape[:2]
+    else:
+        frame_width, frame_height = frame_size
+    origin_x, origin_y = source_origin
     geometry = MouthGeometry.from_landmarks(landmarks)
     box = patch_box(geometry, frame_width, frame_height)
     if box is None:
@@ -540,31 +619,75 @@ def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float,
     (ux, uy), (vx, vy) = geometry.frame.axis_u.astype(np.float32), geometry.frame.axis_v.astype(np.float32)
     map_x = np.arange(x1, x2, dtype=np.float32)[None, :] + shift_u * ux + shift_v * vx
     map_y = np.arange(y1, y2, dtype=np.float32)[:, None] + shift_u * uy + shift_v * vy
-    image = cv2.remap(frame_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)  # (h, w, 3)
+    map_x = _map_to_region(map_x, origin_x, source_bgr.shape[1], frame_width)
+    map_y = _map_to_region(map_y, origin_y, source_bgr.shape[0], frame_height)
+    image = cv2.remap(source_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)  # (h, w, 3)
     mask = np.clip(np.sqrt(shift_u**2 + shift_v**2) * 2.0, 0.0, 1.0)  # (h, w): ours from half a pixel of movement on
 
-    # 2. The mouth interior (or the line where closed lips meet), drawn where the lips parted.
+    # 2. Where the lips parted (or closed lips meet), the interior will be drawn.
     closing_px = np.interp(lips_field.u_column, target.columns, target.closing).astype(np.float32)
     interior_weight = np.interp(lips_field.u_column, target.columns, target.interior).astype(np.float32)
     gap = lips_field.target_levels[LOWER_INNER] - lips_field.target_levels[UPPER_INNER]
     inside = _active_window(((gap > 0.05) & (interior_weight > 0.0)) | (closing_px > 0.05))
+    interior = None
     if inside is not None:
-        colours = sample_colours(frame_bgr[y1:y2, x1:x2], np.array([x1, y1], np.float32), landmarks, geometry,
-                                 teeth_memory)
-        interior, alpha = render_interior(lips_field.u[inside], lips_field.u_column[inside], lips_field.v[inside],
-                                          [level[inside] for level in lips_field.target_levels],
-                                          closing_px[inside], interior_weight[inside], geometry, colours)
+        source_box = source_bgr[y1 - origin_y:y2 - origin_y, x1 - origin_x:x2 - origin_x]
+        colours = source_colours(source_box, np.array([x1, y1], np.float32), landmarks, geometry)
         window = (slice(lips[0].start + inside[0].start, lips[0].start + inside[0].stop),
                   slice(lips[1].start + inside[1].start, lips[1].start + inside[1].stop))
+        interior = MouthInterior(window=window, u=lips_field.u[inside], u_column=lips_field.u_column[inside],
+                                 v=lips_field.v[inside], target_levels=[level[inside] for level in lips_field.target_levels],
+                                 closing_px=closing_px[inside], interior_weight=interior_weight[inside],
+                                 geometry=geometry, colours=colours)
+    return WarpedMouth(box=box, image_bgr=image, mask=mask, fade=fade, mouth_width=geometry.mouth_width,
+                       interior=interior)
+
+
+def finish_mouth(warped: WarpedMouth, teeth_bgr: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The second half of animate_mouth: draw the interior with ``teeth_bgr`` (the remembered
+    teeth colour, or None for one from the skin), soften the mask. Returns (image (h, w, 3)
+    uint8 BGR, mask (h, w) float32); ``warped`` is used up (its arrays are changed in place)."""
+    image, mask, fade = warped.image_bgr, warped.mask, warped.fade
+    interior = warped.interior
+    if interior is not None:
+        colours = face_colours(interior.colours, teeth_bgr)
+        drawn, alpha = render_interior(interior.u, interior.u_column, interior.v, interior.target_levels,
+                                       interior.closing_px, interior.interior_weight, interior.geometry, colours)
+        window = interior.window
         alpha *= fade[window]
         region = image[window].astype(np.float32)
-        image[window] = np.clip(region + alpha[..., None] * (interior - region) + 0.5, 0, 255).astype(np.uint8)
+        image[window] = np.clip(region + alpha[..., None] * (drawn - region) + 0.5, 0, 255).astype(np.uint8)
         mask[window] = np.maximum(mask[window], alpha)
 
     if mask.max() > 0.0:
-        mask = np.maximum(mask, cv2.GaussianBlur(mask, (0, 0), max(1.0, 0.04 * geometry.mouth_width)))
+        mask = np.maximum(mask, cv2.GaussianBlur(mask, (0, 0), max(1.0, 0.04 * warped.mouth_width)))
     mask *= fade
-    return FacePatch(box=box, image_bgr=image, mask=mask.astype(np.float32), face=face)
+    return image, mask.astype(np.float32)
+
+
+def remembered_teeth(warped: WarpedMouth | None, teeth_memory: TeethColour | None) -> np.ndarray | None:
+    """The teeth colour to draw ``warped`` with; updates ``teeth_memory`` (in frame order) when
+    the frame draws an interior, as animate_mouth does."""
+    if warped is None or warped.interior is None:
+        return None
+    seen = warped.interior.colours.seen_teeth
+    return teeth_memory.update(seen) if teeth_memory is not None else seen
+
+
+def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
+                  face: Face | None = None, teeth_memory: TeethColour | None = None) -> FacePatch | None:
+    """New pixels for the lower face of ``frame_bgr`` with the mouth in the given shape.
+
+    ``landmarks`` (468, 2) float32 are the frame's mediapipe face-mesh points in pixels;
+    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread). Returns None
+    when the face is too small or outside the frame. This is warp_mouth, then the teeth
+    colour (the only state carried from frame to frame), then finish_mouth.
+    """
+    warped = warp_mouth(frame_bgr, landmarks, openness, width)
+    if warped is None:
+        return None
+    image, mask = finish_mouth(warped, remembered_teeth(warped, teeth_memory))
+    return FacePatch(box=warped.box, image_bgr=image, mask=mask, face=face)
 
 
 class LandmarkEngine:

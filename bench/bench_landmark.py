@@ -79,7 +79,7 @@ def run_engine(batches, workers: int):
     from heygem.config import EngineConfig
     from heygem.engines.landmark import LandmarkEngine
 
-    engine = LandmarkEngine(EngineConfig(), FPS, workers=workers) if workers else LandmarkEngine(EngineConfig(), FPS)
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=workers)
     patches = []
     try:
         started = time.perf_counter()
@@ -87,7 +87,7 @@ def run_engine(batches, workers: int):
             patches.extend(engine.generate(batch))
         seconds = time.perf_counter() - started
     finally:
-        getattr(engine, "close", lambda: None)()
+        engine.close()
     return patches, seconds
 
 

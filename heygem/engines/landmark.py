@@ -600,6 +600,8 @@ def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, w
     if box is None:
         return None
     x1, y1, x2, y2 = box
+    if x1 < origin_x or y1 < origin_y or x2 > origin_x + source_bgr.shape[1] or y2 > origin_y + source_bgr.shape[0]:
+        raise RegionTooSmall
     target = mouth_target(geometry, openness, width)
 
     # 1. The backward map: for each output pixel, where it comes from in the source. Coarse
@@ -690,28 +692,253 @@ def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float,
     return FacePatch(box=warped.box, image_bgr=image, mask=mask, face=face)
 
 
+# ---------------------------------------------------------------------------- rendering processes
+
+# The region of the frame sent to a rendering process: the patch box plus this fraction of the
+# mouth width on every side, for the warp to read from (it moves pixels by a fraction of the
+# mouth's size). A frame whose warp reaches further is warped in the calling process instead.
+REGION_MARGIN = 0.1
+POOL_MIN_FRAMES = 2  # a batch with fewer faces than this is drawn in the calling process
+STOP_SECONDS = 5.0  # how long close() waits for a rendering process before terminating it
+
+
+class LandmarkWorkerError(RuntimeError):
+    """A rendering process failed or died; the message carries its exception and traceback."""
+
+
+def source_region(frame_bgr: np.ndarray, landmarks: np.ndarray,
+                  margin: float = REGION_MARGIN) -> tuple[np.ndarray, tuple[int, int]] | None:
+    """The part of ``frame_bgr`` (H, W, 3) that warp_mouth reads for these landmarks, as
+    (region (h, w, 3) uint8, its top-left (x, y) in the frame); None when there is no patch."""
+    frame_height, frame_width = frame_bgr.shape[:2]
+    geometry = MouthGeometry.from_landmarks(landmarks)
+    box = patch_box(geometry, frame_width, frame_height)
+    if box is None:
+        return None
+    pad = int(np.ceil(margin * geometry.mouth_width)) + 2
+    x1, y1 = max(box[0] - pad, 0), max(box[1] - pad, 0)
+    x2, y2 = min(box[2] + pad, frame_width), min(box[3] + pad, frame_height)
+    return np.ascontiguousarray(frame_bgr[y1:y2, x1:x2]), (x1, y1)
+
+
+def _render_process(connection) -> None:
+    """A rendering process: warps the frames it is sent, reports what the teeth colour needs,
+    then finishes them with the teeth colours the engine sends back. Runs until told to stop."""
+    import traceback
+
+    cv2.setNumThreads(1)  # the processes are the parallelism
+    warped: dict[int, WarpedMouth] = {}
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        kind, items = message
+        try:
+            if kind == "warp":
+                warped.clear()
+                observed = []
+                for key, region, origin, frame_size, landmarks, openness, width in items:
+                    try:
+                        result = warp_mouth(region, landmarks, openness, width, origin, frame_size)
+                    except RegionTooSmall:
+                        observed.append((key, "region too small", None))
+                        continue
+                    if result is None:
+                        observed.append((key, "no patch", None))
+                        continue
+                    warped[key] = result
+                    if result.interior is None:
+                        observed.append((key, "warp only", None))
+                    else:
+                        observed.append((key, "interior", result.interior.colours.seen_teeth))
+                connection.send(("observed", observed))
+            elif kind == "finish":
+                patches = []
+                for key, teeth_bgr in items:
+                    result = warped.pop(key)
+                    image, mask = finish_mouth(result, teeth_bgr)
+                    patches.append((key, result.box, image, mask))
+                connection.send(("patches", patches))
+            else:
+                raise ValueError(f"unknown message {kind!r}")
+        except Exception as error:  # reported to the engine, which raises it in generate()
+            warped.clear()
+            connection.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def _stop_processes(processes: list, connections: list) -> None:
+    """Ask each rendering process to stop, wait a little, then terminate what is left."""
+    for connection in connections:
+        try:
+            connection.send(None)
+        except (OSError, ValueError):
+            pass
+    for process in processes:
+        process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.terminate()
+            process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for connection in connections:
+        connection.close()
+
+
+class RenderPool:
+    """Spawned processes that run warp_mouth and finish_mouth, one pipe each.
+
+    Spawned, never forked: the parent has mediapipe (and maybe CUDA) loaded. Each process
+    imports only this module's dependencies (numpy, cv2). Closed by close(), by garbage
+    collection or at interpreter exit, whichever comes first.
+    """
+
+    def __init__(self, size: int):
+        import multiprocessing
+        import weakref
+
+        context = multiprocessing.get_context("spawn")
+        self.processes, self.connections = [], []
+        self._finalizer = weakref.finalize(self, _stop_processes, self.processes, self.connections)
+        for index in range(size):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=_render_process, args=(child_end,), daemon=True,
+                                      name=f"heygem-landmark-{index}")
+            process.start()
+            child_end.close()
+            self.processes.append(process)
+            self.connections.append(parent_end)
+        logger.debug("landmark engine: %d rendering processes started", size)
+
+    @property
+    def size(self) -> int:
+        return len(self.processes)
+
+    def send(self, index: int, message: tuple) -> None:
+        try:
+            self.connections[index].send(message)
+        except OSError as error:
+            raise LandmarkWorkerError(f"landmark rendering process {index} is gone "
+                                      f"(exit code {self.processes[index].exitcode}): {error}") from error
+
+    def receive(self, index: int, expected: str) -> list:
+        """The next reply of process ``index``; raises LandmarkWorkerError if it failed or died."""
+        from multiprocessing.connection import wait
+
+        connection, process = self.connections[index], self.processes[index]
+        wait([connection, process.sentinel])
+        try:
+            if not connection.poll():
+                raise EOFError
+            kind, payload = connection.recv()
+        except (EOFError, OSError) as error:
+            process.join(1.0)
+            raise LandmarkWorkerError(f"landmark rendering process {index} exited unexpectedly "
+                                      f"(exit code {process.exitcode})") from error
+        if kind == "error":
+            raise LandmarkWorkerError(f"landmark rendering process {index} failed: {payload}")
+        if kind != expected:
+            raise LandmarkWorkerError(f"landmark rendering process {index} answered {kind!r}, not {expected!r}")
+        return payload
+
+    def close(self) -> None:
+        self._finalizer()
+
+
 class LandmarkEngine:
-    """Lip sync from landmarks and audio alone: a warp of the lower face plus a rendered mouth interior."""
+    """Lip sync from landmarks and audio alone: a warp of the lower face plus a rendered mouth interior.
+
+    ``workers`` rendering processes draw the frames of a batch in parallel (0: all in the
+    calling thread). The result is the same, byte for byte, for every worker count: the only
+    state carried from frame to frame (the mouth shapes and the remembered teeth colour) is
+    computed here, in frame order, between the warp and the drawing of the interior.
+    """
 
     name = "landmark"
     # it moves the frame's own pixels and draws the mouth interior crisply: nothing to deblur
     needs_restoration = False
 
-    def __init__(self, config: EngineConfig, fps: float):
+    def __init__(self, config: EngineConfig, fps: float, workers: int = 0):
         self.mouth_strength = float(config.mouth_strength)
         self.fps = float(fps)
+        self.workers = int(workers)
+        self.region_margin = REGION_MARGIN
         self.shapes = MouthShapeTracker(fps)
         self.teeth = TeethColour()
-        logger.debug("landmark engine at %.3f fps, mouth strength %.2f", self.fps, self.mouth_strength)
+        self._pool: RenderPool | None = None
+        logger.debug("landmark engine at %.3f fps, mouth strength %.2f, %d rendering processes",
+                     self.fps, self.mouth_strength, self.workers)
 
     def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
         """One patch per frame; None where the frame has no face or no landmarks."""
         shapes = self.shapes.update(batch.mel_windows)  # advances with every frame, face or not
-        patches: list[FacePatch | None] = []
-        for frame_bgr, face, openness, width in zip(batch.frames_bgr, batch.faces, shapes.openness, shapes.width):
-            if face is None or face.landmarks is None:
-                patches.append(None)
-                continue
-            patches.append(animate_mouth(frame_bgr, face.landmarks, float(openness) * self.mouth_strength,
-                                         float(width), face=face, teeth_memory=self.teeth))
+        jobs = [(index, face.landmarks, float(openness) * self.mouth_strength, float(width))
+                for index, (face, openness, width) in enumerate(zip(batch.faces, shapes.openness, shapes.width))
+                if face is not None and face.landmarks is not None]
+        if self.workers > 0 and len(jobs) >= POOL_MIN_FRAMES:
+            return self._generate_in_processes(batch, jobs)
+        patches: list[FacePatch | None] = [None] * len(batch.faces)
+        for index, landmarks, openness, width in jobs:
+            patches[index] = animate_mouth(batch.frames_bgr[index], landmarks, openness, width,
+                                           face=batch.faces[index], teeth_memory=self.teeth)
         return patches
+
+    def _generate_in_processes(self, batch: EngineBatch, jobs: list) -> list[FacePatch | None]:
+        """generate() with the frames split into one run of consecutive frames per process:
+        1. each process warps its frames and reports which draw an interior, with the teeth they show;
+        2. here, in frame order, the remembered teeth colour advances over those reports;
+        3. each process draws its frames' interiors with the colours sent back, and returns the patches."""
+        if self._pool is not None and self._pool.size != self.workers:
+            self.close()
+        if self._pool is None:
+            self._pool = RenderPool(self.workers)
+        pool = self._pool
+        frame_height, frame_width = batch.frames_bgr.shape[1:3]
+        runs = [run for run in np.array_split(np.arange(len(jobs)), min(pool.size, len(jobs))) if len(run)]
+        patches: list[FacePatch | None] = [None] * len(batch.faces)
+        warped_here: list[tuple[int, WarpedMouth, np.ndarray | None]] = []
+        try:
+            for worker, run in enumerate(runs):
+                items = []
+                for job in run:
+                    index, landmarks, openness, width = jobs[job]
+                    region = source_region(batch.frames_bgr[index], landmarks, self.region_margin)
+                    if region is not None:
+                        items.append((index, region[0], region[1], (frame_width, frame_height), landmarks,
+                                      openness, width))
+                pool.send(worker, ("warp", items))
+            for worker in range(len(runs)):
+                teeth_colours = []
+                for index, status, seen_teeth in pool.receive(worker, "observed"):
+                    if status == "region too small":  # rare: warp the whole frame here
+                        _, landmarks, openness, width = next(job for job in jobs if job[0] == index)
+                        warped = warp_mouth(batch.frames_bgr[index], landmarks, openness, width)
+                        if warped is not None:
+                            warped_here.append((index, warped, remembered_teeth(warped, self.teeth)))
+                    elif status == "interior":
+                        teeth_colours.append((index, self.teeth.update(seen_teeth)))
+                    elif status == "warp only":
+                        teeth_colours.append((index, None))
+                pool.send(worker, ("finish", teeth_colours))
+            for worker in range(len(runs)):
+                for index, box, image, mask in pool.receive(worker, "patches"):
+                    patches[index] = FacePatch(box=box, image_bgr=image, mask=mask, face=batch.faces[index])
+        except BaseException:
+            self.close()  # the processes' state is out of step with ours: start afresh next time
+            raise
+        for index, warped, teeth_bgr in warped_here:
+            image, mask = finish_mouth(warped, teeth_bgr)
+            patches[index] = FacePatch(box=warped.box, image_bgr=image, mask=mask, face=batch.faces[index])
+        return patches
+
+    def close(self) -> None:
+        """Stop the rendering processes, if any; safe to call more than once."""
+        pool, self._pool = getattr(self, "_pool", None), None
+        if pool is not None:
+            pool.close()
+
+    def __del__(self):
+        self.close()

@@ -91,6 +91,26 @@ def run_engine(batches, workers: int):
     return patches, seconds
 
 
+def time_threads(batches, threads: int) -> float:
+    """Seconds to warp and finish every frame in a pool of ``threads`` threads (teeth colour
+    from the skin: this measures what the GIL lets threads overlap, not the engine)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from heygem.engines.landmark import finish_mouth, warp_mouth
+
+    def draw(item):
+        frame_bgr, landmarks, openness, width = item
+        warped = warp_mouth(frame_bgr, landmarks, openness, width)
+        return None if warped is None else finish_mouth(warped, None)
+
+    items = [(batch.frames_bgr[i], batch.faces[i].landmarks, 0.8 * (i % 3) / 2, 0.0)
+             for batch in batches for i in range(len(batch.faces))]
+    with ThreadPoolExecutor(threads) as pool:
+        started = time.perf_counter()
+        list(pool.map(draw, items))
+        return time.perf_counter() - started
+
+
 def digest(patches) -> str:
     hasher = hashlib.sha256()
     for patch in patches:
@@ -109,6 +129,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=200, help="frames per run")
     parser.add_argument("--batch-frames", type=int, default=32, help="frames per generate() call")
     parser.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2], help="worker counts to time")
+    parser.add_argument("--threads", nargs="*", type=int, default=[],
+                        help="also time a pool of this many threads drawing frames without the engine's state")
     parser.add_argument("--repeats", type=int, default=2, help="runs per worker count; the fastest is reported")
     parser.add_argument("--save-reference", type=Path, help="write the digests of workers=0 to this JSON file")
     parser.add_argument("--check-reference", type=Path, help="compare the digests with this JSON file")
@@ -140,6 +162,10 @@ def main() -> None:
                 assert digest(patches) == expected, f"workers={workers} changed the output"
                 best = min(best, seconds)
             print(f"{size} workers={workers}: {1000 * best / args.frames:.2f} ms/frame "
+                  f"({args.frames / best:.1f} frames/s)")
+        for threads in args.threads:
+            best = min(time_threads(batches, threads) for _ in range(args.repeats))
+            print(f"{size} threads={threads}: {1000 * best / args.frames:.2f} ms/frame "
                   f"({args.frames / best:.1f} frames/s)")
     if args.save_reference:
         args.save_reference.write_text(json.dumps(saved, indent=1))

@@ -23,6 +23,7 @@ with an all-zero mask.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ import cv2
 import numpy as np
 
 from heygem.config import EngineConfig
-from heygem.engines.mouth_shapes import MouthShapeTracker, smoothstep
+from heygem.engines.mouth_shapes import MouthShapeTracker, clip, smoothstep
 from heygem.types import Box, EngineBatch, Face, FacePatch
 
 logger = logging.getLogger("heygem")
@@ -197,7 +198,7 @@ def mouth_target(geometry: MouthGeometry, openness: float, width: float) -> Mout
     mouth_width = geometry.mouth_width
 
     across = (columns - geometry.inner_centre) / geometry.inner_half_width
-    gap_profile = np.clip(1.0 - across**2, 0.0, 1.0) ** GAP_SHAPE_POWER  # (C,) 1 at the centre, 0 at the corners
+    gap_profile = clip(1.0 - across**2, 0.0, 1.0) ** GAP_SHAPE_POWER  # (C,) 1 at the centre, 0 at the corners
     source_gap = source[LOWER_INNER] - source[UPPER_INNER]  # (C,)
     centre_column = int(np.argmin(np.abs(columns - geometry.inner_centre)))
     keep_source = 1.0 - float(smoothstep(CLOSED_GAP, OPEN_GAP, source_gap[centre_column] / mouth_width))
@@ -260,19 +261,23 @@ def _inverse_vertical(v: np.ndarray, source: list[np.ndarray], target: list[np.n
     for k in range(len(source) - 1):
         target_span = target[k + 1] - target[k]
         extra = (source[k + 1] - source[k]) - target_span
-        step = np.clip((v - target[k]) / np.maximum(target_span, 1e-3), 0.0, 1.0)
+        step = clip((v - target[k]) / np.maximum(target_span, 1e-3), 0.0, 1.0)
         source_v += extra * step
     return source_v
 
 
+@functools.lru_cache(maxsize=32)
 def _border_fade(height: int, width: int) -> np.ndarray:
-    """(h, w) float32: 0 on the box border, rising smoothly to 1 a few pixels in."""
+    """(h, w) float32: 0 on the box border, rising smoothly to 1 a few pixels in. Read-only:
+    cached, since a face's box keeps its size over many frames."""
     margin = max(3.0, 0.06 * min(height, width))
     ys = np.arange(height, dtype=np.float32)
     xs = np.arange(width, dtype=np.float32)
     fade_y = smoothstep(0.0, margin, np.minimum(ys, height - 1 - ys))
     fade_x = smoothstep(0.0, margin, np.minimum(xs, width - 1 - xs))
-    return np.outer(fade_y, fade_x).astype(np.float32)
+    fade = np.outer(fade_y, fade_x).astype(np.float32)
+    fade.setflags(write=False)
+    return fade
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,7 @@ def face_colours(source: SourceColours, teeth: np.ndarray | None) -> FaceColours
     brighter than the skin."""
     if teeth is None:
         teeth = 0.4 * source.skin + 0.6 * min(float(source.skin @ LUMA_WEIGHTS) * 1.12, 235.0)
-    return FaceColours(lips=source.lips, skin=source.skin, teeth=np.clip(teeth, 0, 255).astype(np.float32))
+    return FaceColours(lips=source.lips, skin=source.skin, teeth=clip(teeth, 0, 255).astype(np.float32))
 
 
 def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
@@ -390,16 +395,16 @@ def _draw_upper_teeth(colour: np.ndarray, u: np.ndarray, v: np.ndarray, upper: n
     with small dark notches between them at the biting edge."""
     mouth_width = geometry.mouth_width
     position = (u - geometry.inner_centre) / mouth_width  # (h, w) across the mouth, in mouth widths
-    right_edge_index = np.clip(np.searchsorted(TOOTH_EDGES, position), 1, len(TOOTH_EDGES) - 1)
+    right_edge_index = clip(np.searchsorted(TOOTH_EDGES, position), 1, len(TOOTH_EDGES) - 1)
     left_edge, right_edge = TOOTH_EDGES[right_edge_index - 1], TOOTH_EDGES[right_edge_index]
-    within_tooth = np.clip((position - (left_edge + right_edge) / 2) / ((right_edge - left_edge) / 2), -1.0, 1.0)
+    within_tooth = clip((position - (left_edge + right_edge) / 2) / ((right_edge - left_edge) / 2), -1.0, 1.0)
     near_edge = smoothstep(0.75, 1.0, np.abs(within_tooth))  # 0 in a tooth's middle, 1 at its edges
 
     length = TEETH_LENGTH * mouth_width * (1.0 - 0.45 * np.minimum(np.abs(position) / 0.45, 1.0) ** 2)
     length = np.minimum(length * (1.0 - 0.3 * near_edge**2), 0.62 * gap + 0.3)  # rounded corners of each tooth
     below_lip = v - upper
-    alpha = np.clip(length - below_lip + 0.5, 0.0, 1.0) * (1.0 - smoothstep(0.6, 0.95, np.abs(across)))
-    toward_edge = np.clip(below_lip / np.maximum(length, 1e-3), 0.0, 1.0)  # 0 at the lip, 1 at the biting edge
+    alpha = clip(length - below_lip + 0.5, 0.0, 1.0) * (1.0 - smoothstep(0.6, 0.95, np.abs(across)))
+    toward_edge = clip(below_lip / np.maximum(length, 1e-3), 0.0, 1.0)  # 0 at the lip, 1 at the biting edge
 
     lip_shadow = 0.74 + 0.26 * smoothstep(0.0, 0.4, toward_edge)
     convex = 1.0 - 0.1 * within_tooth**2
@@ -431,7 +436,7 @@ def render_interior(u: np.ndarray, u_column: np.ndarray, v: np.ndarray, target_l
     # Anti-aliased coverage of the opening: a one-pixel ramp at each lip edge.
     across = (u_column - geometry.inner_centre) / geometry.inner_half_width  # -1..1 between the inner corners
     inside_corners = 1.0 - smoothstep(0.92, 1.0, np.abs(across))
-    coverage = (np.clip(v - upper + 0.5, 0.0, 1.0) * np.clip(lower - v + 0.5, 0.0, 1.0)
+    coverage = (clip(v - upper + 0.5, 0.0, 1.0) * clip(lower - v + 0.5, 0.0, 1.0)
                 * smoothstep(0.0, 1.0, gap) * inside_corners * interior_weight)
     # Where the warp pressed an open mouth shut, the lips meet along a soft dark line.
     middle = (upper + lower) / 2.0
@@ -439,7 +444,7 @@ def render_interior(u: np.ndarray, u_column: np.ndarray, v: np.ndarray, target_l
             * smoothstep(2.0, 0.5, gap) * inside_corners)
     alpha = np.maximum(coverage, seam).astype(np.float32)
 
-    depth_down = np.clip((v - upper) / np.maximum(gap, 1e-3), 0.0, 1.0)  # 0 at the upper lip, 1 at the lower
+    depth_down = clip((v - upper) / np.maximum(gap, 1e-3), 0.0, 1.0)  # 0 at the upper lip, 1 at the lower
     # The cavity: red-brown from the lips' own colour, lit a little near the lips and the
     # corners, darkest at the back of the throat.
     cavity = colours.lips * np.array([0.5, 0.55, 1.0], np.float32)
@@ -624,7 +629,7 @@ def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, w
     map_x = _map_to_region(map_x, origin_x, source_bgr.shape[1], frame_width)
     map_y = _map_to_region(map_y, origin_y, source_bgr.shape[0], frame_height)
     image = cv2.remap(source_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)  # (h, w, 3)
-    mask = np.clip(np.sqrt(shift_u**2 + shift_v**2) * 2.0, 0.0, 1.0)  # (h, w): ours from half a pixel of movement on
+    mask = clip(np.sqrt(shift_u**2 + shift_v**2) * 2.0, 0.0, 1.0)  # (h, w): ours from half a pixel of movement on
 
     # 2. Where the lips parted (or closed lips meet), the interior will be drawn.
     closing_px = np.interp(lips_field.u_column, target.columns, target.closing).astype(np.float32)
@@ -658,7 +663,7 @@ def finish_mouth(warped: WarpedMouth, teeth_bgr: np.ndarray | None) -> tuple[np.
         window = interior.window
         alpha *= fade[window]
         region = image[window].astype(np.float32)
-        image[window] = np.clip(region + alpha[..., None] * (drawn - region) + 0.5, 0, 255).astype(np.uint8)
+        image[window] = clip(region + alpha[..., None] * (drawn - region) + 0.5, 0, 255).astype(np.uint8)
         mask[window] = np.maximum(mask[window], alpha)
 
     if mask.max() > 0.0:

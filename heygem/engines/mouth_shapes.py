@@ -51,9 +51,15 @@ class MouthShapes:
     width: np.ndarray  # (N,) float32, -1 rounded ("oo") .. 0 neutral .. +1 spread ("ee")
 
 
+try:  # np.clip's own ufunc, without the Python wrapper around it (~15 us a call; most arrays here are small)
+    from numpy._core.umath import clip
+except ImportError:  # pragma: no cover - a numpy that moved it: the wrapper gives the same values
+    clip = np.clip
+
+
 def smoothstep(edge0: float, edge1: float, x: np.ndarray) -> np.ndarray:
     """0 below edge0, 1 above edge1, a smooth S-curve in between (edge0 > edge1 flips it)."""
-    t = np.clip((np.asarray(x, np.float32) - edge0) / (edge1 - edge0), 0.0, 1.0)
+    t = clip((np.asarray(x, np.float32) - edge0) / (edge1 - edge0), 0.0, 1.0)
     return t * t * (3.0 - 2.0 * t)
 
 

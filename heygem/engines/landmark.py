@@ -769,7 +769,7 @@ def _render_process(connection) -> None:
                 connection.send(("patches", patches))
             else:
                 raise ValueError(f"unknown message {kind!r}")
-        except Exception as error:  # reported to the engine, which raises it in generate()
+        except Exception as error:  # noqa: BLE001 - every failure goes back to the engine, which raises it
             warped.clear()
             connection.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
 

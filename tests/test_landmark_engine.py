@@ -264,3 +264,121 @@ def test_mouth_shapes_follow_loudness_closure_and_vowels(speech_mel):
     pause = slice(int(2.4 * FPS), int(3.0 * FPS))  # the sample's 0.9 s break after "welcome to hey gem"
     assert np.all(shapes.openness[pause] == 0.0)
     assert shapes.width.min() < -0.2 and shapes.width.max() > 0.4  # rounded and spread vowels both occur
+
+
+# ---------------------------------------------------------------------------- rendering processes
+
+
+@pytest.fixture(scope="module")
+def talking_sequence(face_mesh, portrait, portrait_landmarks, speech_mel):
+    """Two batches of frames in which the source alternates between the portrait (teeth showing),
+    her closed-mouth version (no teeth) and the portrait in a warmer light (yellower teeth), with
+    one frame without a face, over speech that opens and closes the mouth: the remembered teeth
+    colour changes along the way."""
+    closed = paste(portrait, held_patch(portrait, portrait_landmarks, SILENT_WINDOW))
+    closed_landmarks = find_landmarks(face_mesh, closed)
+    warmer = np.clip(portrait * np.array([0.7, 0.9, 1.0]), 0, 255).astype(np.uint8)
+    sources = ([(portrait, portrait_landmarks)] * 5 + [(closed, closed_landmarks)] * 6
+               + [(warmer, portrait_landmarks)] * 3 + [(closed, closed_landmarks)] * 4) * 2  # 36 frames
+    windows = speech_windows(speech_mel, len(sources), first_frame=20)
+    frames = np.stack([frame for frame, _ in sources])
+    faces = [Face(box=(0, 0, 512, 512), landmarks=landmarks) for _, landmarks in sources]
+    faces[9] = None
+    batches = []
+    for start, stop in ((0, 20), (20, len(sources))):
+        batches.append(EngineBatch(frame_indices=np.arange(start, stop, dtype=np.int64), frames_bgr=frames[start:stop],
+                                   faces=faces[start:stop], mel_windows=windows[start:stop], fps=FPS))
+    return batches
+
+
+def generate_all(engine: LandmarkEngine, batches: list[EngineBatch]) -> list[FacePatch | None]:
+    try:
+        return [patch for batch in batches for patch in engine.generate(batch)]
+    finally:
+        engine.close()
+
+
+def assert_same_patches(first: list, second: list) -> None:
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.box == b.box and a.face is b.face
+            assert np.array_equal(a.image_bgr, b.image_bgr) and np.array_equal(a.mask, b.mask)
+            assert a.mask.dtype == b.mask.dtype == np.float32
+
+
+def child_pids() -> set[int]:
+    import multiprocessing
+
+    return {process.pid for process in multiprocessing.active_children()}
+
+
+def test_rendering_processes_give_the_same_bytes_as_the_calling_thread(talking_sequence):
+    inline_engine = LandmarkEngine(EngineConfig(), FPS, workers=0)
+    inline = generate_all(inline_engine, talking_sequence)
+    pooled = generate_all(LandmarkEngine(EngineConfig(), FPS, workers=2), talking_sequence)
+    assert_same_patches(inline, pooled)
+    # A frame whose warp would read outside the region sent out is warped here instead (a region
+    # smaller than the patch box forces that for every frame): still the same bytes.
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    engine.region_margin = -0.3
+    assert_same_patches(inline, generate_all(engine, talking_sequence))
+
+    # The sequence exercises the state: the mouth opens and closes, frames with and without a
+    # source opening draw interiors, and the second batch depends on the teeth seen in the first.
+    assert inline[9] is None
+    assert len({patch.image_bgr.tobytes() for patch in inline if patch is not None}) > 20
+    assert inline_engine.teeth.bgr is not None
+    fresh = LandmarkEngine(EngineConfig(), FPS)
+    fresh.shapes = MouthShapeTracker(FPS)
+    fresh.shapes.update(talking_sequence[0].mel_windows)  # the same mouth shapes, but no teeth seen yet
+    second_alone = fresh.generate(talking_sequence[1])
+    assert any(not np.array_equal(a.image_bgr, b.image_bgr) for a, b in zip(inline[20:], second_alone))
+
+
+def test_close_stops_every_rendering_process(talking_sequence):
+    before = child_pids()
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    engine.generate(talking_sequence[0])
+    started = child_pids() - before
+    assert len(started) == 2
+    engine.close()
+    engine.close()  # a second close does nothing
+    assert not child_pids() & started
+    assert not any(Path(f"/proc/{pid}").exists() for pid in started)
+
+    # An engine dropped without close() stops its processes when it is collected.
+    import gc
+
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    engine.generate(talking_sequence[0])
+    started = child_pids() - before
+    assert len(started) == 2
+    del engine
+    gc.collect()
+    assert not child_pids() & started
+
+
+def test_a_failure_in_a_rendering_process_is_raised_by_generate(talking_sequence):
+    from heygem.engines.landmark import LandmarkWorkerError
+
+    batch = talking_sequence[0]
+    four_channels = EngineBatch(frame_indices=batch.frame_indices, faces=batch.faces, mel_windows=batch.mel_windows,
+                                fps=FPS, frames_bgr=np.concatenate([batch.frames_bgr, batch.frames_bgr[..., :1]], axis=3))
+    with pytest.raises(ValueError) as inline_error:
+        LandmarkEngine(EngineConfig(), FPS).generate(four_channels)
+    before = child_pids()
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    with pytest.raises(LandmarkWorkerError) as pooled_error:
+        engine.generate(four_channels)
+    assert f"ValueError: {inline_error.value}" in str(pooled_error.value)
+    assert not child_pids() - before  # the failed processes were stopped
+    # The engine starts afresh on the next batch.
+    assert all(patch is not None for patch in engine.generate(talking_sequence[1])[:5])
+    # A process that dies is reported, not waited for.
+    engine._pool.processes[1].kill()
+    with pytest.raises(LandmarkWorkerError, match="exited unexpectedly|is gone"):
+        engine.generate(talking_sequence[0])
+    engine.close()
+    assert not child_pids() - before

@@ -23,6 +23,7 @@ with an all-zero mask.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ import cv2
 import numpy as np
 
 from heygem.config import EngineConfig
-from heygem.engines.mouth_shapes import MouthShapeTracker, smoothstep
+from heygem.engines.mouth_shapes import MouthShapeTracker, clip, smoothstep
 from heygem.types import Box, EngineBatch, Face, FacePatch
 
 logger = logging.getLogger("heygem")
@@ -197,7 +198,7 @@ def mouth_target(geometry: MouthGeometry, openness: float, width: float) -> Mout
     mouth_width = geometry.mouth_width
 
     across = (columns - geometry.inner_centre) / geometry.inner_half_width
-    gap_profile = np.clip(1.0 - across**2, 0.0, 1.0) ** GAP_SHAPE_POWER  # (C,) 1 at the centre, 0 at the corners
+    gap_profile = clip(1.0 - across**2, 0.0, 1.0) ** GAP_SHAPE_POWER  # (C,) 1 at the centre, 0 at the corners
     source_gap = source[LOWER_INNER] - source[UPPER_INNER]  # (C,)
     centre_column = int(np.argmin(np.abs(columns - geometry.inner_centre)))
     keep_source = 1.0 - float(smoothstep(CLOSED_GAP, OPEN_GAP, source_gap[centre_column] / mouth_width))
@@ -260,19 +261,23 @@ def _inverse_vertical(v: np.ndarray, source: list[np.ndarray], target: list[np.n
     for k in range(len(source) - 1):
         target_span = target[k + 1] - target[k]
         extra = (source[k + 1] - source[k]) - target_span
-        step = np.clip((v - target[k]) / np.maximum(target_span, 1e-3), 0.0, 1.0)
+        step = clip((v - target[k]) / np.maximum(target_span, 1e-3), 0.0, 1.0)
         source_v += extra * step
     return source_v
 
 
+@functools.lru_cache(maxsize=32)
 def _border_fade(height: int, width: int) -> np.ndarray:
-    """(h, w) float32: 0 on the box border, rising smoothly to 1 a few pixels in."""
+    """(h, w) float32: 0 on the box border, rising smoothly to 1 a few pixels in. Read-only:
+    cached, since a face's box keeps its size over many frames."""
     margin = max(3.0, 0.06 * min(height, width))
     ys = np.arange(height, dtype=np.float32)
     xs = np.arange(width, dtype=np.float32)
     fade_y = smoothstep(0.0, margin, np.minimum(ys, height - 1 - ys))
     fade_x = smoothstep(0.0, margin, np.minimum(xs, width - 1 - xs))
-    return np.outer(fade_y, fade_x).astype(np.float32)
+    fade = np.outer(fade_y, fade_x).astype(np.float32)
+    fade.setflags(write=False)
+    return fade
 
 
 @dataclass(frozen=True)
@@ -306,18 +311,28 @@ class TeethColour:
         return self.bgr
 
 
-def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
-                   geometry: MouthGeometry, teeth_memory: TeethColour | None = None) -> FaceColours:
-    """Lip, skin and teeth colours of the source patch.
+LUMA_WEIGHTS = np.array([0.114, 0.587, 0.299], np.float32)  # BGR -> luma
+
+
+@dataclass(frozen=True)
+class SourceColours:
+    """What the source patch shows of the lips, the skin and (when visible) the teeth."""
+
+    lips: np.ndarray  # (3,) float32 BGR
+    skin: np.ndarray  # (3,) float32 BGR
+    seen_teeth: np.ndarray | None  # (3,) float32 BGR, None when the source shows no teeth
+
+
+def source_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
+                   geometry: MouthGeometry) -> SourceColours:
+    """Lip and skin colours of the source patch, and its teeth where it shows them (the brightest
+    pixels between the inner lips). Depends on this frame alone.
 
     ``patch_origin`` (2,) is the patch's top-left corner in the frame and ``landmarks``
-    (468, 2) the face-mesh points in frame pixels. Teeth come from the source when it
-    shows them (the brightest pixels between the inner lips; remembered in ``teeth_memory``
-    for the frames that do not), otherwise from the skin's light: a warm off-white a
-    little brighter than the skin.
+    (468, 2) the face-mesh points in frame pixels.
     """
     shape = patch_bgr.shape[:2]
-    luma_weights = np.array([0.114, 0.587, 0.299], np.float32)
+    luma_weights = LUMA_WEIGHTS
     outer = landmarks[list(UPPER_OUTER_LIP + LOWER_OUTER_LIP[-2:0:-1])] - patch_origin
     inner = landmarks[list(UPPER_INNER_LIP + LOWER_INNER_LIP[-2:0:-1])] - patch_origin
     frame = geometry.frame
@@ -344,10 +359,28 @@ def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: n
         bright = inside[inside_luma >= np.percentile(inside_luma, 70)]
         if len(bright) and float(bright.mean(axis=0) @ luma_weights) > 0.85 * skin_luma:
             seen_teeth = bright.mean(axis=0).astype(np.float32)
-    teeth = teeth_memory.update(seen_teeth) if teeth_memory is not None else seen_teeth
+    return SourceColours(lips=lips, skin=skin, seen_teeth=seen_teeth)
+
+
+def face_colours(source: SourceColours, teeth: np.ndarray | None) -> FaceColours:
+    """The colours to draw with: ``teeth`` as remembered over the video (see TeethColour), or,
+    when no frame so far showed teeth, from the skin's light: a warm off-white a little
+    brighter than the skin."""
     if teeth is None:
-        teeth = 0.4 * skin + 0.6 * min(skin_luma * 1.12, 235.0)
-    return FaceColours(lips=lips, skin=skin, teeth=np.clip(teeth, 0, 255).astype(np.float32))
+        teeth = 0.4 * source.skin + 0.6 * min(float(source.skin @ LUMA_WEIGHTS) * 1.12, 235.0)
+    return FaceColours(lips=source.lips, skin=source.skin, teeth=clip(teeth, 0, 255).astype(np.float32))
+
+
+def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: np.ndarray,
+                   geometry: MouthGeometry, teeth_memory: TeethColour | None = None) -> FaceColours:
+    """Lip, skin and teeth colours of the source patch.
+
+    Teeth come from the source when it shows them (remembered in ``teeth_memory`` for
+    the frames that do not), otherwise from the skin's light (see face_colours).
+    """
+    source = source_colours(patch_bgr, patch_origin, landmarks, geometry)
+    teeth = teeth_memory.update(source.seen_teeth) if teeth_memory is not None else source.seen_teeth
+    return face_colours(source, teeth)
 
 
 # Tooth edges of the upper front teeth, across the mouth from its centre, as fractions of the mouth width:
@@ -362,16 +395,16 @@ def _draw_upper_teeth(colour: np.ndarray, u: np.ndarray, v: np.ndarray, upper: n
     with small dark notches between them at the biting edge."""
     mouth_width = geometry.mouth_width
     position = (u - geometry.inner_centre) / mouth_width  # (h, w) across the mouth, in mouth widths
-    right_edge_index = np.clip(np.searchsorted(TOOTH_EDGES, position), 1, len(TOOTH_EDGES) - 1)
+    right_edge_index = clip(np.searchsorted(TOOTH_EDGES, position), 1, len(TOOTH_EDGES) - 1)
     left_edge, right_edge = TOOTH_EDGES[right_edge_index - 1], TOOTH_EDGES[right_edge_index]
-    within_tooth = np.clip((position - (left_edge + right_edge) / 2) / ((right_edge - left_edge) / 2), -1.0, 1.0)
+    within_tooth = clip((position - (left_edge + right_edge) / 2) / ((right_edge - left_edge) / 2), -1.0, 1.0)
     near_edge = smoothstep(0.75, 1.0, np.abs(within_tooth))  # 0 in a tooth's middle, 1 at its edges
 
     length = TEETH_LENGTH * mouth_width * (1.0 - 0.45 * np.minimum(np.abs(position) / 0.45, 1.0) ** 2)
     length = np.minimum(length * (1.0 - 0.3 * near_edge**2), 0.62 * gap + 0.3)  # rounded corners of each tooth
     below_lip = v - upper
-    alpha = np.clip(length - below_lip + 0.5, 0.0, 1.0) * (1.0 - smoothstep(0.6, 0.95, np.abs(across)))
-    toward_edge = np.clip(below_lip / np.maximum(length, 1e-3), 0.0, 1.0)  # 0 at the lip, 1 at the biting edge
+    alpha = clip(length - below_lip + 0.5, 0.0, 1.0) * (1.0 - smoothstep(0.6, 0.95, np.abs(across)))
+    toward_edge = clip(below_lip / np.maximum(length, 1e-3), 0.0, 1.0)  # 0 at the lip, 1 at the biting edge
 
     lip_shadow = 0.74 + 0.26 * smoothstep(0.0, 0.4, toward_edge)
     convex = 1.0 - 0.1 * within_tooth**2
@@ -403,7 +436,7 @@ def render_interior(u: np.ndarray, u_column: np.ndarray, v: np.ndarray, target_l
     # Anti-aliased coverage of the opening: a one-pixel ramp at each lip edge.
     across = (u_column - geometry.inner_centre) / geometry.inner_half_width  # -1..1 between the inner corners
     inside_corners = 1.0 - smoothstep(0.92, 1.0, np.abs(across))
-    coverage = (np.clip(v - upper + 0.5, 0.0, 1.0) * np.clip(lower - v + 0.5, 0.0, 1.0)
+    coverage = (clip(v - upper + 0.5, 0.0, 1.0) * clip(lower - v + 0.5, 0.0, 1.0)
                 * smoothstep(0.0, 1.0, gap) * inside_corners * interior_weight)
     # Where the warp pressed an open mouth shut, the lips meet along a soft dark line.
     middle = (upper + lower) / 2.0
@@ -411,7 +444,7 @@ def render_interior(u: np.ndarray, u_column: np.ndarray, v: np.ndarray, target_l
             * smoothstep(2.0, 0.5, gap) * inside_corners)
     alpha = np.maximum(coverage, seam).astype(np.float32)
 
-    depth_down = np.clip((v - upper) / np.maximum(gap, 1e-3), 0.0, 1.0)  # 0 at the upper lip, 1 at the lower
+    depth_down = clip((v - upper) / np.maximum(gap, 1e-3), 0.0, 1.0)  # 0 at the upper lip, 1 at the lower
     # The cavity: red-brown from the lips' own colour, lit a little near the lips and the
     # corners, darkest at the back of the throat.
     cavity = colours.lips * np.array([0.5, 0.55, 1.0], np.float32)
@@ -507,20 +540,73 @@ def _coarse_shifts(geometry: MouthGeometry, target: MouthTarget, box: Box, step:
     return shift_u, shift_v
 
 
-def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
-                  face: Face | None = None, teeth_memory: TeethColour | None = None) -> FacePatch | None:
-    """New pixels for the lower face of ``frame_bgr`` with the mouth in the given shape.
+@dataclass
+class MouthInterior:
+    """What drawing the mouth's inside needs, over the patch window where it is drawn."""
 
-    ``landmarks`` (468, 2) float32 are the frame's mediapipe face-mesh points in pixels;
-    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread). Returns None
-    when the face is too small or outside the frame.
+    window: tuple[slice, slice]  # rows and columns of the patch
+    u: np.ndarray  # (h, w) float32, output pixels in mouth coordinates (see render_interior)
+    u_column: np.ndarray  # (h, w) float32
+    v: np.ndarray  # (h, w) float32
+    target_levels: list  # 7 x (h, w) float32
+    closing_px: np.ndarray  # (h, w) float32
+    interior_weight: np.ndarray  # (h, w) float32
+    geometry: MouthGeometry
+    colours: SourceColours
+
+
+@dataclass
+class WarpedMouth:
+    """A frame after the warp, before the mouth interior is drawn: everything about it that
+    depends on this frame alone. ``interior`` is None where nothing is drawn inside the lips."""
+
+    box: Box
+    image_bgr: np.ndarray  # (h, w, 3) uint8 BGR, the box after the warp
+    mask: np.ndarray  # (h, w) float32 in [0, 1], where the warp moved pixels
+    fade: np.ndarray  # (h, w) float32, the box's border fade
+    mouth_width: float
+    interior: MouthInterior | None
+
+
+class RegionTooSmall(Exception):
+    """The warp reads frame pixels outside the region it was given (see warp_mouth)."""
+
+
+def _map_to_region(map_values: np.ndarray, start: int, size: int, frame_size: int) -> np.ndarray:
+    """Frame coordinates -> coordinates in a region [start, start + size) of a frame axis of
+    ``frame_size`` pixels. Bilinear sampling must find both its neighbours inside the region
+    wherever the region ends inside the frame (at the frame's own edges the border is
+    replicated, as for the whole frame). Subtracting the integer ``start`` from float32
+    coordinates >= start is exact, so the sampling is bit-identical to the whole frame's."""
+    if start > 0 and float(map_values.min()) < start:
+        raise RegionTooSmall
+    if start + size < frame_size and float(map_values.max()) > start + size - 2:
+        raise RegionTooSmall
+    return map_values - np.float32(start) if start else map_values
+
+
+def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
+               source_origin: tuple[int, int] = (0, 0),
+               frame_size: tuple[int, int] | None = None) -> WarpedMouth | None:
+    """The first half of animate_mouth: the warp, the mask and the inputs of the interior.
+
+    ``source_bgr`` is the frame, or a region of it whose top-left corner is at
+    ``source_origin`` (x, y) in a frame of ``frame_size`` (width, height) pixels; a region
+    must contain the patch box, and gives the same result as the whole frame unless the
+    warp reads outside it, which raises RegionTooSmall.
     """
-    frame_height, frame_width = frame_bgr.shape[:2]
+    if frame_size is None:
+        frame_height, frame_width = source_bgr.shape[:2]
+    else:
+        frame_width, frame_height = frame_size
+    origin_x, origin_y = source_origin
     geometry = MouthGeometry.from_landmarks(landmarks)
     box = patch_box(geometry, frame_width, frame_height)
     if box is None:
         return None
     x1, y1, x2, y2 = box
+    if x1 < origin_x or y1 < origin_y or x2 > origin_x + source_bgr.shape[1] or y2 > origin_y + source_bgr.shape[0]:
+        raise RegionTooSmall
     target = mouth_target(geometry, openness, width)
 
     # 1. The backward map: for each output pixel, where it comes from in the source. Coarse
@@ -540,55 +626,324 @@ def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float,
     (ux, uy), (vx, vy) = geometry.frame.axis_u.astype(np.float32), geometry.frame.axis_v.astype(np.float32)
     map_x = np.arange(x1, x2, dtype=np.float32)[None, :] + shift_u * ux + shift_v * vx
     map_y = np.arange(y1, y2, dtype=np.float32)[:, None] + shift_u * uy + shift_v * vy
-    image = cv2.remap(frame_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)  # (h, w, 3)
-    mask = np.clip(np.sqrt(shift_u**2 + shift_v**2) * 2.0, 0.0, 1.0)  # (h, w): ours from half a pixel of movement on
+    map_x = _map_to_region(map_x, origin_x, source_bgr.shape[1], frame_width)
+    map_y = _map_to_region(map_y, origin_y, source_bgr.shape[0], frame_height)
+    image = cv2.remap(source_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)  # (h, w, 3)
+    mask = clip(np.sqrt(shift_u**2 + shift_v**2) * 2.0, 0.0, 1.0)  # (h, w): ours from half a pixel of movement on
 
-    # 2. The mouth interior (or the line where closed lips meet), drawn where the lips parted.
+    # 2. Where the lips parted (or closed lips meet), the interior will be drawn.
     closing_px = np.interp(lips_field.u_column, target.columns, target.closing).astype(np.float32)
     interior_weight = np.interp(lips_field.u_column, target.columns, target.interior).astype(np.float32)
     gap = lips_field.target_levels[LOWER_INNER] - lips_field.target_levels[UPPER_INNER]
     inside = _active_window(((gap > 0.05) & (interior_weight > 0.0)) | (closing_px > 0.05))
+    interior = None
     if inside is not None:
-        colours = sample_colours(frame_bgr[y1:y2, x1:x2], np.array([x1, y1], np.float32), landmarks, geometry,
-                                 teeth_memory)
-        interior, alpha = render_interior(lips_field.u[inside], lips_field.u_column[inside], lips_field.v[inside],
-                                          [level[inside] for level in lips_field.target_levels],
-                                          closing_px[inside], interior_weight[inside], geometry, colours)
+        source_box = source_bgr[y1 - origin_y:y2 - origin_y, x1 - origin_x:x2 - origin_x]
+        colours = source_colours(source_box, np.array([x1, y1], np.float32), landmarks, geometry)
         window = (slice(lips[0].start + inside[0].start, lips[0].start + inside[0].stop),
                   slice(lips[1].start + inside[1].start, lips[1].start + inside[1].stop))
+        interior = MouthInterior(window=window, u=lips_field.u[inside], u_column=lips_field.u_column[inside],
+                                 v=lips_field.v[inside], target_levels=[level[inside] for level in lips_field.target_levels],
+                                 closing_px=closing_px[inside], interior_weight=interior_weight[inside],
+                                 geometry=geometry, colours=colours)
+    return WarpedMouth(box=box, image_bgr=image, mask=mask, fade=fade, mouth_width=geometry.mouth_width,
+                       interior=interior)
+
+
+def finish_mouth(warped: WarpedMouth, teeth_bgr: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The second half of animate_mouth: draw the interior with ``teeth_bgr`` (the remembered
+    teeth colour, or None for one from the skin), soften the mask. Returns (image (h, w, 3)
+    uint8 BGR, mask (h, w) float32); ``warped`` is used up (its arrays are changed in place)."""
+    image, mask, fade = warped.image_bgr, warped.mask, warped.fade
+    interior = warped.interior
+    if interior is not None:
+        colours = face_colours(interior.colours, teeth_bgr)
+        drawn, alpha = render_interior(interior.u, interior.u_column, interior.v, interior.target_levels,
+                                       interior.closing_px, interior.interior_weight, interior.geometry, colours)
+        window = interior.window
         alpha *= fade[window]
         region = image[window].astype(np.float32)
-        image[window] = np.clip(region + alpha[..., None] * (interior - region) + 0.5, 0, 255).astype(np.uint8)
+        image[window] = clip(region + alpha[..., None] * (drawn - region) + 0.5, 0, 255).astype(np.uint8)
         mask[window] = np.maximum(mask[window], alpha)
 
     if mask.max() > 0.0:
-        mask = np.maximum(mask, cv2.GaussianBlur(mask, (0, 0), max(1.0, 0.04 * geometry.mouth_width)))
+        mask = np.maximum(mask, cv2.GaussianBlur(mask, (0, 0), max(1.0, 0.04 * warped.mouth_width)))
     mask *= fade
-    return FacePatch(box=box, image_bgr=image, mask=mask.astype(np.float32), face=face)
+    return image, mask.astype(np.float32)
+
+
+def remembered_teeth(warped: WarpedMouth | None, teeth_memory: TeethColour | None) -> np.ndarray | None:
+    """The teeth colour to draw ``warped`` with; updates ``teeth_memory`` (in frame order) when
+    the frame draws an interior, as animate_mouth does."""
+    if warped is None or warped.interior is None:
+        return None
+    seen = warped.interior.colours.seen_teeth
+    return teeth_memory.update(seen) if teeth_memory is not None else seen
+
+
+def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
+                  face: Face | None = None, teeth_memory: TeethColour | None = None) -> FacePatch | None:
+    """New pixels for the lower face of ``frame_bgr`` with the mouth in the given shape.
+
+    ``landmarks`` (468, 2) float32 are the frame's mediapipe face-mesh points in pixels;
+    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread). Returns None
+    when the face is too small or outside the frame. This is warp_mouth, then the teeth
+    colour (the only state carried from frame to frame), then finish_mouth.
+    """
+    warped = warp_mouth(frame_bgr, landmarks, openness, width)
+    if warped is None:
+        return None
+    image, mask = finish_mouth(warped, remembered_teeth(warped, teeth_memory))
+    return FacePatch(box=warped.box, image_bgr=image, mask=mask, face=face)
+
+
+# ---------------------------------------------------------------------------- rendering processes
+
+# The region of the frame sent to a rendering process: the patch box plus this fraction of the
+# mouth width on every side, for the warp to read from (it moves pixels by a fraction of the
+# mouth's size). A frame whose warp reaches further is warped in the calling process instead.
+REGION_MARGIN = 0.1
+POOL_MIN_FRAMES = 2  # a batch with fewer faces than this is drawn in the calling process
+STOP_SECONDS = 5.0  # how long close() waits for a rendering process before terminating it
+
+
+class LandmarkWorkerError(RuntimeError):
+    """A rendering process failed or died; the message carries its exception and traceback."""
+
+
+def source_region(frame_bgr: np.ndarray, landmarks: np.ndarray,
+                  margin: float = REGION_MARGIN) -> tuple[np.ndarray, tuple[int, int]] | None:
+    """The part of ``frame_bgr`` (H, W, 3) that warp_mouth reads for these landmarks, as
+    (region (h, w, 3) uint8, its top-left (x, y) in the frame); None when there is no patch."""
+    frame_height, frame_width = frame_bgr.shape[:2]
+    geometry = MouthGeometry.from_landmarks(landmarks)
+    box = patch_box(geometry, frame_width, frame_height)
+    if box is None:
+        return None
+    pad = int(np.ceil(margin * geometry.mouth_width)) + 2
+    x1, y1 = max(box[0] - pad, 0), max(box[1] - pad, 0)
+    x2, y2 = min(box[2] + pad, frame_width), min(box[3] + pad, frame_height)
+    return np.ascontiguousarray(frame_bgr[y1:y2, x1:x2]), (x1, y1)
+
+
+def _render_process(connection) -> None:
+    """A rendering process: warps the frames it is sent, reports what the teeth colour needs,
+    then finishes them with the teeth colours the engine sends back. Runs until told to stop."""
+    import traceback
+
+    cv2.setNumThreads(1)  # the processes are the parallelism
+    warped: dict[int, WarpedMouth] = {}
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        kind, items = message
+        try:
+            if kind == "warp":
+                warped.clear()
+                observed = []
+                for key, region, origin, frame_size, landmarks, openness, width in items:
+                    try:
+                        result = warp_mouth(region, landmarks, openness, width, origin, frame_size)
+                    except RegionTooSmall:
+                        observed.append((key, "region too small", None))
+                        continue
+                    if result is None:
+                        observed.append((key, "no patch", None))
+                        continue
+                    warped[key] = result
+                    if result.interior is None:
+                        observed.append((key, "warp only", None))
+                    else:
+                        observed.append((key, "interior", result.interior.colours.seen_teeth))
+                connection.send(("observed", observed))
+            elif kind == "finish":
+                patches = []
+                for key, teeth_bgr in items:
+                    result = warped.pop(key)
+                    image, mask = finish_mouth(result, teeth_bgr)
+                    patches.append((key, result.box, image, mask))
+                connection.send(("patches", patches))
+            else:
+                raise ValueError(f"unknown message {kind!r}")
+        except Exception as error:  # noqa: BLE001 - every failure goes back to the engine, which raises it
+            warped.clear()
+            connection.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def _stop_processes(processes: list, connections: list) -> None:
+    """Ask each rendering process to stop, wait a little, then terminate what is left."""
+    for connection in connections:
+        try:
+            connection.send(None)
+        except (OSError, ValueError):
+            pass
+    for process in processes:
+        process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.terminate()
+            process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for connection in connections:
+        connection.close()
+
+
+class RenderPool:
+    """Spawned processes that run warp_mouth and finish_mouth, one pipe each.
+
+    Spawned, never forked: the parent has mediapipe (and maybe CUDA) loaded. Each process
+    imports only this module's dependencies (numpy, cv2). Closed by close(), by garbage
+    collection or at interpreter exit, whichever comes first.
+    """
+
+    def __init__(self, size: int):
+        import multiprocessing
+        import weakref
+
+        context = multiprocessing.get_context("spawn")
+        self.processes, self.connections = [], []
+        self._finalizer = weakref.finalize(self, _stop_processes, self.processes, self.connections)
+        for index in range(size):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=_render_process, args=(child_end,), daemon=True,
+                                      name=f"heygem-landmark-{index}")
+            process.start()
+            child_end.close()
+            self.processes.append(process)
+            self.connections.append(parent_end)
+        logger.debug("landmark engine: %d rendering processes started", size)
+
+    @property
+    def size(self) -> int:
+        return len(self.processes)
+
+    def send(self, index: int, message: tuple) -> None:
+        try:
+            self.connections[index].send(message)
+        except OSError as error:
+            raise LandmarkWorkerError(f"landmark rendering process {index} is gone "
+                                      f"(exit code {self.processes[index].exitcode}): {error}") from error
+
+    def receive(self, index: int, expected: str) -> list:
+        """The next reply of process ``index``; raises LandmarkWorkerError if it failed or died."""
+        from multiprocessing.connection import wait
+
+        connection, process = self.connections[index], self.processes[index]
+        wait([connection, process.sentinel])
+        try:
+            if not connection.poll():
+                raise EOFError
+            kind, payload = connection.recv()
+        except (EOFError, OSError) as error:
+            process.join(1.0)
+            raise LandmarkWorkerError(f"landmark rendering process {index} exited unexpectedly "
+                                      f"(exit code {process.exitcode})") from error
+        if kind == "error":
+            raise LandmarkWorkerError(f"landmark rendering process {index} failed: {payload}")
+        if kind != expected:
+            raise LandmarkWorkerError(f"landmark rendering process {index} answered {kind!r}, not {expected!r}")
+        return payload
+
+    def close(self) -> None:
+        self._finalizer()
 
 
 class LandmarkEngine:
-    """Lip sync from landmarks and audio alone: a warp of the lower face plus a rendered mouth interior."""
+    """Lip sync from landmarks and audio alone: a warp of the lower face plus a rendered mouth interior.
+
+    ``workers`` rendering processes draw the frames of a batch in parallel (0: all in the
+    calling thread). The result is the same, byte for byte, for every worker count: the only
+    state carried from frame to frame (the mouth shapes and the remembered teeth colour) is
+    computed here, in frame order, between the warp and the drawing of the interior.
+    """
 
     name = "landmark"
     # it moves the frame's own pixels and draws the mouth interior crisply: nothing to deblur
     needs_restoration = False
 
-    def __init__(self, config: EngineConfig, fps: float):
+    def __init__(self, config: EngineConfig, fps: float, workers: int = 0):
         self.mouth_strength = float(config.mouth_strength)
         self.fps = float(fps)
+        self.workers = int(workers)
+        self.region_margin = REGION_MARGIN
         self.shapes = MouthShapeTracker(fps)
         self.teeth = TeethColour()
-        logger.debug("landmark engine at %.3f fps, mouth strength %.2f", self.fps, self.mouth_strength)
+        self._pool: RenderPool | None = None
+        logger.debug("landmark engine at %.3f fps, mouth strength %.2f, %d rendering processes",
+                     self.fps, self.mouth_strength, self.workers)
 
     def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
         """One patch per frame; None where the frame has no face or no landmarks."""
         shapes = self.shapes.update(batch.mel_windows)  # advances with every frame, face or not
-        patches: list[FacePatch | None] = []
-        for frame_bgr, face, openness, width in zip(batch.frames_bgr, batch.faces, shapes.openness, shapes.width):
-            if face is None or face.landmarks is None:
-                patches.append(None)
-                continue
-            patches.append(animate_mouth(frame_bgr, face.landmarks, float(openness) * self.mouth_strength,
-                                         float(width), face=face, teeth_memory=self.teeth))
+        jobs = [(index, face.landmarks, float(openness) * self.mouth_strength, float(width))
+                for index, (face, openness, width) in enumerate(zip(batch.faces, shapes.openness, shapes.width))
+                if face is not None and face.landmarks is not None]
+        if self.workers > 0 and len(jobs) >= POOL_MIN_FRAMES:
+            return self._generate_in_processes(batch, jobs)
+        patches: list[FacePatch | None] = [None] * len(batch.faces)
+        for index, landmarks, openness, width in jobs:
+            patches[index] = animate_mouth(batch.frames_bgr[index], landmarks, openness, width,
+                                           face=batch.faces[index], teeth_memory=self.teeth)
         return patches
+
+    def _generate_in_processes(self, batch: EngineBatch, jobs: list) -> list[FacePatch | None]:
+        """generate() with the frames split into one run of consecutive frames per process:
+        1. each process warps its frames and reports which draw an interior, with the teeth they show;
+        2. here, in frame order, the remembered teeth colour advances over those reports;
+        3. each process draws its frames' interiors with the colours sent back, and returns the patches."""
+        if self._pool is not None and self._pool.size != self.workers:
+            self.close()
+        if self._pool is None:
+            self._pool = RenderPool(self.workers)
+        pool = self._pool
+        frame_height, frame_width = batch.frames_bgr.shape[1:3]
+        runs = [run for run in np.array_split(np.arange(len(jobs)), min(pool.size, len(jobs))) if len(run)]
+        patches: list[FacePatch | None] = [None] * len(batch.faces)
+        warped_here: list[tuple[int, WarpedMouth, np.ndarray | None]] = []
+        try:
+            for worker, run in enumerate(runs):
+                items = []
+                for job in run:
+                    index, landmarks, openness, width = jobs[job]
+                    region = source_region(batch.frames_bgr[index], landmarks, self.region_margin)
+                    if region is not None:
+                        items.append((index, region[0], region[1], (frame_width, frame_height), landmarks,
+                                      openness, width))
+                pool.send(worker, ("warp", items))
+            for worker in range(len(runs)):
+                teeth_colours = []
+                for index, status, seen_teeth in pool.receive(worker, "observed"):
+                    if status == "region too small":  # rare: warp the whole frame here
+                        _, landmarks, openness, width = next(job for job in jobs if job[0] == index)
+                        warped = warp_mouth(batch.frames_bgr[index], landmarks, openness, width)
+                        if warped is not None:
+                            warped_here.append((index, warped, remembered_teeth(warped, self.teeth)))
+                    elif status == "interior":
+                        teeth_colours.append((index, self.teeth.update(seen_teeth)))
+                    elif status == "warp only":
+                        teeth_colours.append((index, None))
+                pool.send(worker, ("finish", teeth_colours))
+            for worker in range(len(runs)):
+                for index, box, image, mask in pool.receive(worker, "patches"):
+                    patches[index] = FacePatch(box=box, image_bgr=image, mask=mask, face=batch.faces[index])
+        except BaseException:
+            self.close()  # the processes' state is out of step with ours: start afresh next time
+            raise
+        for index, warped, teeth_bgr in warped_here:
+            image, mask = finish_mouth(warped, teeth_bgr)
+            patches[index] = FacePatch(box=warped.box, image_bgr=image, mask=mask, face=batch.faces[index])
+        return patches
+
+    def close(self) -> None:
+        """Stop the rendering processes, if any; safe to call more than once."""
+        pool, self._pool = getattr(self, "_pool", None), None
+        if pool is not None:
+            pool.close()
+
+    def __del__(self):
+        self.close()

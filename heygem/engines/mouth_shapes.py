@@ -20,6 +20,7 @@ order always gives the same shapes, however it is split into batches.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,9 +51,15 @@ class MouthShapes:
     width: np.ndarray  # (N,) float32, -1 rounded ("oo") .. 0 neutral .. +1 spread ("ee")
 
 
+try:  # np.clip's own ufunc, without the Python wrapper around it (~15 us a call; most arrays here are small)
+    from numpy._core.umath import clip
+except ImportError:  # pragma: no cover - a numpy that moved it: the wrapper gives the same values
+    clip = np.clip
+
+
 def smoothstep(edge0: float, edge1: float, x: np.ndarray) -> np.ndarray:
     """0 below edge0, 1 above edge1, a smooth S-curve in between (edge0 > edge1 flips it)."""
-    t = np.clip((np.asarray(x, np.float32) - edge0) / (edge1 - edge0), 0.0, 1.0)
+    t = clip((np.asarray(x, np.float32) - edge0) / (edge1 - edge0), 0.0, 1.0)
     return t * t * (3.0 - 2.0 * t)
 
 
@@ -63,19 +70,30 @@ def mel_band_centres_hz() -> np.ndarray:
     return librosa.mel_frequencies(n_mels=audio.N_MELS + 2, fmin=audio.FMIN, fmax=audio.FMAX)[1:-1]
 
 
-BAND_CENTRES_HZ = mel_band_centres_hz()
+@dataclass(frozen=True)
+class MelBands:
+    """Which of the 80 mel bands make up each region the cues read, as (80,) bool masks."""
+
+    centres_hz: np.ndarray  # (80,) float64
+    voiced: np.ndarray  # 150-3000 Hz
+    low: np.ndarray  # 80-400 Hz
+    first_formant: np.ndarray  # 200-1000 Hz
+    second_formant: np.ndarray  # 700-3000 Hz
+    mid: np.ndarray  # 1000-3000 Hz
+    high: np.ndarray  # 3500-7600 Hz
 
 
-def _band(low_hz: float, high_hz: float) -> np.ndarray:
-    return (BAND_CENTRES_HZ >= low_hz) & (BAND_CENTRES_HZ < high_hz)
+@functools.lru_cache(maxsize=1)
+def mel_bands() -> MelBands:
+    """The band masks, computed on first use (librosa is slow to import, and the
+    landmark engine's rendering processes never need it)."""
+    centres = mel_band_centres_hz()
 
+    def band(low_hz: float, high_hz: float) -> np.ndarray:
+        return (centres >= low_hz) & (centres < high_hz)
 
-VOICED_BAND = _band(150, 3000)
-LOW_BAND = _band(80, 400)
-FIRST_FORMANT_BAND = _band(200, 1000)
-SECOND_FORMANT_BAND = _band(700, 3000)
-MID_BAND = _band(1000, 3000)
-HIGH_BAND = _band(3500, 7600)
+    return MelBands(centres_hz=centres, voiced=band(150, 3000), low=band(80, 400), first_formant=band(200, 1000),
+                    second_formant=band(700, 3000), mid=band(1000, 3000), high=band(3500, 7600))
 
 
 def _power_db(power: np.ndarray) -> np.ndarray:
@@ -86,7 +104,7 @@ def _centroid_hz(power: np.ndarray, band: np.ndarray) -> np.ndarray:
     """(N,) spectral centroid in Hz of ``power`` (N, 80) within ``band``; 0 where silent."""
     band_power = power[:, band]  # (N, B)
     total = band_power.sum(axis=1)
-    centroid = (band_power * BAND_CENTRES_HZ[band]).sum(axis=1) / np.maximum(total, 1e-12)
+    centroid = (band_power * mel_bands().centres_hz[band]).sum(axis=1) / np.maximum(total, 1e-12)
     return np.where(total > 1e-10, centroid, 0.0)
 
 
@@ -105,22 +123,23 @@ class AudioCues:
 
 def audio_cues(mel_windows: np.ndarray) -> AudioCues:
     """Read the per-frame cues from ``mel_windows`` (N, 80, 16) Wav2Lip-normalised mels."""
+    bands = mel_bands()
     decibels = (mel_windows.astype(np.float32) + 4.0) * 12.5 - 100.0  # (N, 80, 16) back to dB
     power = np.power(10.0, decibels / 10.0)  # (N, 80, 16)
     columns = min(power.shape[2], len(COLUMN_WEIGHTS))
     weights = COLUMN_WEIGHTS[:columns] / COLUMN_WEIGHTS[:columns].sum()
     frame_power = (power[:, :, :columns] * weights).sum(axis=2)  # (N, 80)
 
-    voiced_per_column = _power_db(power[:, VOICED_BAND, :].mean(axis=1))  # (N, 16)
-    now_db = _power_db(power[:, VOICED_BAND, PLOSIVE_NOW_COLUMNS].mean(axis=(1, 2)))
+    voiced_per_column = _power_db(power[:, bands.voiced, :].mean(axis=1))  # (N, 16)
+    now_db = _power_db(power[:, bands.voiced, PLOSIVE_NOW_COLUMNS].mean(axis=(1, 2)))
     ahead = voiced_per_column[:, PLOSIVE_AHEAD_COLUMNS]
     ahead_db = ahead.max(axis=1) if ahead.shape[1] else now_db
     return AudioCues(
-        voiced_db=_power_db(frame_power[:, VOICED_BAND].mean(axis=1)),
-        high_db=_power_db(frame_power[:, HIGH_BAND].mean(axis=1)),
-        first_formant_hz=_centroid_hz(frame_power, FIRST_FORMANT_BAND),
-        second_formant_hz=_centroid_hz(frame_power, SECOND_FORMANT_BAND),
-        nasal_db=_power_db(frame_power[:, LOW_BAND].mean(axis=1)) - _power_db(frame_power[:, MID_BAND].mean(axis=1)),
+        voiced_db=_power_db(frame_power[:, bands.voiced].mean(axis=1)),
+        high_db=_power_db(frame_power[:, bands.high].mean(axis=1)),
+        first_formant_hz=_centroid_hz(frame_power, bands.first_formant),
+        second_formant_hz=_centroid_hz(frame_power, bands.second_formant),
+        nasal_db=_power_db(frame_power[:, bands.low].mean(axis=1)) - _power_db(frame_power[:, bands.mid].mean(axis=1)),
         onset_db=ahead_db - now_db,
         now_db=now_db,
     )

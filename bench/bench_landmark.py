@@ -1,0 +1,208 @@
+"""Milliseconds per frame of the built-in landmark engine alone, per worker count.
+
+    python bench/bench_landmark.py [--sizes 1280x720 1920x1080] [--frames 200] [--workers 0 1 2]
+                                   [--save-reference FILE | --check-reference FILE] [--profile]
+
+The input is the one bench_pipeline.py makes (the bundled portrait scaled to cover
+the frame, drifting slowly) with the bundled English speech: a few distinct frames
+whose landmarks come from mediapipe's face mesh once each, then cycled. Every worker
+count must give the same bytes as ``--workers 0``; the script checks that, and
+``--save-reference`` / ``--check-reference`` compare against a digest saved by an
+earlier version of the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+FPS = 25.0
+DISTINCT_FRAMES = 8
+
+
+def make_frames(width: int, height: int, landmarks: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(DISTINCT_FRAMES, H, W, 3) uint8 frames of the drifting portrait and their face-mesh landmarks
+    (found with mediapipe unless given, as (DISTINCT_FRAMES, 468, 2))."""
+    portrait = cv2.imread(str(REPO / "assets" / "astronaut.jpg"))
+    side = max(width, height) + 40
+    scaled = cv2.resize(portrait, (side, side), interpolation=cv2.INTER_CUBIC)
+    frames = []
+    for index in range(DISTINCT_FRAMES):
+        seconds = index / FPS * 6
+        x = int((side - width) / 2 + 10 * np.sin(seconds))
+        y = int(20 + 8 * np.cos(seconds * 0.7))
+        frames.append(np.ascontiguousarray(scaled[y:y + height, x:x + width]))
+    if landmarks is not None:
+        return np.stack(frames), list(landmarks)
+    import mediapipe as mp
+
+    found = []
+    with mp.solutions.face_mesh.FaceMesh(static_image_mode=True, max_num_faces=1) as mesh:
+        for frame in frames:
+            points = mesh.process(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)).multi_face_landmarks[0].landmark
+            found.append(np.array([[p.x * width, p.y * height] for p in points], np.float32))
+    return np.stack(frames), found
+
+
+def speech_windows(count: int) -> np.ndarray:
+    """(count, 80, 16) mel windows of the bundled speech, looped."""
+    from heygem import audio
+
+    mel = audio.melspectrogram(audio.load_audio_16k(REPO / "assets" / "speech_en.wav"))
+    starts = audio.mel_window_starts(int(mel.shape[1] * FPS / 80), FPS, mel.shape[1])
+    windows = audio.mel_windows(mel, starts)
+    return windows[np.arange(count) % len(windows)]
+
+
+def make_batches(frames: np.ndarray, landmarks: list[np.ndarray], windows: np.ndarray, batch_frames: int):
+    from heygem.types import EngineBatch, Face
+
+    height, width = frames.shape[1:3]
+    batches = []
+    for start in range(0, len(windows), batch_frames):
+        indices = np.arange(start, min(start + batch_frames, len(windows)))
+        faces = [Face(box=(0, 0, width, height), landmarks=landmarks[i % len(landmarks)]) for i in indices]
+        batches.append(EngineBatch(frame_indices=indices.astype(np.int64), frames_bgr=frames[indices % len(frames)],
+                                   faces=faces, mel_windows=windows[indices], fps=FPS))
+    return batches
+
+
+def run_engine(batches, workers: int):
+    """(patches, seconds per frame after the first batch, seconds of the first batch, CPU seconds
+    per frame of this process after the first batch, CPU seconds per frame of the rendering
+    processes, their start included): the first batch starts the engine's rendering processes,
+    a cost paid once per job."""
+    import resource
+
+    from heygem.config import EngineConfig
+    from heygem.engines.landmark import LandmarkEngine
+
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=workers)
+    try:
+        started = time.perf_counter()
+        patches = list(engine.generate(batches[0]))
+        first_seconds = time.perf_counter() - started
+        started, started_cpu = time.perf_counter(), time.process_time()
+        for batch in batches[1:]:
+            patches.extend(engine.generate(batch))
+        steady_frames = sum(len(batch.faces) for batch in batches[1:])
+        per_frame = (time.perf_counter() - started) / steady_frames
+        cpu_per_frame = (time.process_time() - started_cpu) / steady_frames
+    finally:
+        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        engine.close()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_cpu = (children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime)
+    return patches, per_frame, first_seconds, cpu_per_frame, children_cpu / len(patches)
+
+
+def time_threads(batches, threads: int) -> float:
+    """Seconds to warp and finish every frame in a pool of ``threads`` threads (teeth colour
+    from the skin: this measures what the GIL lets threads overlap, not the engine)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from heygem.engines.landmark import finish_mouth, warp_mouth
+
+    def draw(item):
+        frame_bgr, landmarks, openness, width = item
+        warped = warp_mouth(frame_bgr, landmarks, openness, width)
+        return None if warped is None else finish_mouth(warped, None)
+
+    items = [(batch.frames_bgr[i], batch.faces[i].landmarks, 0.8 * (i % 3) / 2, 0.0)
+             for batch in batches for i in range(len(batch.faces))]
+    with ThreadPoolExecutor(threads) as pool:
+        started = time.perf_counter()
+        list(pool.map(draw, items))
+        return time.perf_counter() - started
+
+
+def digest(patches) -> str:
+    hasher = hashlib.sha256()
+    for patch in patches:
+        if patch is None:
+            hasher.update(b"none")
+            continue
+        hasher.update(np.array(patch.box, np.int64).tobytes())
+        hasher.update(patch.image_bgr.tobytes())
+        hasher.update(patch.mask.tobytes())
+    return hasher.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["1280x720", "1920x1080"], help="WIDTHxHEIGHT of the frames")
+    parser.add_argument("--frames", type=int, default=200, help="frames per run (the first batch is timed apart)")
+    parser.add_argument("--batch-frames", type=int, default=32, help="frames per generate() call")
+    parser.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2], help="worker counts to time")
+    parser.add_argument("--threads", nargs="*", type=int, default=[],
+                        help="also time a pool of this many threads drawing frames without the engine's state")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per worker count; the fastest is reported")
+    parser.add_argument("--save-reference", type=Path, help="write the digests of workers=0 to this JSON file")
+    parser.add_argument("--check-reference", type=Path, help="compare the digests with this JSON file")
+    parser.add_argument("--save-inputs", type=Path, help="write the landmarks, mel windows and mel-band centres "
+                        "to this .npz, for a machine without mediapipe and librosa")
+    parser.add_argument("--inputs", type=Path, help="read them from such a file")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the workers=0 run")
+    args = parser.parse_args()
+
+    inputs = dict(np.load(args.inputs)) if args.inputs else {}
+    if inputs:
+        from heygem.engines import mouth_shapes
+
+        mouth_shapes.mel_band_centres_hz = lambda: inputs["band_centres_hz"]
+    saved_inputs = {}
+    reference = json.loads(args.check_reference.read_text()) if args.check_reference else {}
+    saved = {}
+    for size in args.sizes:
+        width, height = (int(v) for v in size.lower().split("x"))
+        frames, landmarks = make_frames(width, height, inputs.get(f"landmarks_{size}"))
+        windows = inputs["windows"][:args.frames] if inputs else speech_windows(args.frames)
+        saved_inputs[f"landmarks_{size}"] = np.stack(landmarks)
+        saved_inputs["windows"] = windows
+        batches = make_batches(frames, landmarks, windows, args.batch_frames)
+        baseline = run_engine(batches, 0)[0]
+        expected = digest(baseline)
+        saved[size] = expected
+        if size in reference:
+            print(f"{size}: {'same bytes as' if reference[size] == expected else 'DIFFERENT from'} the reference")
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.runcall(run_engine, batches, 0)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+        for workers in args.workers:
+            best, first, own_cpu, workers_cpu = (float("inf"),) * 4
+            for _ in range(args.repeats):
+                patches, per_frame, first_seconds, cpu, children_cpu = run_engine(batches, workers)
+                assert digest(patches) == expected, f"workers={workers} changed the output"
+                best, first = min(best, per_frame), min(first, first_seconds)
+                own_cpu, workers_cpu = min(own_cpu, cpu), min(workers_cpu, children_cpu)
+            print(f"{size} workers={workers}: {1000 * best:.2f} ms/frame ({1 / best:.1f} frames/s); "
+                  f"first batch {first:.2f} s; CPU ms/frame: this process {1000 * own_cpu:.2f}, "
+                  f"rendering processes {1000 * workers_cpu:.2f}")
+        for threads in args.threads:
+            best = min(time_threads(batches, threads) for _ in range(args.repeats))
+            print(f"{size} threads={threads}: {1000 * best / args.frames:.2f} ms/frame "
+                  f"({args.frames / best:.1f} frames/s)")
+    if args.save_inputs:
+        from heygem.engines.mouth_shapes import mel_bands
+
+        np.savez_compressed(args.save_inputs, band_centres_hz=mel_bands().centres_hz, **saved_inputs)
+    if args.save_reference:
+        args.save_reference.write_text(json.dumps(saved, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -118,7 +118,8 @@ class MemorySampler:
 
 
 def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[Path, Path]:
-    """A width x height, 25 fps video of the portrait drifting slowly, and speech of the same length."""
+    """A width x height, 25 fps video of the portrait drifting slowly (limited-range 4:2:0, as cameras
+    and phones write), and speech of the same length."""
     from heygem.media import ffmpeg_binary
 
     video = folder / f"face_{width}x{height}_{seconds:g}s.mp4"
@@ -126,9 +127,10 @@ def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[
     portrait = REPO / "assets" / "astronaut.jpg"
     side = max(width, height) + 40
     subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-loop", "1", "-i", str(portrait),
-                    "-vf", f"scale={side}:{side},crop={width}:{height}:x='(iw-ow)/2+10*sin(t)':y='20+8*cos(t*0.7)',"
-                           "format=yuv420p",
-                    "-r", "25", "-t", str(seconds), "-c:v", "libx264", "-preset", "veryfast", str(video)], check=True)
+                    "-vf", f"scale={side}:{side}:out_range=tv,crop={width}:{height}:x='(iw-ow)/2+10*sin(t)':"
+                           "y='20+8*cos(t*0.7)',format=yuv420p",
+                    "-color_range", "tv", "-r", "25", "-t", str(seconds), "-c:v", "libx264", "-preset", "veryfast",
+                    str(video)], check=True)
     subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-stream_loop", "-1", "-i",
                     str(REPO / "assets" / "speech_en.wav"), "-t", str(seconds), str(audio)], check=True)
     return video, audio

@@ -390,6 +390,17 @@ class FixedBatchRunner:
         logger.debug("%s: captured a CUDA graph for batches of %d", self.name, batch.batch_size)
 
 
+def gpu_present() -> bool:
+    """Whether torch sees a CUDA GPU; cheap on a machine without NVIDIA devices (torch is not imported)."""
+    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def worker_devices() -> list[str | None]:
     """One entry per worker to start: a GPU name each when there are several, else [None] (auto)."""
     if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):

@@ -59,7 +59,7 @@ logger = logging.getLogger("heygem")
 
 MIN_SEGMENT_SECONDS = 2.0  # shorter segments are not worth a process and a key frame
 MAX_SEGMENT_SECONDS = 10.0  # longer ones leave a long tail when the last segments finish
-BUFFER_BYTES = 1 << 30  # I420 bytes that all segments together may hold waiting for their encoders
+BUFFER_BYTES = 384 << 20  # I420 bytes that all segments together may hold waiting for their encoders
 MAX_AUTOMATIC_ENCODERS = 8
 
 
@@ -70,14 +70,15 @@ def encoder_count(requested: int, frame_count: int, fps: float, cpu_count: int |
     """How many x264 processes to run: ``requested``, or from the cores when it is 0.
 
     Automatic: one on up to 4 cores (x264 already uses every core of a small
-    machine), else one per 4 cores, at most :data:`MAX_AUTOMATIC_ENCODERS`.
+    machine), else one per 5 cores (the other stages need cores too), at most
+    :data:`MAX_AUTOMATIC_ENCODERS`.
     Never more than the video has segments of :data:`MIN_SEGMENT_SECONDS`.
     """
     if requested > 0:
         wanted = requested
     else:
         cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-        wanted = 1 if cores <= 4 else min(MAX_AUTOMATIC_ENCODERS, cores // 4)
+        wanted = 1 if cores <= 4 else min(MAX_AUTOMATIC_ENCODERS, cores // 5)
     worth = int(frame_count / max(fps * MIN_SEGMENT_SECONDS, 1.0))
     return max(1, min(wanted, worth))
 

@@ -93,6 +93,9 @@ def probe(path: str | Path) -> MediaInfo:
             first_frame = next(container.decode(video))
             width, height = first_frame.width, first_frame.height
             rotation = int(getattr(first_frame, "rotation", 0) or 0)
+            # decoded as it is stored, no scaler needed: 4:2:0 in limited range, not rotated
+            plain_yuv420 = (first_frame.format.name == "yuv420p" and int(first_frame.color_range or 1) != 2
+                            and rotation == 0)
         except (av.error.FFmpegError, StopIteration):
             raise HeygemError(f"{path.name}: its video stream cannot be decoded") from None
         if rotation % 180 == 90 or rotation % 180 == -90:
@@ -111,6 +114,7 @@ def probe(path: str | Path) -> MediaInfo:
             kind="video",
             width=width,
             height=height,
+            plain_yuv420=plain_yuv420,
             fps=float(rate),
             fps_fraction=f"{rate.numerator}/{rate.denominator}",
             frame_count=max(frame_count, 1),
@@ -150,11 +154,15 @@ def working_geometry(info: MediaInfo, output_height: int | None) -> FrameGeometr
 
 
 def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, source: MediaInfo) -> list[str]:
-    """ffmpeg arguments that decode ``path`` to raw BGR frames of ``geometry`` at a constant rate."""
+    """ffmpeg arguments that decode ``path`` to raw I420 frames of ``geometry`` at a constant rate."""
     import ffmpeg
 
     stream = ffmpeg.input(str(path)).video.filter("fps", fps=fps_fraction)
-    if (geometry.width, geometry.height) == (source.width - source.width % 2, source.height - source.height % 2):
+    same_size = (geometry.width, geometry.height) == (source.width - source.width % 2, source.height - source.height % 2)
+    if same_size and source.plain_yuv420:  # the decoder's own frames: no scaler (~5x faster at 1080p)
+        if (geometry.width, geometry.height) != (source.width, source.height):
+            stream = stream.filter("crop", geometry.width, geometry.height, 0, 0)
+    elif same_size:
         stream = stream.filter("crop", geometry.width, geometry.height, 0, 0).filter("scale", out_range="tv")
     else:
         stream = stream.filter("scale", geometry.width, geometry.height, flags="area", out_range="tv")

@@ -32,7 +32,7 @@ from heygem import audio, encode, media
 from heygem.config import REPO_ROOT, Config, EngineConfig, apply_overrides, load_config
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.flow import Stage, StageClock, run_stages
-from heygem.render import choose_render
+from heygem.render import Prepared, choose_render
 from heygem.source import SourceFrames, frames_per_batch
 from heygem.tracking import FaceStage
 from heygem.types import FrameBatch, GenerationSummary
@@ -98,7 +98,8 @@ def generate(
 
     # 3. engine: chosen now, loaded in the background
     engine_name, checkpoint, engine_reason = choose_engine(config.engine)
-    engine_future = _BACKGROUND.submit(_timed_call, create_engine, engine_name, checkpoint, config.engine, fps)
+    engine_future = _BACKGROUND.submit(_timed_call, create_engine, engine_name, checkpoint, config.engine, fps,
+                                       landmark_worker_count(config))
     logger.info("engine: %s (%s)", engine_name, engine_reason)
     report("prepare", 1.0)
 
@@ -110,19 +111,13 @@ def generate(
         source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir)
         face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir)
 
-        with _timed(clock, "wait_background"):
-            mel, mel_seconds = mel_future.result()
-            engine, engine_seconds = engine_future.result()
-        clock.add("audio", mel_seconds)
-        clock.add("load_engine", engine_seconds)
-        window_starts = audio.mel_window_starts(frame_count, fps, mel.shape[1])
-
         # 5. decode -> faces -> generate -> restore -> blend -> encode, in bounded batches
         encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
                                       crf=config.media.crf, preset=config.media.preset,
                                       audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
                                       encoders=config.run.encoders)
-        render = choose_render(engine, mel, window_starts, fps, config)
+        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock)
+        render = choose_render(engine_name, prepared, config)
         written = {"frames": 0, "without_face": 0}
 
         def encode_frames(batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
@@ -133,7 +128,7 @@ def generate(
                 report("generate", written["frames"] / frame_count)
                 yield batch
 
-        batch_frames = frames_per_batch(geometry, config.media.batch_frames)
+        batch_frames = frames_per_batch(geometry, config.media.batch_frames, render.bytes_per_pixel)
         run_stages(source.output_batches(frame_count, batch_frames),
                    [Stage("faces", face_stage.run), *render.stages(), Stage("encode", encode_frames)],
                    concurrent=config.run.concurrent, should_stop=should_stop, clock=clock)
@@ -152,9 +147,10 @@ def generate(
         if source is not None:
             source.close()
         shutil.rmtree(work_dir, ignore_errors=True)
+        close_engine(engine_future)
 
     summary = GenerationSummary(
-        output_path=output_path, face_path=face_path, audio_path=audio_path, engine=engine.name,
+        output_path=output_path, face_path=face_path, audio_path=audio_path, engine=engine_name,
         engine_reason=engine_reason, width=geometry.width, height=geometry.height, fps=fps, frames=frame_count,
         frames_without_face=written["without_face"], audio_seconds=audio_seconds, video_seconds=frame_count / fps,
         seconds_per_stage={stage: round(value, 3) for stage, value in clock.seconds.items()},
@@ -213,15 +209,34 @@ def choose_engine(config: EngineConfig) -> tuple[str, Path | None, str]:
     return name, checkpoint, reason
 
 
-def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps: float):
-    """Build the engine ``choose_engine`` picked (loads weights; can take seconds)."""
+def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps: float, workers: int = 0):
+    """Build the engine ``choose_engine`` picked (loads weights; can take seconds); ``workers``
+    processes draw the landmark engine's frames (0: in this process)."""
     if name == "wav2lip":
         from heygem.engines.wav2lip import Wav2LipEngine
 
         return Wav2LipEngine(checkpoint, config)
     from heygem.engines.landmark import LandmarkEngine
 
-    return LandmarkEngine(config, fps)
+    return LandmarkEngine(config, fps, workers=workers)
+
+
+def landmark_worker_count(config: Config) -> int:
+    """Processes that draw the landmark engine's frames: none when the stages run one after another or
+    on a small machine (starting them costs more than they give), else half the cores, at most 8."""
+    cores = os.cpu_count() or 1
+    return 0 if not config.run.concurrent or cores <= 4 else min(8, cores // 2)
+
+
+def close_engine(engine_future) -> None:
+    """Stop what an engine started (the landmark engine's processes), once it has loaded or failed."""
+    try:
+        engine, _ = engine_future.result()
+    except BaseException:  # a failed load was reported where it was awaited
+        return
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
 
 
 # ---------------------------------------------------------------------------- checks and helpers

@@ -7,7 +7,9 @@ batch stays on the device from upload to download (heygem.gpu_blend).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -15,52 +17,85 @@ from heygem import audio, media
 from heygem.blend import blend_patch
 from heygem.config import Config
 from heygem.errors import HeygemError
-from heygem.flow import Stage
+from heygem.flow import Stage, StageClock
 from heygem.restore import restore_patches
 from heygem.types import EngineBatch, FrameBatch
 
 
-def choose_render(engine, mel: np.ndarray, window_starts: np.ndarray, fps: float, config: Config):
-    """The render stages for this engine and device (see the --render option)."""
+class Prepared:
+    """What the background threads prepare while the first frames are decoded and tracked: the
+    mel spectrogram and the loaded engine. The render stages ask for them when their first
+    batch arrives, so loading the networks overlaps with decoding and face tracking."""
+
+    def __init__(self, mel_future: Future, engine_future: Future, frame_count: int, fps: float, clock: StageClock):
+        self._mel_future = mel_future
+        self._engine_future = engine_future
+        self._frame_count = frame_count
+        self._fps = fps
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._mel = self._engine = self._window_starts = None
+
+    def _resolve(self) -> None:
+        with self._lock:
+            if self._engine is None:
+                mel, mel_seconds = self._mel_future.result()
+                engine, engine_seconds = self._engine_future.result()
+                self._clock.add("audio", mel_seconds)
+                self._clock.add("load_engine", engine_seconds)
+                self._window_starts = audio.mel_window_starts(self._frame_count, self._fps, mel.shape[1])
+                self._mel, self._engine = mel, engine
+
+    @property
+    def engine(self):
+        self._resolve()
+        return self._engine
+
+    def mel_windows(self, output_indices: np.ndarray) -> np.ndarray:
+        """(N, 80, 16) float32 mel windows of these output frames."""
+        self._resolve()
+        return audio.mel_windows(self._mel, self._window_starts[output_indices])
+
+
+def choose_render(engine_name: str, prepared: Prepared, config: Config):
+    """The render stages for this engine and device (see the --render option); decided before the
+    engine has loaded, from the options and whether this machine has an NVIDIA GPU."""
+    from heygem.device import gpu_present
+
     wanted = config.run.render
-    on_gpu = getattr(getattr(engine, "device", None), "type", "cpu") == "cuda"
-    can_use_torch = hasattr(engine, "generate_faces")
-    if wanted == "torch" and not can_use_torch:
-        raise HeygemError(f"--render torch works with the wav2lip engine, not with {engine.name}")
-    if wanted == "torch" or (wanted == "auto" and on_gpu and can_use_torch):
-        return GpuRender(engine, mel, window_starts, config)
-    return CpuRender(engine, mel, window_starts, fps, config)
+    if wanted == "torch" and engine_name != "wav2lip":
+        raise HeygemError(f"--render torch works with the wav2lip engine, not with {engine_name}")
+    on_gpu = config.engine.device != "cpu" and gpu_present()
+    if wanted == "torch" or (wanted == "auto" and engine_name == "wav2lip" and on_gpu):
+        return GpuRender(prepared, config)
+    return CpuRender(prepared, config)
 
 
 class CpuRender:
     """Steps 5b-5d on the CPU: the engine's patches, restored, blended into BGR frames."""
 
-    def __init__(self, engine, mel: np.ndarray, window_starts: np.ndarray, fps: float, config: Config):
-        self.engine = engine
-        self.mel = mel
-        self.window_starts = window_starts
-        self.fps = fps
+    bytes_per_pixel = 3  # batches are converted to BGR
+    def __init__(self, prepared: Prepared, config: Config):
+        self.prepared = prepared
         self.config = config
 
     def stages(self) -> list[Stage]:
-        stages = [Stage("generate", self.generate)]
-        if self.engine.needs_restoration and self.config.restore.enabled:
-            stages.append(Stage("restore", self.restore))
-        stages.append(Stage("blend", self.blend))
-        return stages
+        return [Stage("generate", self.generate), Stage("restore", self.restore), Stage("blend", self.blend)]
 
     def generate(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         for batch in batches:
+            engine = self.prepared.engine
             batch.frames_bgr = media.i420_batch_to_bgr(batch.frames_i420)
-            mel_windows = audio.mel_windows(self.mel, self.window_starts[batch.output_indices])
-            batch.patches = self.engine.generate(EngineBatch(
+            batch.patches = engine.generate(EngineBatch(
                 frame_indices=batch.output_indices, frames_bgr=batch.frames_bgr, faces=batch.faces,
-                mel_windows=mel_windows, fps=self.fps))
+                mel_windows=self.prepared.mel_windows(batch.output_indices), fps=self.prepared._fps))
             yield batch
 
     def restore(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
+        """Sharpen what an engine that synthesises pixels made (the landmark engine moves real ones)."""
         for batch in batches:
-            batch.patches = restore_patches(batch.patches, batch.frames_bgr, self.config.restore)
+            if self.prepared.engine.needs_restoration:
+                batch.patches = restore_patches(batch.patches, batch.frames_bgr, self.config.restore)
             yield batch
 
     def blend(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
@@ -82,15 +117,12 @@ class GpuRender:
     Only the bytes under the masks change; ffmpeg gets the I420 frames as they come back.
     """
 
-    def __init__(self, engine, mel: np.ndarray, window_starts: np.ndarray, config: Config):
-        import torch
+    bytes_per_pixel = 1.5  # batches stay I420
 
-        self.engine = engine
-        self.device = engine.device
-        self.mel = mel  # (80, T) float32
-        self.window_starts = window_starts
+    def __init__(self, prepared: Prepared, config: Config):
+        self.prepared = prepared
         self.config = config
-        self._upload: torch.Tensor | None = None  # pinned host buffer, reused batch after batch
+        self._upload = None  # a pinned host buffer (torch.Tensor), reused batch after batch
 
     def stages(self) -> list[Stage]:
         return [Stage("render", self.render)]
@@ -102,25 +134,26 @@ class GpuRender:
             rows = [row for row, face in enumerate(batch.faces) if face is not None]
             if rows:
                 with torch.inference_mode():
-                    self._render(batch, rows)
+                    self._render(batch, rows, self.prepared.engine)
             yield batch
 
-    def _render(self, batch: FrameBatch, rows: list[int]) -> None:
+    def _render(self, batch: FrameBatch, rows: list[int], engine) -> None:
         import torch
 
         from heygem import gpu_blend
         from heygem.engines.wav2lip import FACE_SIZE
 
         frames = torch.from_numpy(batch.frames_i420)  # (N, H * 3/2, W) uint8
-        planes = self._pinned(frames).to(self.device, non_blocking=True)
-        frame_index = torch.tensor(rows, dtype=torch.int64, device=self.device)  # (F,)
-        boxes = torch.tensor([batch.faces[row].box for row in rows], dtype=torch.int64, device=self.device)
+        device = engine.device
+        planes = self._pinned(frames, device).to(device, non_blocking=True)
+        frame_index = torch.tensor(rows, dtype=torch.int64, device=device)  # (F,)
+        boxes = torch.tensor([batch.faces[row].box for row in rows], dtype=torch.int64, device=device)
         crops = gpu_blend.crop_faces(planes, frame_index, boxes, FACE_SIZE)  # (F, 3, 96, 96) BGR in [0, 1]
         masked = crops.clone()
         masked[:, :, FACE_SIZE // 2:] = 0.0  # the lower half is what the generator makes
-        mel_windows = torch.from_numpy(audio.mel_windows(self.mel, self.window_starts[batch.output_indices[rows]]))
-        mel_windows = mel_windows.unsqueeze(1).to(self.device, non_blocking=True)  # (F, 1, 80, 16)
-        generated = self.engine.generate_faces(torch.cat((masked, crops), dim=1), mel_windows)  # (F, 3, 96, 96)
+        mel_windows = torch.from_numpy(self.prepared.mel_windows(batch.output_indices[rows]))
+        mel_windows = mel_windows.unsqueeze(1).to(device, non_blocking=True)  # (F, 1, 80, 16)
+        generated = engine.generate_faces(torch.cat((masked, crops), dim=1), mel_windows)  # (F, 3, 96, 96)
         restore = self.config.restore
         if restore.enabled and restore.strength > 0:
             generated = gpu_blend.sharpen_changed(generated, crops, restore.strength)
@@ -129,11 +162,11 @@ class GpuRender:
                               feather=self.config.blend.feather, color_match=self.config.blend.color_match)
         frames.copy_(planes.cpu())
 
-    def _pinned(self, frames):
+    def _pinned(self, frames, device):
         """``frames`` copied into a reused page-locked buffer, so the upload runs at full speed."""
         import torch
 
-        if self.device.type != "cuda":
+        if device.type != "cuda":
             return frames
         if self._upload is None or self._upload.shape[1:] != frames.shape[1:] or len(self._upload) < len(frames):
             self._upload = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)

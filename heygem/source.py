@@ -24,9 +24,13 @@ MIN_BATCH_FRAMES = 4
 CACHE_MARGIN_SECONDS = 0.5
 
 
-def frames_per_batch(geometry: FrameGeometry, configured: int) -> int:
-    """``configured``, or fewer for big frames, so that one batch of BGR frames stays under BATCH_BYTES."""
-    frame_bytes = geometry.width * geometry.height * 3
+def frames_per_batch(geometry: FrameGeometry, configured: int, bytes_per_pixel: float = 3) -> int:
+    """``configured``, or fewer for big frames, so that one batch stays under BATCH_BYTES.
+
+    ``bytes_per_pixel`` is 3 where the batch is converted to BGR on the CPU, 1.5 where it
+    stays I420 all the way (the torch render path).
+    """
+    frame_bytes = int(geometry.width * geometry.height * bytes_per_pixel)
     return max(MIN_BATCH_FRAMES, min(configured, BATCH_BYTES // frame_bytes))
 
 

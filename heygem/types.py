@@ -34,6 +34,7 @@ class MediaInfo:
     audio_sample_rate: int = 0
     audio_channels: int = 0
     audio_duration: float = 0.0
+    plain_yuv420: bool = False  # a video stored as 4:2:0 in limited range, unrotated: decoded without scaling
 
 
 @dataclass(frozen=True)

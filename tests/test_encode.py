@@ -155,7 +155,7 @@ def test_encoder_count_and_segment_lengths():
     minute = 25 * 60
     assert encode.encoder_count(0, minute, 25, cpu_count=2) == 1
     assert encode.encoder_count(0, minute, 25, cpu_count=4) == 1
-    assert encode.encoder_count(0, minute, 25, cpu_count=16) == 4
+    assert encode.encoder_count(0, minute, 25, cpu_count=16) == 3
     assert encode.encoder_count(0, minute, 25, cpu_count=128) == 8
     assert encode.encoder_count(3, minute, 25, cpu_count=2) == 3  # asked for explicitly
     assert encode.encoder_count(8, 125, 25) == 2  # 5 s: two segments of at least 2 s
@@ -164,10 +164,12 @@ def test_encoder_count_and_segment_lengths():
     assert encode.segment_lengths(187, 1, 29.97, 100) == [187]
     lengths = encode.segment_lengths(187, 3, 30000 / 1001, 160 * 120 * 3 // 2)
     assert lengths == [63, 62, 62]
-    long = encode.segment_lengths(30 * 60 * 25, 4, 25, 1920 * 1080 * 3 // 2)
+    long = encode.segment_lengths(30 * 60 * 25, 2, 25, 1920 * 1080 * 3 // 2)
     assert sum(long) == 30 * 60 * 25 and max(long) - min(long) <= 1
     assert 50 <= max(long) <= 250  # 2 to 10 s each
-    assert 4 * max(long) * 1920 * 1080 * 3 // 2 <= encode.BUFFER_BYTES  # the buffer bound holds
+    assert 2 * max(long) * 1920 * 1080 * 3 // 2 <= encode.BUFFER_BYTES  # the buffer bound holds
+    crowded = encode.segment_lengths(30 * 60 * 25, 4, 25, 1920 * 1080 * 3 // 2)
+    assert min(crowded) >= 50  # never shorter than 2 s, even where that passes the buffer bound
     small = encode.segment_lengths(30 * 60 * 25, 2, 25, 320 * 240 * 3 // 2)
     assert max(small) == 250  # capped at 10 s when memory allows longer
 

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from heygem.errors import HeygemError
-from heygem.media import bgr_to_yuv420, ffmpeg_binary
+from heygem.media import bgr_to_yuv420, enlarge_pipe, ffmpeg_binary
 from heygem.types import FrameGeometry, MediaInfo
 
 logger = logging.getLogger("heygem")
@@ -191,6 +191,7 @@ class _FfmpegFeed:
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen([ffmpeg_binary(), *args], stdin=subprocess.PIPE,
                                         stdout=subprocess.DEVNULL, stderr=self._stderr)
+        enlarge_pipe(self.process.stdin)
         self.error: BaseException | None = None  # a failed write to ffmpeg's stdin
         self.finished = False  # ffmpeg has exited and the thread is done
         self._finish_sent = False

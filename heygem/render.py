@@ -143,11 +143,22 @@ class GpuRender:
         from heygem import gpu_blend
         from heygem.engines.wav2lip import FACE_SIZE
 
-        frames = torch.from_numpy(batch.frames_i420)  # (N, H * 3/2, W) uint8
         device = engine.device
-        planes = self._pinned(frames, device).to(device, non_blocking=True)
-        frame_index = torch.tensor(rows, dtype=torch.int64, device=device)  # (F,)
-        boxes = torch.tensor([batch.faces[row].box for row in rows], dtype=torch.int64, device=device)
+        frame_height, frame_width = batch.frames_i420.shape[1] * 2 // 3, batch.frames_i420.shape[2]
+        boxes_host = np.array([batch.faces[row].box for row in rows], dtype=np.int64)  # (F, 4)
+        # Only each face's region travels: the same even-sized region around every box, as I420
+        canvas = gpu_blend.face_canvas(np.array(rows), boxes_host, frame_height, frame_width, "cpu")
+        origins = canvas.origin.numpy()  # (F, 2) even x, y
+        regions_host = self._host_buffer((len(rows), canvas.height * 3 // 2, canvas.width), device)
+        for face, (row, (x, y)) in enumerate(zip(rows, origins)):
+            for region_plane, frame_plane, scale in zip(i420_planes(regions_host[face]),
+                                                        i420_planes(batch.frames_i420[row]), (1, 2, 2)):
+                region_plane[...] = frame_plane[y // scale: y // scale + region_plane.shape[0],
+                                                x // scale: x // scale + region_plane.shape[1]]
+        planes = torch.from_numpy(regions_host).to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+        frame_index = torch.arange(len(rows), device=device)  # each face on a region of its own
+        shift = np.concatenate([origins, origins], axis=1)  # (F, 4)
+        boxes = torch.from_numpy(boxes_host - shift).to(device)  # (F, 4) on the regions
         crops = gpu_blend.crop_faces(planes, frame_index, boxes, FACE_SIZE)  # (F, 3, 96, 96) BGR in [0, 1]
         masked = crops.clone()
         masked[:, :, FACE_SIZE // 2:] = 0.0  # the lower half is what the generator makes
@@ -157,22 +168,34 @@ class GpuRender:
         restore = self.config.restore
         if restore.enabled and restore.strength > 0:
             generated = gpu_blend.sharpen_changed(generated, crops, restore.strength)
-        landmarks = np.stack([_landmarks_or_nan(batch.faces[row]) for row in rows])  # (F, 468, 2)
-        gpu_blend.paste_faces(planes, frame_index, boxes, generated, landmarks,
+        landmarks = np.stack([_landmarks_or_nan(batch.faces[row]) for row in rows]) - origins[:, None, :]
+        gpu_blend.paste_faces(planes, frame_index, boxes, generated, landmarks.astype(np.float32),
                               feather=self.config.blend.feather, color_match=self.config.blend.color_match)
-        frames.copy_(planes.cpu())
+        torch.from_numpy(regions_host).copy_(planes)  # back into the page-locked buffer
+        for face, (row, (x, y)) in enumerate(zip(rows, origins)):
+            for region_plane, frame_plane, scale in zip(i420_planes(regions_host[face]),
+                                                        i420_planes(batch.frames_i420[row]), (1, 2, 2)):
+                frame_plane[y // scale: y // scale + region_plane.shape[0],
+                            x // scale: x // scale + region_plane.shape[1]] = region_plane
 
-    def _pinned(self, frames, device):
-        """``frames`` copied into a reused page-locked buffer, so the upload runs at full speed."""
+    def _host_buffer(self, shape: tuple[int, int, int], device) -> np.ndarray:
+        """A reused (page-locked on CUDA, so copies run at full speed) uint8 host array of ``shape``."""
         import torch
 
-        if device.type != "cuda":
-            return frames
-        if self._upload is None or self._upload.shape[1:] != frames.shape[1:] or len(self._upload) < len(frames):
-            self._upload = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)
-        buffer = self._upload[: len(frames)]
-        buffer.copy_(frames)
-        return buffer
+        needed = int(np.prod(shape))
+        if self._upload is None or self._upload.numel() < needed:
+            self._upload = torch.empty(max(needed, 1 << 20), dtype=torch.uint8, pin_memory=device.type == "cuda")
+        return self._upload[:needed].numpy().reshape(shape)
+
+
+def i420_planes(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Views of the Y (H, W), U and V (H/2, W/2) planes of one (H * 3/2, W) I420 frame."""
+    rows, width = frame.shape
+    height = rows * 2 // 3
+    flat = frame.reshape(-1)
+    luma, chroma = height * width, height * width // 4
+    return (flat[:luma].reshape(height, width), flat[luma:luma + chroma].reshape(height // 2, width // 2),
+            flat[luma + chroma:].reshape(height // 2, width // 2))
 
 
 def _landmarks_or_nan(face) -> np.ndarray:

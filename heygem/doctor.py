@@ -56,7 +56,6 @@ REQUIRED_MODULES = [
     ("numpy", "numpy"),
     ("cv2", "opencv-contrib-python"),
     ("av", "av"),
-    ("librosa", "librosa"),
     ("ffmpeg", "ffmpeg-python"),
     ("yaml", "pyyaml"),
     ("tqdm", "tqdm"),

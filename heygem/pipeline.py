@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -99,7 +100,7 @@ def generate(
     # 3. engine: chosen now, loaded in the background
     engine_name, checkpoint, engine_reason = choose_engine(config.engine)
     engine_future = _BACKGROUND.submit(_timed_call, create_engine, engine_name, checkpoint, config.engine, fps,
-                                       landmark_worker_count(config))
+                                       landmark_worker_count(config), threading.get_ident())
     logger.info("engine: %s (%s)", engine_name, engine_reason)
     report("prepare", 1.0)
 
@@ -209,16 +210,48 @@ def choose_engine(config: EngineConfig) -> tuple[str, Path | None, str]:
     return name, checkpoint, reason
 
 
-def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps: float, workers: int = 0):
+def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps: float, workers: int = 0,
+                  owner: int | None = None):
     """Build the engine ``choose_engine`` picked (loads weights; can take seconds); ``workers``
-    processes draw the landmark engine's frames (0: in this process)."""
+    processes draw the landmark engine's frames (0: in this process). A Wav2Lip engine is kept
+    for the next job of the thread ``owner`` (the job's own thread: engines are not shared)."""
     if name == "wav2lip":
-        from heygem.engines.wav2lip import Wav2LipEngine
-
-        return Wav2LipEngine(checkpoint, config)
+        return _kept_wav2lip_engine(checkpoint, config, owner if owner is not None else threading.get_ident())
     from heygem.engines.landmark import LandmarkEngine
 
     return LandmarkEngine(config, fps, workers=workers)
+
+
+# Loaded generators, kept for the next job of the same thread (a job worker runs job after job):
+# importing torch, starting CUDA and loading the weights take 10-15 s, longer than a minute of
+# 1080p video takes to render. The key holds everything the engine was built from.
+_KEPT_ENGINES: dict[tuple, object] = {}
+_KEPT_LOCK = threading.Lock()
+MAX_KEPT_ENGINES = 4
+
+
+def _kept_wav2lip_engine(checkpoint: Path, config: EngineConfig, owner: int):
+    """The Wav2Lip engine for ``checkpoint`` and ``config``: the one loaded for ``owner``'s previous
+    job if the file and the options are unchanged, else a new one (an engine serves one thread)."""
+    from heygem.engines.wav2lip import Wav2LipEngine
+
+    status = checkpoint.stat()
+    key = (owner, str(checkpoint.resolve()), status.st_size, status.st_mtime_ns,
+           config.device, config.batch_size, config.precision, config.cuda_graph, config.cudnn, config.deterministic)
+    with _KEPT_LOCK:
+        engine = _KEPT_ENGINES.get(key)
+    if engine is not None:
+        logger.info("wav2lip engine: the one loaded for the previous job")
+        return engine
+    engine = Wav2LipEngine(checkpoint, config)
+    with _KEPT_LOCK:
+        mine = [other for other in _KEPT_ENGINES if other[0] == key[0]]
+        for other in mine:  # one engine per thread: the newest
+            del _KEPT_ENGINES[other]
+        if len(_KEPT_ENGINES) >= MAX_KEPT_ENGINES:
+            del _KEPT_ENGINES[next(iter(_KEPT_ENGINES))]
+        _KEPT_ENGINES[key] = engine
+    return engine
 
 
 def landmark_worker_count(config: Config) -> int:

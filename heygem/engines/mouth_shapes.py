@@ -65,9 +65,7 @@ def smoothstep(edge0: float, edge1: float, x: np.ndarray) -> np.ndarray:
 
 def mel_band_centres_hz() -> np.ndarray:
     """(80,) float64 centre frequency of each of heygem.audio's mel bands."""
-    import librosa
-
-    return librosa.mel_frequencies(n_mels=audio.N_MELS + 2, fmin=audio.FMIN, fmax=audio.FMAX)[1:-1]
+    return audio.mel_frequencies(audio.N_MELS + 2)[1:-1]
 
 
 @dataclass(frozen=True)
@@ -85,8 +83,7 @@ class MelBands:
 
 @functools.lru_cache(maxsize=1)
 def mel_bands() -> MelBands:
-    """The band masks, computed on first use (librosa is slow to import, and the
-    landmark engine's rendering processes never need it)."""
+    """The band masks, computed on first use (the landmark engine's rendering processes never need them)."""
     centres = mel_band_centres_hz()
 
     def band(low_hz: float, high_hz: float) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import decode_frames
-from heygem import faces, media, render
+from heygem import faces, media, pipeline, render
 from heygem.errors import HeygemError
 from heygem.models.wav2lip import Wav2Lip
 from heygem.pipeline import generate
@@ -130,3 +130,26 @@ def test_the_avatar_cache_reuses_tracking_for_other_audio_and_misses_on_changed_
     np.testing.assert_array_equal(decode_frames(tmp_path / "second.mp4"), decode_frames(tmp_path / "uncached.mp4"))
     changed = generate(face_video, other_speech, tmp_path / "changed.mp4", overrides={"face.pads": [0, 20, 0, 0]})
     assert changed.avatar_cache == "miss"
+
+
+def test_a_thread_keeps_its_wav2lip_engine_for_the_next_job_unless_something_changed(wav2lip_weights, tmp_path):
+    import shutil
+    import threading
+
+    from heygem.config import EngineConfig
+
+    checkpoint = tmp_path / "wav2lip.pth"
+    shutil.copy(wav2lip_weights / "wav2lip.pth", checkpoint)
+    config = EngineConfig(device="cpu")
+    first = pipeline.create_engine("wav2lip", checkpoint, config, 25.0)
+    assert pipeline.create_engine("wav2lip", checkpoint, config, 25.0) is first
+    assert pipeline.create_engine("wav2lip", checkpoint, EngineConfig(device="cpu", batch_size=8), 25.0) is not first
+    other_thread = []
+    thread = threading.Thread(target=lambda: other_thread.append(
+        pipeline.create_engine("wav2lip", checkpoint, config, 25.0)))
+    thread.start()
+    thread.join()
+    assert other_thread[0] is not first  # engines are not shared between threads
+    checkpoint.write_bytes(checkpoint.read_bytes())  # the same bytes, a new modification time
+    os.utime(checkpoint, ns=(1, 1))
+    assert pipeline.create_engine("wav2lip", checkpoint, config, 25.0) is not first

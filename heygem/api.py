@@ -30,8 +30,10 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.routing import APIRoute
 from starlette.datastructures import UploadFile
 
+from heygem.config import limit_remote_options
 from heygem.errors import HeygemError
-from heygem.jobs import DONE, JobStore, Upload, UploadTooLarge, human_size
+from heygem.jobs import DONE, JobStore, Upload, UploadTooLarge, flatten_options, human_size
+from heygem.pipeline import weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -128,6 +130,10 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
                 raise ApiError(400, f"options is not valid JSON: {error}") from None
             if not isinstance(options, dict):
                 raise ApiError(400, 'options must be a JSON object, e.g. {"media.output_height": 360}')
+            try:
+                options = limit_remote_options(flatten_options(options), weights_dir())
+            except HeygemError as error:
+                raise ApiError(400, str(error)) from None
             face_upload = Upload(face.filename or "face", face.file)
             audio_upload = Upload(audio.filename or "audio", audio.file) if audio is not None else None
             try:

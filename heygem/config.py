@@ -211,6 +211,29 @@ def validate(config: Config) -> None:
         raise HeygemError("--crf must be between 0 and 51")
 
 
+# Options whose value names a file on the server. A remote client (REST) may give only the name of a
+# file in the server's weights folder; paths are for the local command line and config files.
+SERVER_FILE_OPTIONS = ("engine.checkpoint",)
+
+
+def limit_remote_options(flat: dict, weights_dir: Path) -> dict:
+    """``flat`` ({"section.name": value}) with server-file options turned from a file name in
+    ``weights_dir`` into its path; HeygemError for a path, a missing file or anything else."""
+    limited = dict(flat)
+    for key in SERVER_FILE_OPTIONS:
+        value = limited.get(key)
+        if value is None or value == "":
+            continue
+        name = str(value)
+        if not isinstance(value, str) or Path(name).name != name or name in (".", "..") or "\\" in name:
+            raise HeygemError(f"{key} takes the name of a file in the server's weights folder, not a path")
+        candidate = Path(weights_dir) / name
+        if not candidate.is_file():
+            raise HeygemError(f"{key}: the server's weights folder has no file named {name!r}")
+        limited[key] = str(candidate)
+    return limited
+
+
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
     """Load defaults, then the YAML file (default: configs/default.yaml), then ``overrides``."""
     import yaml

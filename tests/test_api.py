@@ -155,6 +155,15 @@ def test_bad_requests_get_a_message(app, speech_clip, tmp_path):
     assert app.client.get("/api/jobs/..%2F..%2Fetc/result").status_code == 404
     assert "no job" in error_of(app.client.get("/api/jobs/..jobs.db/result"), 404)
     assert "multipart" in error_of(app.client.post("/api/jobs", json={"face": "x"}), 400)
+    # options that name server files take only names of files in the server's weights folder
+    jobs_before = len(app.client.get("/api/jobs").json()["jobs"])
+    for checkpoint in ("/etc/passwd", "../../etc/passwd", "sub/wav2lip.pth"):
+        problem = error_of(app.submit(face, speech_clip, {"engine.checkpoint": checkpoint, "engine.name": "wav2lip"}),
+                           400)
+        assert "not a path" in problem and "passwd" not in problem
+    assert "no file named 'missing.pth'" in error_of(
+        app.submit(face, speech_clip, {"engine": {"checkpoint": "missing.pth"}}), 400)
+    assert len(app.client.get("/api/jobs").json()["jobs"]) == jobs_before  # nothing was queued
 
     job_id = app.submit(face, speech_clip).json()["id"]
     second = app.submit(face, speech_clip).json()["id"]

@@ -56,3 +56,17 @@ def test_cli_flags_cover_every_option_and_override_the_config():
     assert config.face.pads == [0, 15, 0, 0] and not config.restore.enabled
     assert config.face.smooth_window == Config().face.smooth_window  # untouched options keep the file's value
     assert dataclasses.asdict(config)["media"]["fps"] == 30.0
+
+
+def test_remote_clients_name_checkpoints_inside_the_weights_folder_only(tmp_path):
+    from heygem.config import limit_remote_options
+
+    (tmp_path / "wav2lip_gan.pth").write_bytes(b"x")
+    limited = limit_remote_options({"engine.checkpoint": "wav2lip_gan.pth", "face.pads": [0, 1, 0, 0]}, tmp_path)
+    assert limited == {"engine.checkpoint": str(tmp_path / "wav2lip_gan.pth"), "face.pads": [0, 1, 0, 0]}
+    assert limit_remote_options({"engine.checkpoint": None}, tmp_path) == {"engine.checkpoint": None}
+    for value in ("/etc/passwd", "../wav2lip_gan.pth", "..", "a\\\\b.pth", 3):
+        with pytest.raises(HeygemError, match="not a path"):
+            limit_remote_options({"engine.checkpoint": value}, tmp_path)
+    with pytest.raises(HeygemError, match="no file named 'other.pth'"):
+        limit_remote_options({"engine.checkpoint": "other.pth"}, tmp_path)

@@ -193,6 +193,33 @@ def bgr_to_yuv420(frame_bgr: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2YUV_I420)
 
 
+def i420_planes(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Views of the Y (H, W), U and V (H/2, W/2) planes of one (H * 3/2, W) I420 frame."""
+    rows, width = frame.shape
+    height = rows * 2 // 3
+    flat = frame.reshape(-1)
+    luma, chroma = height * width, height * width // 4
+    return (flat[:luma].reshape(height, width), flat[luma:luma + chroma].reshape(height // 2, width // 2),
+            flat[luma + chroma:].reshape(height // 2, width // 2))
+
+
+def write_region_i420(frame_i420: np.ndarray, frame_bgr: np.ndarray, box: tuple[int, int, int, int]) -> None:
+    """Convert the ``box`` region of ``frame_bgr`` (H, W, 3) back into ``frame_i420`` (H * 3/2, W) in place.
+
+    The region is widened to even coordinates so that every 2x2 chroma block it touches is
+    whole; the bytes written are those a conversion of the whole frame would give there.
+    """
+    height, width = frame_bgr.shape[:2]
+    x1, y1, x2, y2 = box
+    x1, y1 = max(0, x1 - x1 % 2), max(0, y1 - y1 % 2)
+    x2, y2 = min(width, x2 + x2 % 2), min(height, y2 + y2 % 2)
+    if x2 <= x1 or y2 <= y1:
+        return
+    region = bgr_to_yuv420(np.ascontiguousarray(frame_bgr[y1:y2, x1:x2]))  # ((y2-y1) * 3/2, x2-x1)
+    for frame_plane, region_plane, scale in zip(i420_planes(frame_i420), i420_planes(region), (1, 2, 2)):
+        frame_plane[y1 // scale: y2 // scale, x1 // scale: x2 // scale] = region_plane
+
+
 def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
     """Decode a video as (N, H * 3/2, W) uint8 I420 batches of at most ``batch_frames`` frames.
 

@@ -103,7 +103,7 @@ class CpuRender:
             for index, patch in enumerate(batch.patches):
                 if patch is not None:  # frames without a patch keep their decoded I420 bytes
                     blend_patch(batch.frames_bgr[index], patch, self.config.blend)
-                    batch.frames_i420[index] = media.bgr_to_yuv420(batch.frames_bgr[index])
+                    media.write_region_i420(batch.frames_i420[index], batch.frames_bgr[index], patch.box)
             batch.frames_bgr = None
             yield batch
 
@@ -151,8 +151,8 @@ class GpuRender:
         origins = canvas.origin.numpy()  # (F, 2) even x, y
         regions_host = self._host_buffer((len(rows), canvas.height * 3 // 2, canvas.width), device)
         for face, (row, (x, y)) in enumerate(zip(rows, origins)):
-            for region_plane, frame_plane, scale in zip(i420_planes(regions_host[face]),
-                                                        i420_planes(batch.frames_i420[row]), (1, 2, 2)):
+            for region_plane, frame_plane, scale in zip(media.i420_planes(regions_host[face]),
+                                                        media.i420_planes(batch.frames_i420[row]), (1, 2, 2)):
                 region_plane[...] = frame_plane[y // scale: y // scale + region_plane.shape[0],
                                                 x // scale: x // scale + region_plane.shape[1]]
         planes = torch.from_numpy(regions_host).to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
@@ -173,8 +173,8 @@ class GpuRender:
                               feather=self.config.blend.feather, color_match=self.config.blend.color_match)
         torch.from_numpy(regions_host).copy_(planes)  # back into the page-locked buffer
         for face, (row, (x, y)) in enumerate(zip(rows, origins)):
-            for region_plane, frame_plane, scale in zip(i420_planes(regions_host[face]),
-                                                        i420_planes(batch.frames_i420[row]), (1, 2, 2)):
+            for region_plane, frame_plane, scale in zip(media.i420_planes(regions_host[face]),
+                                                        media.i420_planes(batch.frames_i420[row]), (1, 2, 2)):
                 frame_plane[y // scale: y // scale + region_plane.shape[0],
                             x // scale: x // scale + region_plane.shape[1]] = region_plane
 
@@ -186,16 +186,6 @@ class GpuRender:
         if self._upload is None or self._upload.numel() < needed:
             self._upload = torch.empty(max(needed, 1 << 20), dtype=torch.uint8, pin_memory=device.type == "cuda")
         return self._upload[:needed].numpy().reshape(shape)
-
-
-def i420_planes(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Views of the Y (H, W), U and V (H/2, W/2) planes of one (H * 3/2, W) I420 frame."""
-    rows, width = frame.shape
-    height = rows * 2 // 3
-    flat = frame.reshape(-1)
-    luma, chroma = height * width, height * width // 4
-    return (flat[:luma].reshape(height, width), flat[luma:luma + chroma].reshape(height // 2, width // 2),
-            flat[luma + chroma:].reshape(height // 2, width // 2))
 
 
 def _landmarks_or_nan(face) -> np.ndarray:

@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import run_ffmpeg
+from conftest import ASSETS, run_ffmpeg
 from heygem import media
 from heygem.errors import HeygemError
 from heygem.types import MediaInfo
@@ -83,3 +83,23 @@ def test_user_errors_are_clear(tmp_path):
 
 def test_ffmpeg_binary_is_found():
     assert Path(media.ffmpeg_binary()).exists()
+
+
+def test_writing_a_region_back_gives_the_bytes_a_whole_frame_conversion_gives():
+    portrait = cv2.resize(cv2.imread(str(ASSETS / "astronaut.jpg")), (160, 120), interpolation=cv2.INTER_AREA)
+    frame_i420 = media.bgr_to_yuv420(portrait)
+    frame_bgr = media.yuv420_to_bgr(frame_i420, 160, 120)
+    rng = np.random.default_rng(5)
+    frame_bgr[31:77, 45:101] = rng.integers(0, 256, (46, 56, 3), dtype=np.uint8)  # odd edges on purpose
+    whole = media.bgr_to_yuv420(frame_bgr)
+    in_place = frame_i420.copy()
+    media.write_region_i420(in_place, frame_bgr, (45, 31, 101, 77))
+    changed = np.zeros((120, 160), bool)
+    changed[30:78, 44:102] = True  # the region widened to even coordinates
+    for ours, theirs, before, scale in zip(media.i420_planes(in_place), media.i420_planes(whole),
+                                           media.i420_planes(frame_i420), (1, 2, 2)):
+        inside = changed[::scale, ::scale]
+        np.testing.assert_array_equal(ours[inside], theirs[inside])  # as a whole-frame conversion gives
+        np.testing.assert_array_equal(ours[~inside], before[~inside])  # and every other byte as it was
+    y, u, v = media.i420_planes(in_place)
+    assert y.shape == (120, 160) and u.shape == v.shape == (60, 80) and np.shares_memory(y, in_place)

@@ -31,7 +31,7 @@ class Prepared:
         self._mel_future = mel_future
         self._engine_future = engine_future
         self._frame_count = frame_count
-        self._fps = fps
+        self.fps = fps
         self._clock = clock
         self._lock = threading.Lock()
         self._mel = self._engine = self._window_starts = None
@@ -43,7 +43,7 @@ class Prepared:
                 engine, engine_seconds = self._engine_future.result()
                 self._clock.add("audio", mel_seconds)
                 self._clock.add("load_engine", engine_seconds)
-                self._window_starts = audio.mel_window_starts(self._frame_count, self._fps, mel.shape[1])
+                self._window_starts = audio.mel_window_starts(self._frame_count, self.fps, mel.shape[1])
                 self._mel, self._engine = mel, engine
 
     @property
@@ -88,7 +88,7 @@ class CpuRender:
             batch.frames_bgr = media.i420_batch_to_bgr(batch.frames_i420)
             batch.patches = engine.generate(EngineBatch(
                 frame_indices=batch.output_indices, frames_bgr=batch.frames_bgr, faces=batch.faces,
-                mel_windows=self.prepared.mel_windows(batch.output_indices), fps=self.prepared._fps))
+                mel_windows=self.prepared.mel_windows(batch.output_indices), fps=self.prepared.fps))
             yield batch
 
     def restore(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:

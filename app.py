@@ -24,7 +24,7 @@ import gradio as gr
 import pandas as pd
 
 from heygem import __version__
-from heygem.api import create_router
+from heygem.api import create_router, remote_options
 from heygem.batch import collect_files, plan_items, resolve_under_roots, submit_items, zip_results
 from heygem.config import REPO_ROOT
 from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
@@ -269,10 +269,10 @@ def generate_tab(store: JobStore) -> None:
         watching = generate.click(
             submit, [face, audio, use_video_audio, *controls],
             [job_id_state, card, result, download, chart, cancel_button],
-            concurrency_limit=8, show_progress="minimal", api_name="submit",
+            concurrency_limit=8, show_progress="minimal", api_visibility="private",
         ).success(
             watch, job_id_state, [card, result, download, chart, cancel_button],
-            concurrency_limit=None, show_progress="hidden", api_name="watch",
+            concurrency_limit=None, show_progress="hidden", api_visibility="private",
         )
         # A new job replaces the one this page was following (that one keeps running; see Jobs).
         generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
@@ -502,6 +502,57 @@ def system_tab() -> None:
 # ---------------------------------------------------------------------- the page
 
 
+def client_api(store: JobStore) -> None:
+    """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
+    MP4 (with progress), /job_status reports any job. Nothing of this shows on the page."""
+
+    async def generate(face: str, audio: str | None, engine: str = "auto", options: str = "{}",
+                       progress=gr.Progress()) -> str:
+        """Make a lip-synced MP4 of ``face`` (a video or photo) speaking ``audio`` (leave it empty to use the
+        face video's own sound). ``engine``: auto, wav2lip or landmark. ``options``: JSON of more options with
+        the dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4."""
+        try:
+            chosen = remote_options(options)
+            if engine:
+                chosen["engine.name"] = engine
+            job_id = await asyncio.to_thread(store.create_job, face, audio or None, chosen)
+        except HeygemError as error:
+            raise gr.Error(str(error)) from None
+        try:
+            while True:
+                job = await asyncio.to_thread(store.get, job_id)
+                if job.is_finished:
+                    break
+                progress(job.progress, desc=job.stage or job.status)
+                await asyncio.sleep(WATCH_INTERVAL)
+        except asyncio.CancelledError:  # the client went away: the job stops too
+            await asyncio.to_thread(store.cancel, job_id)
+            raise
+        if job.status != DONE or not job.result_path.is_file():
+            raise gr.Error(f"job {job_id} {job.status}: {job.error or 'no result'}")
+        return str(job.result_path)
+
+    def job_status(job_id: str) -> dict:
+        """Where a job stands: status, progress, stage, error, times, engine (as GET /api/jobs/ID gives)."""
+        job = store.find(job_id.strip())
+        if job is None:
+            raise gr.Error(f"no job {job_id!r}")
+        return job.to_dict()
+
+    with gr.Column(visible=False):
+        face = gr.File(label="face")
+        audio = gr.File(label="audio")
+        engine = gr.Textbox("auto", label="engine")
+        options = gr.Textbox("{}", label="options")
+        video = gr.File(label="video")
+        job_id = gr.Textbox(label="job_id")
+        status = gr.JSON(label="status")
+        run = gr.Button()
+        look = gr.Button()
+    run.click(generate, [face, audio, engine, options], video, api_name="generate", concurrency_limit=8)
+    look.click(job_status, job_id, status, api_name="job_status", queue=False)
+
+
 def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
     """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``."""
     with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
@@ -512,6 +563,7 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
             batch_tab(store, batch_roots)
             jobs_tab(store)
             system_tab()
+        client_api(store)
     return demo
 
 

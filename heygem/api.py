@@ -70,6 +70,18 @@ def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
         raise ApiError(401, "wrong user name or password", challenge)
 
 
+def remote_options(text: str) -> dict:
+    """The options a remote client sent as JSON text, flattened to dotted keys, with server-file
+    options limited to names of files in the weights folder; HeygemError says what is wrong."""
+    try:
+        options = json.loads(text or "{}")
+    except ValueError as error:
+        raise HeygemError(f"options is not valid JSON: {error}") from None
+    if not isinstance(options, dict):
+        raise HeygemError('options must be a JSON object, e.g. {"media.output_height": 360}')
+    return limit_remote_options(flatten_options(options), weights_dir())
+
+
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
                   max_upload_bytes: int | None = None) -> APIRouter:
     """The /api routes over ``store``; include them in the app that also serves the UI."""
@@ -125,13 +137,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
             if not isinstance(options_text, str):
                 options_text = (await options_text.read()).decode("utf-8", "replace")
             try:
-                options = json.loads(options_text)
-            except ValueError as error:
-                raise ApiError(400, f"options is not valid JSON: {error}") from None
-            if not isinstance(options, dict):
-                raise ApiError(400, 'options must be a JSON object, e.g. {"media.output_height": 360}')
-            try:
-                options = limit_remote_options(flatten_options(options), weights_dir())
+                options = remote_options(options_text)
             except HeygemError as error:
                 raise ApiError(400, str(error)) from None
             face_upload = Upload(face.filename or "face", face.file)

@@ -258,13 +258,24 @@ def test_basic_auth_and_upload_limit(tmp_path, speech_clip):
     assert store.list() == [] and not [path for path in store.outputs_dir.iterdir() if path.is_dir()]
 
 
-def test_gradios_own_client_api_still_works(app, speech_clip):
+def test_gradio_client_generates_a_video_by_named_parameters(app, speech_clip):
     from gradio_client import Client, handle_file
 
     client = Client(app.url, verbose=False)
-    card, *_ = client.predict(handle_file(str(ASSETS / "astronaut.jpg")), handle_file(str(speech_clip)), False,
-                              api_name="/submit")
-    assert 'class="job-card"' in card
-    card, video, *_ = client.predict(api_name="/watch")  # follows the job this client's session submitted
-    assert 'data-status="done"' in card
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert set(endpoints) == {"/generate", "/job_status"}  # the page's own events are not offered
+    assert [parameter["parameter_name"] for parameter in endpoints["/generate"]["parameters"]] == [
+        "face", "audio", "engine", "options"]
+    video = client.predict(face=handle_file(str(ASSETS / "astronaut.jpg")), audio=handle_file(str(speech_clip)),
+                           engine="landmark", options='{"media.output_height": 256}', api_name="/generate")
     assert_playable_mp4(Path(video), probe(speech_clip).duration, full_decode=False)
+    assert probe(Path(video)).height == 256
+    jobs = app.client.get("/api/jobs").json()["jobs"]
+    newest = max(jobs, key=lambda job: job["created"])
+    status = client.predict(job_id=newest["id"], api_name="/job_status")
+    assert status["status"] == "done" and status["engine"] == "landmark"
+    with pytest.raises(Exception, match="not a path"):
+        client.predict(face=handle_file(str(ASSETS / "astronaut.jpg")), audio=handle_file(str(speech_clip)),
+                       engine="wav2lip", options='{"engine.checkpoint": "/etc/passwd"}', api_name="/generate")
+    with pytest.raises(Exception, match="no job"):
+        client.predict(job_id="nope", api_name="/job_status")

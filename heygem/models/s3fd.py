@@ -28,9 +28,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-# Strides of the six detection maps relative to the input, finest first.
-LEVEL_STRIDES = (4, 8, 16, 32, 64, 128)
-# The names the public checkpoint gives the six detection maps' heads, in the same order.
+# The names the public checkpoint gives the six detection maps' heads, finest (stride 4) first;
+# the strides are 4, 8, 16, 32, 64 and 128 (heygem.detect_s3fd.LEVEL_STRIDES).
 LEVEL_NAMES = ("conv3_3_norm", "conv4_3_norm", "conv5_3_norm", "fc7", "conv6_2", "conv7_2")
 LEVEL_CHANNELS = (256, 512, 512, 1024, 512, 256)
 

@@ -50,16 +50,19 @@ def load_s3fd(checkpoint_path: Path, device: str = "auto"):
 def feature_map_sizes(height: int, width: int) -> list[tuple[int, int]]:
     """(rows, columns) of the six detection maps S3FD makes from a ``height`` x ``width`` input.
 
-    Each 2x2 pool floors (strides 4 to 32); the two stride-2 3x3 convolutions
-    with padding 1 round up (strides 64 and 128).
+    Each 2x2 pool floors (strides 4 to 32), fc6's padding of 3 adds 4 cells
+    to the stride-32 map, and the two stride-2 3x3 convolutions with padding 1
+    round up (strides 64 and 128).
     """
     sizes = []
     rows, columns = height, width
     for level, _ in enumerate(LEVEL_STRIDES):
         if level == 0:
             rows, columns = rows // 4, columns // 4
-        elif level <= 3:
+        elif level < 3:
             rows, columns = rows // 2, columns // 2
+        elif level == 3:
+            rows, columns = rows // 2 + 4, columns // 2 + 4
         else:
             rows, columns = (rows + 1) // 2, (columns + 1) // 2
         sizes.append((rows, columns))
@@ -70,8 +73,10 @@ def make_anchors(map_sizes: list[tuple[int, int]], device=None):
     """All anchors of the detection maps, (A, 4) cx, cy, w, h in input pixels, finest level first.
 
     ``map_sizes`` gives (rows, columns) per level. Within a level the order is
-    row by row, matching a (h, w) map flattened; a cell's anchor is centred on
-    the cell, ``stride * (index + 0.5)``, and is ``4 * stride`` pixels a side.
+    row by row, matching a (h, w) map flattened; a cell's anchor is centred at
+    ``stride * (index + 0.5)`` and is ``4 * stride`` pixels a side. The maps from
+    stride 32 on have more cells than fit in the input (see heygem.models.s3fd),
+    and their last anchors lie past its edge, as they did in training.
     """
     import torch
 

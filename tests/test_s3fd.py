@@ -182,7 +182,7 @@ def test_anchor_count_per_level_follows_the_network_maps(height, width):
 
 def test_anchor_counts_for_a_640_by_480_input():
     sizes = feature_map_sizes(480, 640)
-    assert sizes == [(120, 160), (60, 80), (30, 40), (15, 20), (8, 10), (4, 5)]
+    assert sizes == [(120, 160), (60, 80), (30, 40), (19, 24), (10, 12), (5, 6)]  # fc6 pads by 3
     assert len(make_anchors(sizes)) == sum(rows * columns for rows, columns in sizes)
 
 
@@ -226,43 +226,77 @@ def test_prepare_images_subtracts_the_bgr_means_and_resizes():
     assert resized_size(200, 300, 0.5, 640) == (100, 150)
 
 
-def single_anchor_model(model_type: type = S3FD) -> S3FD:
-    """A model whose only non-zero parameters make the stride-32 level's centre cell the best face.
+def bright_square_model(model_type: type = S3FD) -> S3FD:
+    """A model that sees faces only in bright blue squares, through the stride-4 level alone.
 
-    fc7's bias makes that map constant 1; the face logit of its head sums a 3x3
-    window of it, so with zero padding a cell scores the number of its
-    neighbours inside the map: 9 in the middle of a 3x3 map, 6 on an edge, 4 in
-    a corner. Every other level outputs zero logits (face probability 0.5).
+    conv1_1 .. conv3_3 pass the blue channel on unchanged (centre tap 1, all else
+    0), so after the means are subtracted and the ReLUs applied, a conv3_3 cell
+    is positive only where its 4x4 input pixels hold blue above 104. The L2 norm
+    turns such a cell's channel vector (v, 0, ..., 0) into (10, 0, ..., 0). The
+    finest head reads channel 0 at its centre tap: face logit 1 x 10, background
+    logits 0, 0 and 0.5 x 10 (max-out takes 5), so a bright cell scores
+    sigmoid(10 - 5). Everything else is zero: other cells and levels score 0.5.
     """
     model = zeroed_model(model_type)
     with torch.no_grad():
-        model.fc7.bias.fill_(1.0)
-        model.fc7_mbox_conf.weight[1].fill_(1.0 / 1024)  # face logit = neighbours inside the map
+        for name in ("conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3"):
+            getattr(model, name).weight[0, 0, 1, 1] = 1.0
+        model.conv3_3_norm.weight.fill_(10.0)
+        model.conv3_3_norm_mbox_conf.weight[3, 0, 1, 1] = 1.0  # face
+        model.conv3_3_norm_mbox_conf.weight[2, 0, 1, 1] = 0.5  # the largest of the three background logits
     return model
 
 
+BRIGHT_CELL_SCORE = 1.0 / (1.0 + np.exp(-5.0))
+
+
+def frames_with_a_bright_square(count: int, height: int, width: int, top: int, left: int, side: int) -> np.ndarray:
+    frames = np.zeros((count, height, width, 3), dtype=np.uint8)
+    frames[:, top:top + side, left:left + side] = 255
+    return frames
+
+
 def test_hand_set_weights_detect_the_anchor_box_in_frame_pixels():
-    model = single_anchor_model()
-    assert LEVEL_NAMES[3] == "fc7" and LEVEL_STRIDES[3] == 32
-    frames = np.random.default_rng(0).integers(0, 256, size=(2, 192, 192, 3), dtype=np.uint8)
-    # 192 -> 96 pixels: a 3x3 stride-32 map whose centre anchor is at (48, 48), 128 pixels a side
+    model = bright_square_model()
+    assert LEVEL_NAMES[0] == "conv3_3_norm" and LEVEL_STRIDES[0] == 4
+    # 128x192 frames shrink to 64x96: the 8-pixel square at rows 40-47, columns 72-79 becomes
+    # the stride-4 cell in row 5, column 9, whose anchor is centred at (38, 22), 16 pixels a side
+    frames = frames_with_a_bright_square(2, 128, 192, top=40, left=72, side=8)
     detections = detect_faces(model, frames, max_side=96, score_threshold=0.6)
     assert len(detections) == 2
     for boxes in detections:
         assert boxes.dtype == np.float32 and boxes.shape == (1, 5)
-        # (-16, -16, 112, 112) in the 96-pixel input is twice that in the frame
-        np.testing.assert_allclose(boxes[0, :4], [-32.0, -32.0, 224.0, 224.0], atol=1e-3)
-        assert boxes[0, 4] == pytest.approx(1.0 / (1.0 + np.exp(-9.0)), abs=1e-5)
+        # (30, 14, 46, 30) in the input is twice that in the frame, centred on the square
+        np.testing.assert_allclose(boxes[0, :4], [60.0, 28.0, 92.0, 60.0], atol=1e-3)
+        assert boxes[0, 4] == pytest.approx(BRIGHT_CELL_SCORE, abs=1e-5)
+
+    # without the square nothing scores above one half
+    empty = detect_faces(model, np.zeros((1, 128, 192, 3), dtype=np.uint8), max_side=96, score_threshold=0.6)
+    assert empty[0].shape == (0, 5)
+
+
+def test_two_squares_far_apart_give_two_boxes_at_full_size():
+    model = bright_square_model()
+    frames = frames_with_a_bright_square(1, 64, 80, top=8, left=12, side=4)
+    frames[0, 48:52, 60:64] = 255
+    (boxes,) = detect_faces(model, frames, score_threshold=0.6)  # 80 pixels: not resized
+    assert boxes.shape == (2, 5)
+    found = sorted(boxes[:, :4].tolist())
+    np.testing.assert_allclose(found, [[6.0, 2.0, 22.0, 18.0], [54.0, 42.0, 70.0, 58.0]], atol=1e-3)
 
 
 def test_hand_set_offsets_move_the_detected_box():
-    model = single_anchor_model()
+    model = bright_square_model()
     with torch.no_grad():
-        model.fc7_mbox_loc.bias.copy_(torch.tensor([1.0, 0.5, 0.0, 0.0]))
-    frames = np.zeros((1, 96, 96, 3), dtype=np.uint8)
-    (boxes,) = detect_faces(model, frames, max_side=640, score_threshold=0.6)
-    # the centre moves by 0.1 * 128 = 12.8 along x and 6.4 along y; the size stays 128
-    np.testing.assert_allclose(boxes[0, :4], [-16.0 + 12.8, -16.0 + 6.4, 112.0 + 12.8, 112.0 + 6.4], atol=1e-3)
+        model.conv3_3_norm_mbox_loc.weight[0, 0, 1, 1] = 0.1  # dx = 1 on a bright cell
+        model.conv3_3_norm_mbox_loc.weight[1, 0, 1, 1] = -0.05  # dy = -0.5
+        model.conv3_3_norm_mbox_loc.weight[2, 0, 1, 1] = 0.5  # dw = 5: the width grows by e
+    frames = frames_with_a_bright_square(1, 64, 96, top=20, left=36, side=4)
+    (boxes,) = detect_faces(model, frames, score_threshold=0.6)
+    # anchor (30, 14, 46, 30); the centre moves by 0.1 * 16 along x and -0.05 * 16 along y
+    half_width = 8.0 * float(np.exp(1.0))
+    np.testing.assert_allclose(boxes[0, :4], [39.6 - half_width, 14.0 - 0.8, 39.6 + half_width, 30.0 - 0.8],
+                               atol=1e-3)
 
 
 def test_random_weights_give_sorted_boxes_the_same_in_any_batch_size(random_model):
@@ -289,8 +323,8 @@ class RunsOutOfMemoryAboveOneFrame(S3FD):
 
 
 def test_detection_halves_the_batch_on_out_of_memory():
-    flaky = single_anchor_model(RunsOutOfMemoryAboveOneFrame)
-    frames = np.zeros((2, 96, 96, 3), dtype=np.uint8)
+    flaky = bright_square_model(RunsOutOfMemoryAboveOneFrame)
+    frames = frames_with_a_bright_square(2, 64, 96, top=20, left=36, side=4)
     detections = detect_faces(flaky, frames, score_threshold=0.6, batch_size=2)
     assert flaky.batch_sizes == [2, 1, 1]
     assert [boxes.shape for boxes in detections] == [(1, 5)] * 2

@@ -9,8 +9,8 @@ Data flow for a batch of B images of H x W pixels::
     images  (B, 3, H, W)  BGR, 0-255 minus the means (104, 117, 123), not divided by 255
 
 A VGG16 trunk (conv1_1 .. conv5_3, a 2x2 max-pool after each block) continues
-with fc6 (a dilated 3x3 convolution to 1024 channels) and fc7 (1x1), then two
-extra blocks (conv6_1/6_2 and conv7_1/7_2, each halving the size). Six feature
+with fc6 (a 3x3 convolution to 1024 channels) and fc7 (1x1), then two extra
+blocks (conv6_1/6_2 and conv7_1/7_2, each halving the size, rounding up). Six feature
 maps, from stride 4 to stride 128, each get a 3x3 classification head (face /
 background logits) and a 3x3 regression head (4 box offsets per cell, one
 anchor per cell). The three VGG maps are L2-normalised across channels and
@@ -42,9 +42,11 @@ VGG_GROUPS = (
     (("conv5_1", 512, 512), ("conv5_2", 512, 512), ("conv5_3", 512, 512)),
 )
 
-# The fc6 layer: a 3x3 convolution dilated so its padding keeps the stride-32 map's size,
-# which is what puts one stride-32 anchor on each cell of fc7.
-FC6_DILATION = 3
+# fc6 pads its 3x3 window by 3 pixels, not 1, without dilation: that is the layer the
+# released weights were trained with (the published training definition had pad 3 there).
+# The stride-32 map and the two after it are therefore 4 cells wider and taller than
+# input / 32, and their outer anchors lie past the image; they rarely score.
+FC6_PADDING = 3
 
 MAXOUT_BACKGROUND_LOGITS = 3  # background logits of the stride-4 head, reduced by max
 
@@ -73,7 +75,7 @@ class S3FD(nn.Module):
         for group in VGG_GROUPS:
             for name, in_channels, out_channels in group:
                 self.add_module(name, nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1))
-        self.fc6 = nn.Conv2d(512, 1024, kernel_size=3, padding=FC6_DILATION, dilation=FC6_DILATION)
+        self.fc6 = nn.Conv2d(512, 1024, kernel_size=3, padding=FC6_PADDING)
         self.fc7 = nn.Conv2d(1024, 1024, kernel_size=1)
         self.conv6_1 = nn.Conv2d(1024, 256, kernel_size=1)
         self.conv6_2 = nn.Conv2d(256, 512, kernel_size=3, stride=2, padding=1)
@@ -99,10 +101,10 @@ class S3FD(nn.Module):
                 features = functional.relu(getattr(self, name)(features))
             vgg_outputs.append(features)  # the group's last conv output, before pooling
             features = functional.max_pool2d(features, 2, 2)
-        # features (B, 512, H/32, W/32)
-        fc7 = functional.relu(self.fc7(functional.relu(self.fc6(features))))  # (B, 1024, H/32, W/32)
-        conv6_2 = functional.relu(self.conv6_2(functional.relu(self.conv6_1(fc7))))  # (B, 512, H/64, W/64)
-        conv7_2 = functional.relu(self.conv7_2(functional.relu(self.conv7_1(conv6_2))))  # (B, 256, H/128, W/128)
+        # features (B, 512, H/32, W/32), sizes rounded down
+        fc7 = functional.relu(self.fc7(functional.relu(self.fc6(features))))  # (B, 1024, H/32 + 4, W/32 + 4)
+        conv6_2 = functional.relu(self.conv6_2(functional.relu(self.conv6_1(fc7))))  # (B, 512, ~H/64 + 2, ...)
+        conv7_2 = functional.relu(self.conv7_2(functional.relu(self.conv7_1(conv6_2))))  # (B, 256, ~H/128 + 1, ...)
         return [
             self.conv3_3_norm(vgg_outputs[2]),  # (B, 256, H/4, W/4)
             self.conv4_3_norm(vgg_outputs[3]),  # (B, 512, H/8, W/8)

@@ -1,0 +1,225 @@
+"""Face detection with S3FD: pre-processing, anchors, box decoding and NMS around the network.
+
+``detect_faces`` takes whole video frames, shrinks them for speed, runs the
+network in batches on the device the model is on (halving the batch when that
+device runs out of memory), and returns each frame's face boxes in the frame's
+own pixels. Everything after the frames are uploaded (resizing, decoding,
+NMS) is torch, on the same device.
+
+Box conventions: boxes are ``x1, y1, x2, y2`` in pixels (float), width
+``x2 - x1``; anchors are ``cx, cy, w, h``. Boxes are not clipped to the frame:
+a face cut by the frame edge may have a box reaching past it.
+
+torch is imported inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from heygem.device import inference_context, pick_device, run_in_batches
+
+logger = logging.getLogger("heygem")
+
+S3FD_FILE_NAME = "s3fd.pth"
+S3FD_EXPECTED = "the public s3fd.pth face detector (the one the face-alignment package and Wav2Lip use)"
+
+BGR_MEANS = (104.0, 117.0, 123.0)  # subtracted from 0-255 BGR pixels; nothing is divided by 255
+LEVEL_STRIDES = (4, 8, 16, 32, 64, 128)  # input pixels per cell of each detection map, finest first
+ANCHOR_SIZE_PER_STRIDE = 4  # one square anchor per cell, 4 strides a side: 16, 32, ..., 512 pixels
+OFFSET_VARIANCES = (0.1, 0.2)  # scales of the centre and of the log-size offsets
+DEFAULT_MAX_SIDE = 640  # frames are shrunk until their longest side is at most this
+
+
+def load_s3fd(checkpoint_path: Path, device: str = "auto"):
+    """The S3FD network with the weights of ``checkpoint_path``, in eval mode on ``device``.
+
+    Raises HeygemError when the file is missing, unreadable, or any key or shape differs.
+    """
+    from heygem.models.s3fd import S3FD
+    from heygem.weights import load_state_dict_strict
+
+    model = S3FD()
+    load_state_dict_strict(model, Path(checkpoint_path), what="S3FD", expected=S3FD_EXPECTED)
+    return model.to(pick_device(device)).eval()
+
+
+def feature_map_sizes(height: int, width: int) -> list[tuple[int, int]]:
+    """(rows, columns) of the six detection maps S3FD makes from a ``height`` x ``width`` input.
+
+    Each 2x2 pool floors (strides 4 to 32), fc6's padding of 3 adds 4 cells
+    to the stride-32 map, and the two stride-2 3x3 convolutions with padding 1
+    round up (strides 64 and 128).
+    """
+    sizes = []
+    rows, columns = height, width
+    for level, _ in enumerate(LEVEL_STRIDES):
+        if level == 0:
+            rows, columns = rows // 4, columns // 4
+        elif level < 3:
+            rows, columns = rows // 2, columns // 2
+        elif level == 3:
+            rows, columns = rows // 2 + 4, columns // 2 + 4
+        else:
+            rows, columns = (rows + 1) // 2, (columns + 1) // 2
+        sizes.append((rows, columns))
+    return sizes
+
+
+def make_anchors(map_sizes: list[tuple[int, int]], device=None):
+    """All anchors of the detection maps, (A, 4) cx, cy, w, h in input pixels, finest level first.
+
+    ``map_sizes`` gives (rows, columns) per level. Within a level the order is
+    row by row, matching a (h, w) map flattened; a cell's anchor is centred at
+    ``stride * (index + 0.5)`` and is ``4 * stride`` pixels a side. The maps from
+    stride 32 on have more cells than fit in the input (see heygem.models.s3fd),
+    and their last anchors lie past its edge, as they did in training.
+    """
+    import torch
+
+    anchors = []
+    for (rows, columns), stride in zip(map_sizes, LEVEL_STRIDES):
+        centre_y = (torch.arange(rows, dtype=torch.float32, device=device) + 0.5) * stride  # (rows,)
+        centre_x = (torch.arange(columns, dtype=torch.float32, device=device) + 0.5) * stride  # (columns,)
+        grid_y, grid_x = torch.meshgrid(centre_y, centre_x, indexing="ij")  # (rows, columns) each
+        size = torch.full_like(grid_x, float(ANCHOR_SIZE_PER_STRIDE * stride))
+        anchors.append(torch.stack([grid_x, grid_y, size, size], dim=-1).reshape(-1, 4))  # (rows*columns, 4)
+    return torch.cat(anchors, dim=0)  # (A, 4)
+
+
+def decode_boxes(offsets, anchors):
+    """Boxes x1, y1, x2, y2 from regression ``offsets`` (..., A, 4) dx, dy, dw, dh and ``anchors`` (A, 4).
+
+    The centre moves by ``dx * 0.1 * anchor width`` (likewise y) and the size is
+    ``anchor size * exp(dw * 0.2)``: zero offsets give the anchor itself.
+    """
+    import torch
+
+    centre_variance, size_variance = OFFSET_VARIANCES
+    centres = anchors[:, :2] + offsets[..., :2] * centre_variance * anchors[:, 2:]  # (..., A, 2)
+    sizes = anchors[:, 2:] * torch.exp(offsets[..., 2:] * size_variance)  # (..., A, 2)
+    return torch.cat([centres - sizes / 2, centres + sizes / 2], dim=-1)  # (..., A, 4)
+
+
+def box_overlaps(boxes_a, boxes_b):
+    """Intersection over union of every box in ``boxes_a`` (K, 4) with every box in ``boxes_b`` (M, 4): (K, M)."""
+    import torch
+
+    top_left = torch.maximum(boxes_a[:, None, :2], boxes_b[None, :, :2])  # (K, M, 2)
+    bottom_right = torch.minimum(boxes_a[:, None, 2:], boxes_b[None, :, 2:])  # (K, M, 2)
+    intersection = (bottom_right - top_left).clamp(min=0).prod(dim=-1)  # (K, M)
+    area_a = (boxes_a[:, 2:] - boxes_a[:, :2]).clamp(min=0).prod(dim=-1)  # (K,)
+    area_b = (boxes_b[:, 2:] - boxes_b[:, :2]).clamp(min=0).prod(dim=-1)  # (M,)
+    union = area_a[:, None] + area_b[None, :] - intersection  # (K, M)
+    return intersection / union.clamp(min=1e-9)
+
+
+def non_maximum_suppression(boxes, scores, iou_threshold: float):
+    """Indices of the boxes to keep, best score first: greedily, each kept box drops every
+    lower-scored box that overlaps it by more than ``iou_threshold`` (intersection over union).
+
+    boxes: (K, 4) x1, y1, x2, y2; scores: (K,). Returns a (kept,) int64 tensor on the boxes' device.
+    """
+    import torch
+
+    order = torch.argsort(scores, descending=True, stable=True)  # (K,)
+    overlapping = (box_overlaps(boxes[order], boxes[order]) > iou_threshold).cpu()  # (K, K) bool
+    suppressed = torch.zeros(len(order), dtype=torch.bool)
+    kept = []
+    for position in range(len(order)):
+        if suppressed[position]:
+            continue
+        kept.append(position)
+        suppressed |= overlapping[position]
+    return order[torch.tensor(kept, dtype=torch.int64, device=order.device)]
+
+
+def resized_size(height: int, width: int, scale: float | None, max_side: int) -> tuple[int, int]:
+    """The (height, width) frames are resized to: by ``scale``, or when it is None by the largest
+    factor of at most 1 that fits the longest side in ``max_side``."""
+    if scale is None:
+        scale = min(1.0, max_side / max(height, width))
+    if scale <= 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+def prepare_images(frames_bgr: np.ndarray, size: tuple[int, int], device):
+    """Frames (N, H, W, 3) uint8 BGR as the network's input (N, 3, h, w): resized, means subtracted."""
+    import torch
+    from torch.nn import functional
+
+    frames = torch.from_numpy(np.ascontiguousarray(frames_bgr)).to(device)  # (N, H, W, 3) uint8
+    images = frames.permute(0, 3, 1, 2).float()  # (N, 3, H, W) BGR 0-255
+    if tuple(images.shape[2:]) != tuple(size):
+        images = functional.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+    means = torch.tensor(BGR_MEANS, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+    return images - means  # (N, 3, h, w)
+
+
+def detect_faces(model, frames_bgr: np.ndarray, *, scale: float | None = None, max_side: int = DEFAULT_MAX_SIDE,
+                 score_threshold: float = 0.5, nms_threshold: float = 0.3, batch_size: int = 8,
+                 max_candidates: int = 1000, precision: str = "fp32") -> list[np.ndarray]:
+    """Face boxes for each frame: a list of N arrays (K, 5) float32 ``x1, y1, x2, y2, score``.
+
+    frames_bgr: (N, H, W, 3) uint8 BGR, all of one size. They are resized by
+    ``scale`` (None: shrunk so the longest side is at most ``max_side``; never
+    enlarged), and the boxes are mapped back to the frames' pixels. Boxes score
+    above ``score_threshold`` (the face probability); at most ``max_candidates``
+    of the best go through NMS at ``nms_threshold``. Rows are sorted by score,
+    best first; a frame without a face gives a (0, 5) array. The model runs on
+    its own device, ``batch_size`` frames at a time, halved on out-of-memory.
+    """
+    import torch
+
+    frames_bgr = np.asarray(frames_bgr)
+    if frames_bgr.ndim != 4 or frames_bgr.shape[-1] != 3 or frames_bgr.dtype != np.uint8:
+        raise ValueError(f"frames_bgr must be (N, H, W, 3) uint8, got {frames_bgr.shape} {frames_bgr.dtype}")
+    if len(frames_bgr) == 0:
+        return []
+    device = next(model.parameters()).device
+    frame_height, frame_width = frames_bgr.shape[1:3]
+    input_height, input_width = resized_size(frame_height, frame_width, scale, max_side)
+    # input pixels -> frame pixels, for x1, y1, x2, y2
+    to_frame = torch.tensor([frame_width / input_width, frame_height / input_height] * 2, device=device)
+    anchors_by_sizes: dict[tuple, torch.Tensor] = {}
+
+    def detect_batch(chunk: np.ndarray) -> list[np.ndarray]:
+        images = prepare_images(chunk, (input_height, input_width), device)  # (B, 3, h, w)
+        with inference_context(device, precision):
+            levels = model(images)
+        map_sizes = tuple(tuple(logits.shape[2:]) for logits, _ in levels)
+        if map_sizes not in anchors_by_sizes:
+            anchors_by_sizes[map_sizes] = make_anchors(list(map_sizes), device)
+        anchors = anchors_by_sizes[map_sizes]  # (A, 4)
+        face_scores = torch.cat([logits.float().softmax(dim=1)[:, 1].flatten(1) for logits, _ in levels],
+                                dim=1)  # (B, A)
+        offsets = torch.cat([offsets.float().flatten(2).transpose(1, 2) for _, offsets in levels],
+                            dim=1)  # (B, A, 4)
+        return [select_boxes(offsets[item], face_scores[item], anchors, to_frame, score_threshold,
+                             nms_threshold, max_candidates) for item in range(len(chunk))]
+
+    outputs, final_batch_size = run_in_batches(detect_batch, frames_bgr, batch_size)
+    if final_batch_size < batch_size:
+        logger.info("S3FD ran with batches of %d frames after running out of memory", final_batch_size)
+    return [boxes for batch in outputs for boxes in batch]
+
+
+def select_boxes(offsets, face_scores, anchors, to_frame, score_threshold: float, nms_threshold: float,
+                 max_candidates: int) -> np.ndarray:
+    """One image's detections (K, 5) float32 in frame pixels from offsets (A, 4) and face scores (A,)."""
+    import torch
+
+    candidates = torch.nonzero(face_scores > score_threshold).flatten()  # (C,)
+    if len(candidates) > max_candidates:
+        candidates = candidates[face_scores[candidates].topk(max_candidates).indices]
+    if len(candidates) == 0:
+        return np.zeros((0, 5), dtype=np.float32)
+    boxes = decode_boxes(offsets[candidates], anchors[candidates])  # (C, 4) input pixels
+    scores = face_scores[candidates]  # (C,)
+    kept = non_maximum_suppression(boxes, scores, nms_threshold)  # (K,)
+    detections = torch.cat([boxes[kept] * to_frame, scores[kept, None]], dim=1)  # (K, 5) frame pixels
+    return detections.cpu().numpy().astype(np.float32)

@@ -1,0 +1,347 @@
+"""The S3FD face detector: checkpoint layout, anchors, box decoding, NMS and whole-frame detection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from heygem.detect_s3fd import (
+    LEVEL_STRIDES,
+    decode_boxes,
+    detect_faces,
+    feature_map_sizes,
+    load_s3fd,
+    make_anchors,
+    non_maximum_suppression,
+    prepare_images,
+    resized_size,
+)
+from heygem.errors import HeygemError
+from heygem.models.s3fd import LEVEL_NAMES, S3FD
+
+# The public s3fd.pth: every tensor, float32, in file order.
+PUBLIC_LAYOUT = (
+    ("conv1_1.weight", (64, 3, 3, 3)),
+    ("conv1_1.bias", (64,)),
+    ("conv1_2.weight", (64, 64, 3, 3)),
+    ("conv1_2.bias", (64,)),
+    ("conv2_1.weight", (128, 64, 3, 3)),
+    ("conv2_1.bias", (128,)),
+    ("conv2_2.weight", (128, 128, 3, 3)),
+    ("conv2_2.bias", (128,)),
+    ("conv3_1.weight", (256, 128, 3, 3)),
+    ("conv3_1.bias", (256,)),
+    ("conv3_2.weight", (256, 256, 3, 3)),
+    ("conv3_2.bias", (256,)),
+    ("conv3_3.weight", (256, 256, 3, 3)),
+    ("conv3_3.bias", (256,)),
+    ("conv4_1.weight", (512, 256, 3, 3)),
+    ("conv4_1.bias", (512,)),
+    ("conv4_2.weight", (512, 512, 3, 3)),
+    ("conv4_2.bias", (512,)),
+    ("conv4_3.weight", (512, 512, 3, 3)),
+    ("conv4_3.bias", (512,)),
+    ("conv5_1.weight", (512, 512, 3, 3)),
+    ("conv5_1.bias", (512,)),
+    ("conv5_2.weight", (512, 512, 3, 3)),
+    ("conv5_2.bias", (512,)),
+    ("conv5_3.weight", (512, 512, 3, 3)),
+    ("conv5_3.bias", (512,)),
+    ("fc6.weight", (1024, 512, 3, 3)),
+    ("fc6.bias", (1024,)),
+    ("fc7.weight", (1024, 1024, 1, 1)),
+    ("fc7.bias", (1024,)),
+    ("conv6_1.weight", (256, 1024, 1, 1)),
+    ("conv6_1.bias", (256,)),
+    ("conv6_2.weight", (512, 256, 3, 3)),
+    ("conv6_2.bias", (512,)),
+    ("conv7_1.weight", (128, 512, 1, 1)),
+    ("conv7_1.bias", (128,)),
+    ("conv7_2.weight", (256, 128, 3, 3)),
+    ("conv7_2.bias", (256,)),
+    ("conv3_3_norm.weight", (256,)),
+    ("conv4_3_norm.weight", (512,)),
+    ("conv5_3_norm.weight", (512,)),
+    ("conv3_3_norm_mbox_conf.weight", (4, 256, 3, 3)),
+    ("conv3_3_norm_mbox_conf.bias", (4,)),
+    ("conv3_3_norm_mbox_loc.weight", (4, 256, 3, 3)),
+    ("conv3_3_norm_mbox_loc.bias", (4,)),
+    ("conv4_3_norm_mbox_conf.weight", (2, 512, 3, 3)),
+    ("conv4_3_norm_mbox_conf.bias", (2,)),
+    ("conv4_3_norm_mbox_loc.weight", (4, 512, 3, 3)),
+    ("conv4_3_norm_mbox_loc.bias", (4,)),
+    ("conv5_3_norm_mbox_conf.weight", (2, 512, 3, 3)),
+    ("conv5_3_norm_mbox_conf.bias", (2,)),
+    ("conv5_3_norm_mbox_loc.weight", (4, 512, 3, 3)),
+    ("conv5_3_norm_mbox_loc.bias", (4,)),
+    ("fc7_mbox_conf.weight", (2, 1024, 3, 3)),
+    ("fc7_mbox_conf.bias", (2,)),
+    ("fc7_mbox_loc.weight", (4, 1024, 3, 3)),
+    ("fc7_mbox_loc.bias", (4,)),
+    ("conv6_2_mbox_conf.weight", (2, 512, 3, 3)),
+    ("conv6_2_mbox_conf.bias", (2,)),
+    ("conv6_2_mbox_loc.weight", (4, 512, 3, 3)),
+    ("conv6_2_mbox_loc.bias", (4,)),
+    ("conv7_2_mbox_conf.weight", (2, 256, 3, 3)),
+    ("conv7_2_mbox_conf.bias", (2,)),
+    ("conv7_2_mbox_loc.weight", (4, 256, 3, 3)),
+    ("conv7_2_mbox_loc.bias", (4,)),
+)
+
+
+@pytest.fixture(scope="module")
+def public_state_dict() -> dict:
+    """Random tensors in the public file's layout, built from the layout alone."""
+    generator = torch.Generator().manual_seed(7)
+    return {key: torch.randn(shape, generator=generator) * 0.05 for key, shape in PUBLIC_LAYOUT}
+
+
+@pytest.fixture(scope="module")
+def random_model() -> S3FD:
+    torch.manual_seed(3)
+    return S3FD().eval()
+
+
+def test_state_dict_matches_the_public_layout_key_for_key():
+    state_dict = S3FD().state_dict()
+    assert [(key, tuple(tensor.shape)) for key, tensor in state_dict.items()] == list(PUBLIC_LAYOUT)
+    assert len(state_dict) == 65 and all(tensor.dtype == torch.float32 for tensor in state_dict.values())
+
+
+def test_public_layout_checkpoint_loads_strictly(tmp_path, public_state_dict):
+    checkpoint_path = tmp_path / "s3fd.pth"
+    torch.save(public_state_dict, checkpoint_path)
+    model = load_s3fd(checkpoint_path, device="cpu")
+    assert not model.training
+    loaded = model.state_dict()
+    for key, tensor in public_state_dict.items():
+        assert torch.equal(loaded[key], tensor), key
+
+
+@pytest.mark.parametrize("change, named_key", [
+    ("missing", "conv4_3_norm.weight"),
+    ("extra", "conv8_2_mbox_conf.weight"),
+    ("shape", "conv3_3_norm_mbox_conf.weight"),
+])
+def test_checkpoint_with_a_wrong_key_is_refused_naming_it(tmp_path, public_state_dict, change, named_key):
+    state_dict = dict(public_state_dict)
+    if change == "missing":
+        del state_dict[named_key]
+    elif change == "extra":
+        state_dict[named_key] = torch.zeros(2, 256, 3, 3)
+    else:
+        state_dict[named_key] = torch.zeros(2, 256, 3, 3)  # a 2-logit head where the file has 4
+    checkpoint_path = tmp_path / "s3fd.pth"
+    torch.save(state_dict, checkpoint_path)
+    with pytest.raises(HeygemError) as raised:
+        load_s3fd(checkpoint_path, device="cpu")
+    message = str(raised.value)
+    assert named_key in message and "s3fd.pth" in message
+    if change == "shape":
+        assert "(2, 256, 3, 3)" in message and "(4, 256, 3, 3)" in message
+
+
+def shape_only_model() -> S3FD:
+    """An S3FD on the meta device: it computes output shapes, no values, at no cost."""
+    with torch.device("meta"):
+        return S3FD().eval()
+
+
+def zeroed_model(model_type: type = S3FD) -> S3FD:
+    """An S3FD with every parameter zero, built without the cost of random initialisation."""
+    with torch.device("meta"):
+        model = model_type()
+    model = model.to_empty(device="cpu").eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    return model
+
+
+@pytest.mark.parametrize("height, width", [(96, 128), (101, 75), (480, 640), (719, 1283)])
+def test_anchor_count_per_level_follows_the_network_maps(height, width):
+    with torch.inference_mode():
+        levels = shape_only_model()(torch.zeros(1, 3, height, width, device="meta"))
+    network_sizes = [tuple(logits.shape[2:]) for logits, _ in levels]
+    assert feature_map_sizes(height, width) == network_sizes
+    assert all(tuple(offsets.shape[1:]) == (4, *size) for (_, offsets), size in zip(levels, network_sizes))
+
+    anchors = make_anchors(network_sizes)
+    counts = [rows * columns for rows, columns in network_sizes]
+    assert anchors.shape == (sum(counts), 4)
+    start = 0
+    for (rows, columns), count, stride in zip(network_sizes, counts, LEVEL_STRIDES):
+        level = anchors[start:start + count].reshape(rows, columns, 4)
+        assert level[0, 0].tolist() == [stride / 2, stride / 2, 4 * stride, 4 * stride]
+        assert level[-1, -1, :2].tolist() == [stride * (columns - 0.5), stride * (rows - 0.5)]
+        start += count
+
+
+def test_anchor_counts_for_a_640_by_480_input():
+    sizes = feature_map_sizes(480, 640)
+    assert sizes == [(120, 160), (60, 80), (30, 40), (19, 24), (10, 12), (5, 6)]  # fc6 pads by 3
+    assert len(make_anchors(sizes)) == sum(rows * columns for rows, columns in sizes)
+
+
+def test_zero_offsets_decode_to_the_anchor_box_and_offsets_move_it():
+    anchors = torch.tensor([[50.0, 40.0, 16.0, 16.0], [200.0, 100.0, 128.0, 128.0]])  # cx, cy, w, h
+    zero = decode_boxes(torch.zeros(2, 4), anchors)
+    assert torch.allclose(zero, torch.tensor([[42.0, 32.0, 58.0, 48.0], [136.0, 36.0, 264.0, 164.0]]))
+
+    # dx = 1 moves the centre by 0.1 anchor widths; dw = 5 scales the width by exp(1)
+    moved = decode_boxes(torch.tensor([[1.0, -2.0, 5.0, 0.0]]), anchors[1:])
+    centre_x, centre_y = 200.0 + 12.8, 100.0 - 25.6
+    half_width = 64.0 * float(np.exp(1.0))
+    assert torch.allclose(moved, torch.tensor([[centre_x - half_width, centre_y - 64.0,
+                                                centre_x + half_width, centre_y + 64.0]]))
+
+
+def test_nms_keeps_the_best_of_overlapping_boxes_and_every_disjoint_one():
+    boxes = torch.tensor([
+        [0.0, 0.0, 100.0, 100.0],
+        [5.0, 5.0, 105.0, 105.0],  # overlaps the first by IoU ~0.82
+        [300.0, 300.0, 350.0, 350.0],  # far from both
+        [10.0, 0.0, 110.0, 100.0],  # overlaps the first by IoU ~0.82
+    ])
+    scores = torch.tensor([0.7, 0.9, 0.6, 0.8])
+    assert non_maximum_suppression(boxes, scores, 0.3).tolist() == [1, 2]
+    assert non_maximum_suppression(boxes[[0, 2]], scores[[0, 2]], 0.3).tolist() == [0, 1]
+    # a threshold above their overlap keeps all, best first
+    assert non_maximum_suppression(boxes, scores, 0.9).tolist() == [1, 3, 0, 2]
+
+
+def test_prepare_images_subtracts_the_bgr_means_and_resizes():
+    frames = np.empty((2, 40, 60, 3), dtype=np.uint8)
+    frames[...] = (104, 117, 123)
+    frames[1, :, :, 0] = 204
+    images = prepare_images(frames, (20, 30), torch.device("cpu"))
+    assert images.shape == (2, 3, 20, 30)
+    assert torch.allclose(images[0], torch.zeros(3, 20, 30), atol=1e-4)
+    assert torch.allclose(images[1, 0], torch.full((20, 30), 100.0), atol=1e-3)
+    assert resized_size(1080, 1920, None, 640) == (360, 640)
+    assert resized_size(200, 300, None, 640) == (200, 300)  # never enlarged
+    assert resized_size(200, 300, 0.5, 640) == (100, 150)
+
+
+def bright_square_model(model_type: type = S3FD) -> S3FD:
+    """A model that sees faces only in bright blue squares, through the stride-4 level alone.
+
+    conv1_1 .. conv3_3 pass the blue channel on unchanged (centre tap 1, all else
+    0), so after the means are subtracted and the ReLUs applied, a conv3_3 cell
+    is positive only where its 4x4 input pixels hold blue above 104. The L2 norm
+    turns such a cell's channel vector (v, 0, ..., 0) into (10, 0, ..., 0). The
+    finest head reads channel 0 at its centre tap: face logit 1 x 10, background
+    logits 0, 0 and 0.5 x 10 (max-out takes 5), so a bright cell scores
+    sigmoid(10 - 5). Everything else is zero: other cells and levels score 0.5.
+    """
+    model = zeroed_model(model_type)
+    with torch.no_grad():
+        for name in ("conv1_1", "conv1_2", "conv2_1", "conv2_2", "conv3_1", "conv3_2", "conv3_3"):
+            getattr(model, name).weight[0, 0, 1, 1] = 1.0
+        model.conv3_3_norm.weight.fill_(10.0)
+        model.conv3_3_norm_mbox_conf.weight[3, 0, 1, 1] = 1.0  # face
+        model.conv3_3_norm_mbox_conf.weight[2, 0, 1, 1] = 0.5  # the largest of the three background logits
+    return model
+
+
+BRIGHT_CELL_SCORE = 1.0 / (1.0 + np.exp(-5.0))
+
+
+def frames_with_a_bright_square(count: int, height: int, width: int, top: int, left: int, side: int) -> np.ndarray:
+    frames = np.zeros((count, height, width, 3), dtype=np.uint8)
+    frames[:, top:top + side, left:left + side] = 255
+    return frames
+
+
+def test_hand_set_weights_detect_the_anchor_box_in_frame_pixels():
+    model = bright_square_model()
+    assert LEVEL_NAMES[0] == "conv3_3_norm" and LEVEL_STRIDES[0] == 4
+    # 128x192 frames shrink to 64x96: the 8-pixel square at rows 40-47, columns 72-79 becomes
+    # the stride-4 cell in row 5, column 9, whose anchor is centred at (38, 22), 16 pixels a side
+    frames = frames_with_a_bright_square(2, 128, 192, top=40, left=72, side=8)
+    detections = detect_faces(model, frames, max_side=96, score_threshold=0.6)
+    assert len(detections) == 2
+    for boxes in detections:
+        assert boxes.dtype == np.float32 and boxes.shape == (1, 5)
+        # (30, 14, 46, 30) in the input is twice that in the frame, centred on the square
+        np.testing.assert_allclose(boxes[0, :4], [60.0, 28.0, 92.0, 60.0], atol=1e-3)
+        assert boxes[0, 4] == pytest.approx(BRIGHT_CELL_SCORE, abs=1e-5)
+
+    # without the square nothing scores above one half
+    empty = detect_faces(model, np.zeros((1, 128, 192, 3), dtype=np.uint8), max_side=96, score_threshold=0.6)
+    assert empty[0].shape == (0, 5)
+
+
+def test_two_squares_far_apart_give_two_boxes_at_full_size():
+    model = bright_square_model()
+    frames = frames_with_a_bright_square(1, 64, 80, top=8, left=12, side=4)
+    frames[0, 48:52, 60:64] = 255
+    (boxes,) = detect_faces(model, frames, score_threshold=0.6)  # 80 pixels: not resized
+    assert boxes.shape == (2, 5)
+    found = sorted(boxes[:, :4].tolist())
+    np.testing.assert_allclose(found, [[6.0, 2.0, 22.0, 18.0], [54.0, 42.0, 70.0, 58.0]], atol=1e-3)
+
+
+def test_hand_set_offsets_move_the_detected_box():
+    model = bright_square_model()
+    with torch.no_grad():
+        model.conv3_3_norm_mbox_loc.weight[0, 0, 1, 1] = 0.1  # dx = 1 on a bright cell
+        model.conv3_3_norm_mbox_loc.weight[1, 0, 1, 1] = -0.05  # dy = -0.5
+        model.conv3_3_norm_mbox_loc.weight[2, 0, 1, 1] = 0.5  # dw = 5: the width grows by e
+    frames = frames_with_a_bright_square(1, 64, 96, top=20, left=36, side=4)
+    (boxes,) = detect_faces(model, frames, score_threshold=0.6)
+    # anchor (30, 14, 46, 30); the centre moves by 0.1 * 16 along x and -0.05 * 16 along y
+    half_width = 8.0 * float(np.exp(1.0))
+    np.testing.assert_allclose(boxes[0, :4], [39.6 - half_width, 14.0 - 0.8, 39.6 + half_width, 30.0 - 0.8],
+                               atol=1e-3)
+
+
+def test_random_weights_give_sorted_boxes_the_same_in_any_batch_size(random_model):
+    frames = np.random.default_rng(1).integers(0, 256, size=(2, 96, 128, 3), dtype=np.uint8)
+    together = detect_faces(random_model, frames, max_side=64, score_threshold=0.5, batch_size=2)
+    one_by_one = detect_faces(random_model, frames, max_side=64, score_threshold=0.5, batch_size=1)
+    assert len(together) == 2
+    for boxes, single in zip(together, one_by_one):
+        assert boxes.dtype == np.float32 and boxes.ndim == 2 and boxes.shape[1] == 5
+        assert np.all(boxes[:, 4] > 0.5) and np.all(np.diff(boxes[:, 4]) <= 0)
+        assert np.all(boxes[:, 2] > boxes[:, 0]) and np.all(boxes[:, 3] > boxes[:, 1])
+        np.testing.assert_allclose(boxes, single, rtol=1e-4, atol=1e-3)
+    assert detect_faces(random_model, np.zeros((0, 96, 128, 3), dtype=np.uint8)) == []
+
+
+class RunsOutOfMemoryAboveOneFrame(S3FD):
+    batch_sizes: list[int]
+
+    def forward(self, images):
+        self.__dict__.setdefault("batch_sizes", []).append(len(images))
+        if len(images) > 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(images)
+
+
+def test_detection_halves_the_batch_on_out_of_memory():
+    flaky = bright_square_model(RunsOutOfMemoryAboveOneFrame)
+    frames = frames_with_a_bright_square(2, 64, 96, top=20, left=36, side=4)
+    detections = detect_faces(flaky, frames, score_threshold=0.6, batch_size=2)
+    assert flaky.batch_sizes == [2, 1, 1]
+    assert [boxes.shape for boxes in detections] == [(1, 5)] * 2
+
+
+def test_frames_of_the_wrong_shape_are_refused(random_model):
+    with pytest.raises(ValueError, match="uint8"):
+        detect_faces(random_model, np.zeros((2, 64, 64), dtype=np.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        detect_faces(random_model, np.zeros((1, 64, 64, 3), dtype=np.float32))
+
+
+def test_importing_the_detection_module_leaves_torch_unloaded():
+    import subprocess
+    import sys
+
+    check = "import sys, heygem.detect_s3fd; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.stdout.strip() == "False"

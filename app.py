@@ -30,7 +30,7 @@ from heygem.config import REPO_ROOT
 from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
 from heygem.errors import HeygemError
 from heygem.flags import add_devices_flag
-from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobStore, devices_from_flags, start_workers
+from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobLimits, JobStore, devices_from_flags, start_workers
 from heygem.pipeline import warm_up
 
 logger = logging.getLogger("heygem")
@@ -580,6 +580,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="where jobs are kept (default: outputs/)")
     parser.add_argument("--max-upload-mb", type=float, default=500, help="largest file accepted, in MB")
+    parser.add_argument("--max-queued", type=int, default=100,
+                        help="jobs that may wait at once; more are refused (HTTP 429) until some run (0: no limit)")
+    parser.add_argument("--max-audio-seconds", type=float, default=600,
+                        help="longest speech a job may have, so the longest video (0: no limit)")
+    parser.add_argument("--max-output-height", type=int, default=2160,
+                        help="tallest output frame a job may ask for (0: no limit)")
+    parser.add_argument("--min-free-mb", type=float, default=1024,
+                        help="free disk space under --outputs needed to accept a job (HTTP 507 below it; 0: no check)")
     parser.add_argument("--batch-root", action="append", default=[], metavar="DIR",
                         help="a server folder the Batch tab may read from (repeat for more); none by default")
     parser.add_argument("--workers", type=int, default=None,
@@ -607,7 +615,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2) from None
     max_upload_bytes = int(args.max_upload_mb * 2**20)
-    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes)
+    limits = JobLimits(max_queued=args.max_queued or None, max_audio_seconds=args.max_audio_seconds or None,
+                       max_output_height=args.max_output_height or None,
+                       min_free_bytes=int(args.min_free_mb * 2**20) or None)
+    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=limits)
     if args.workers != 0:
         start_workers(store, args.workers, devices=devices)
         threading.Thread(target=warm_up, name="heygem-warm-up", daemon=True).start()

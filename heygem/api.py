@@ -32,7 +32,8 @@ from starlette.datastructures import UploadFile
 
 from heygem.config import limit_remote_options
 from heygem.errors import HeygemError
-from heygem.jobs import DONE, JobStore, Upload, UploadTooLarge, flatten_options, human_size
+from heygem.jobs import (DONE, JobStore, NotEnoughDisk, QueueFull, Upload, UploadTooLarge, flatten_options,
+                         human_size)
 from heygem.pipeline import weights_dir
 
 logger = logging.getLogger("heygem")
@@ -146,6 +147,10 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
                 job_id = await run_in_threadpool(store.create_job, face_upload, audio_upload, options)
             except UploadTooLarge as error:
                 raise ApiError(413, str(error)) from None
+            except QueueFull as error:
+                raise ApiError(429, str(error), headers={"Retry-After": str(error.retry_after)}) from None
+            except NotEnoughDisk as error:
+                raise ApiError(507, str(error)) from None
             except HeygemError as error:
                 raise ApiError(400, str(error)) from None
         finally:

@@ -362,3 +362,50 @@ def test_a_job_store_from_before_the_worker_columns_is_upgraded(tmp_path, media)
     assert (claimed.id, claimed.worker, claimed.device) == (job_id, "worker-3", "cuda:1")
     assert reopened.finish(job_id, process_owner("worker-3"), FAILED, error="stopped here")
     assert reopened.retry(job_id).device is None  # a queued job has not run anywhere yet
+
+
+def test_limits_refuse_a_job_before_anything_is_written(tmp_path, face_photo, speech_wav, monkeypatch):
+    from heygem.jobs import JobLimits, NotEnoughDisk, QueueFull
+
+    store = JobStore(tmp_path / "out", limits=JobLimits(max_queued=1, max_audio_seconds=60, max_output_height=512))
+    store.create_job(face_photo, speech_wav)
+    with pytest.raises(QueueFull, match="1 jobs are already waiting") as full:
+        store.create_job(face_photo, speech_wav)
+    assert full.value.retry_after > 0
+    short = JobStore(tmp_path / "short", limits=JobLimits(max_audio_seconds=2.0))
+    with pytest.raises(HeygemError, match="at most 2 s per job"):
+        short.create_job(face_photo, speech_wav)
+    tall = JobStore(tmp_path / "tall", limits=JobLimits(max_output_height=256))
+    with pytest.raises(HeygemError, match="at most 256"):
+        tall.create_job(face_photo, speech_wav)  # the portrait is 512 tall
+    tall.create_job(face_photo, speech_wav, {"media.output_height": 256})
+    full_disk = JobStore(tmp_path / "disk", limits=JobLimits(min_free_bytes=1 << 60))
+    with pytest.raises(NotEnoughDisk, match="nearly full"):
+        full_disk.create_job(face_photo, speech_wav)
+    for refused in ("short", "disk"):
+        assert full_disk.list() == [] and not [p for p in (tmp_path / refused).iterdir() if p.is_dir()]
+
+
+def test_the_rest_api_answers_429_with_retry_after_and_507(tmp_path, face_photo, speech_wav):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from heygem.api import create_router
+    from heygem.jobs import JobLimits
+
+    def client_for(limits):
+        store = JobStore(tmp_path / f"out{id(limits)}", limits=limits)
+        return TestClient(FastAPI(routes=create_router(store).routes)), store
+
+    def submit(client):
+        return client.post("/api/jobs", files={"face": ("face.jpg", face_photo.read_bytes()),
+                                               "audio": ("speech.wav", speech_wav.read_bytes())})
+
+    client, store = client_for(JobLimits(max_queued=1))
+    assert submit(client).status_code == 201
+    refused = submit(client)
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0
+    assert "already waiting" in refused.json()["error"] and len(store.list()) == 1
+    client, store = client_for(JobLimits(min_free_bytes=1 << 60))
+    refused = submit(client)
+    assert refused.status_code == 507 and "nearly full" in refused.json()["error"] and store.list() == []

@@ -30,7 +30,7 @@ from typing import Iterator
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
 from heygem.jobs.files import (DATABASE_NAME, DEFAULT_OUTPUTS, LOG_NAME, OPTIONS_NAME, RESULT_NAME, SUMMARY_NAME,
-                               Upload, append_log, store_input)
+                               Upload, append_log, human_size, store_input)
 from heygem.media import probe_inputs
 
 logger = logging.getLogger("heygem")
@@ -253,6 +253,28 @@ def _status_row(db, job_id: str):
     return row
 
 
+@dataclass(frozen=True)
+class JobLimits:
+    """What a job store accepts before it queues a job; None switches a limit off."""
+
+    max_queued: int | None = None  # jobs waiting to run; one more is refused (QueueFull, HTTP 429)
+    max_audio_seconds: float | None = None  # longest speech, so the longest output
+    max_output_height: int | None = None  # tallest output frame (the face's own, or media.output_height)
+    min_free_bytes: int | None = None  # free disk space under outputs/ needed to take a job (HTTP 507)
+
+
+class QueueFull(HeygemError):
+    """Too many jobs are waiting; ``retry_after`` seconds is a fair time to try again."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotEnoughDisk(HeygemError):
+    """The outputs folder's disk has less free space than a job needs."""
+
+
 class JobStore:
     """Jobs in ``outputs_dir``: create, read, cancel, retry, delete, clean.
 
@@ -262,8 +284,9 @@ class JobStore:
     """
 
     def __init__(self, outputs_dir: str | Path = DEFAULT_OUTPUTS, *, max_upload_bytes: int | None = None,
-                 base_config: Config | None = None):
+                 base_config: Config | None = None, limits: JobLimits | None = None):
         self.outputs_dir = Path(outputs_dir).resolve()
+        self.limits = limits if limits is not None else JobLimits()
         self.outputs_dir.mkdir(parents=True, exist_ok=True)
         self.database_path = self.outputs_dir / DATABASE_NAME
         self.max_upload_bytes = max_upload_bytes
@@ -420,6 +443,7 @@ class JobStore:
         HeygemError here, before anything is queued.
         """
         flat_options, config = self.resolve_options(options)
+        self._check_room()
         job_id = new_job_id()
         directory = self.outputs_dir / job_id
         directory.mkdir(parents=False, exist_ok=False)
@@ -428,7 +452,9 @@ class JobStore:
             audio_name = None
             if audio is not None:
                 audio_name = store_input(audio, directory, "audio", {face_name}, self.max_upload_bytes)
-            probe_inputs(directory / face_name, None if audio_name is None else directory / audio_name)
+            face_info, audio_info = probe_inputs(directory / face_name,
+                                                 None if audio_name is None else directory / audio_name)
+            self._check_size(face_info, audio_info, config)
             (directory / OPTIONS_NAME).write_text(
                 json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
             now = time.time()
@@ -446,6 +472,33 @@ class JobStore:
         logger.info("job %s queued", job_id)
         self.job_added.set()
         return job_id
+
+    def _check_room(self) -> None:
+        """Refuse a job while the queue is full or the disk is short (nothing is written then)."""
+        limits = self.limits
+        if limits.min_free_bytes is not None:
+            free = shutil.disk_usage(self.outputs_dir).free
+            if free < limits.min_free_bytes:
+                raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
+                                    f"{human_size(limits.min_free_bytes)}); try again once old jobs are cleaned")
+        if limits.max_queued is not None:
+            waiting = self.counts()[QUEUED]
+            if waiting >= limits.max_queued:
+                raise QueueFull(f"{waiting} jobs are already waiting (the limit is {limits.max_queued}); "
+                                "try again in a minute", retry_after=60)
+
+    def _check_size(self, face_info, audio_info, config: Config) -> None:
+        """Refuse speech longer, or frames taller, than the limits allow."""
+        limits = self.limits
+        seconds = audio_info.audio_duration or audio_info.duration
+        if limits.max_audio_seconds is not None and seconds > limits.max_audio_seconds:
+            raise HeygemError(f"the speech lasts {seconds:.1f} s; this server takes at most "
+                              f"{limits.max_audio_seconds:g} s per job")
+        height = config.media.output_height or face_info.height
+        if limits.max_output_height is not None and height > limits.max_output_height:
+            raise HeygemError(f"the output would be {height} pixels tall; this server makes at most "
+                              f"{limits.max_output_height}: set media.output_height to {limits.max_output_height} "
+                              "or less")
 
     # ------------------------------------------------------------------ changing
 

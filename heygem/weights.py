@@ -221,7 +221,7 @@ def parse_entry(raw: object, where: str) -> WeightsEntry:
         if value is None and optional:
             return None
         if not isinstance(value, str) or not value.strip():
-            raise HeygemError(f"{where}: {field} must be a non-empty string")
+            raise HeygemError(f"{where}: {field} must be a non-empty string (quote it if YAML reads it as a number)")
         return value.strip()
 
     files = raw["files"]

@@ -7,6 +7,7 @@ import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 import pytest
 
@@ -16,6 +17,7 @@ from heygem.errors import HeygemError
 
 PAYLOAD = bytes(range(256)) * 64 + b"end of the fake checkpoint"  # 16410 bytes
 PAYLOAD_SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
+PAYLOAD_SIZE = len(PAYLOAD)
 
 
 class FileServer:
@@ -27,7 +29,7 @@ class FileServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's naming
+            def do_GET(self):
                 server.requests.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
                 body = server.files.get(self.path)
                 if body is None:
@@ -58,7 +60,7 @@ class FileServer:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.httpd.server_port}{path}"
 
-    def __enter__(self) -> FileServer:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
@@ -67,7 +69,7 @@ class FileServer:
         self.httpd.server_close()
 
 
-def write_registry(path, *, sha256=PAYLOAD_SHA256, size=len(PAYLOAD), prefix=None):
+def write_registry(path, *, sha256=PAYLOAD_SHA256, size=PAYLOAD_SIZE, prefix=None):
     """A registry with a fake 'tiny' entry (published size and checksum) and a 'loose' one with neither."""
     def value(item):
         return "null" if item is None else f'"{item}"' if isinstance(item, str) else item

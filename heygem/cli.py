@@ -1,4 +1,4 @@
-"""Command line: ``python -m heygem generate|batch|jobs|doctor ...``.
+"""Command line: ``python -m heygem generate|batch|jobs|doctor|weights ...``.
 
 Every generation option comes from heygem.config, so ``--help`` always matches
 configs/default.yaml. Problems the user can fix end with one line on stderr and
@@ -40,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.set_defaults(handler=run_generate)
 
     from heygem.batch import add_batch_parser, add_jobs_parser  # here: keeps importing heygem.cli cheap
+    from heygem.weights import add_weights_parser
 
     add_batch_parser(commands)
     add_jobs_parser(commands)
+    add_weights_parser(commands)
 
     doctor = commands.add_parser(
         "doctor", help="check this machine: packages, GPU, ffmpeg, mediapipe, weights",

@@ -1,15 +1,26 @@
-"""Finding and loading the public network weights the user put in weights/.
+"""Finding, checking, fetching and loading the public network weights in weights/.
 
-Nothing is ever downloaded. Checkpoints are read with ``weights_only=True``, so a
-file that holds anything but tensors and plain values is refused instead of
-having its pickled code run. torch is imported inside the functions.
+configs/weights.yaml lists the checkpoint files heygem recognises with their published
+size and SHA-256 where a public source states them; ``python -m heygem weights
+list|verify|download`` reads it. Nothing is downloaded unless the user runs
+``weights download``. Checkpoints are read with ``weights_only=True``, so a file that
+holds anything but tensors and plain values is refused instead of having its pickled
+code run. torch and urllib's network code are imported inside the functions.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
 
 logger = logging.getLogger("heygem")
@@ -124,3 +135,357 @@ def describe_mismatch(wanted: dict, found: dict) -> str:
 def list_keys(keys: list[str]) -> str:
     shown = ", ".join(keys[:SHOWN_KEYS])
     return shown + (f" and {len(keys) - SHOWN_KEYS} more" if len(keys) > SHOWN_KEYS else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry of recognised files: list, verify, download
+# ---------------------------------------------------------------------------------------------
+
+REGISTRY_PATH = REPO_ROOT / "configs" / "weights.yaml"
+PURPOSES = ("engine", "restorer", "detector")
+ENTRY_FIELDS = ("name", "files", "purpose", "enables", "size_bytes", "sha256", "sha256_prefix", "source", "url")
+HASH_CHUNK_BYTES = 1 << 20
+DOWNLOAD_CHUNK_BYTES = 1 << 16
+DOWNLOAD_TIMEOUT_S = 30.0
+
+# What `weights list` and `weights verify` report for an entry.
+MISSING = "missing"                # no accepted file in the weights folder
+INSTALLED = "installed"            # a file is there, its size fits, its contents were not hashed
+VERIFIED = "verified"              # its SHA-256 (or the published prefix of it) matches
+UNVERIFIED = "unverified"          # a file is there but no public checksum exists to compare with
+WRONG_CHECKSUM = "wrong checksum"  # its size or SHA-256 differs from the published one
+
+
+@dataclass(frozen=True)
+class WeightsEntry:
+    """One checkpoint file heygem recognises (an entry of configs/weights.yaml)."""
+
+    name: str
+    files: tuple[str, ...]      # accepted file names; a download is saved under files[0]
+    purpose: str                # engine | restorer | detector
+    enables: str                # what having the file gives the user
+    size_bytes: int | None      # published size, None where no public source states it
+    sha256: str | None          # published full SHA-256 (64 lowercase hex digits) or None
+    sha256_prefix: str | None   # leading hex digits of the SHA-256 from a torch.hub style file name
+    source: str                 # public page that publishes the file
+    url: str | None             # where `weights download` fetches it from
+
+
+@dataclass(frozen=True)
+class WeightsState:
+    """What the weights folder holds for one registry entry."""
+
+    entry: WeightsEntry
+    state: str              # MISSING, INSTALLED, VERIFIED, UNVERIFIED or WRONG_CHECKSUM
+    path: Path | None       # the accepted file found, if any
+    detail: str             # one short sentence: what was compared
+
+
+def load_registry(path: str | Path | None = None) -> list[WeightsEntry]:
+    """The entries of ``path`` (default configs/weights.yaml), checked field by field.
+
+    Raises HeygemError naming the file and the entry when a field is missing, unknown or malformed.
+    """
+    import yaml
+
+    path = Path(path) if path is not None else REGISTRY_PATH
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise HeygemError(f"cannot read the weights registry {path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise HeygemError(f"the weights registry {path} is not valid YAML: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("weights"), list):
+        raise HeygemError(f"the weights registry {path} must hold a list under 'weights:'")
+    entries, names = [], set()
+    for index, raw in enumerate(document["weights"]):
+        entry = parse_entry(raw, f"{path} entry {index + 1}")
+        if entry.name in names:
+            raise HeygemError(f"{path}: the name {entry.name!r} appears twice")
+        names.add(entry.name)
+        entries.append(entry)
+    return entries
+
+
+def parse_entry(raw: object, where: str) -> WeightsEntry:
+    """One registry entry from its YAML mapping; ``where`` names it in error messages."""
+    if not isinstance(raw, dict):
+        raise HeygemError(f"{where} must be a mapping with the fields {', '.join(ENTRY_FIELDS)}")
+    unknown = sorted(set(raw) - set(ENTRY_FIELDS))
+    missing = [field for field in ENTRY_FIELDS if field not in raw]
+    if unknown or missing:
+        raise HeygemError(f"{where}: unknown fields {unknown}, missing fields {missing}")
+
+    def text(field: str, optional: bool = False) -> str | None:
+        value = raw[field]
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise HeygemError(f"{where}: {field} must be a non-empty string (quote it if YAML reads it as a number)")
+        return value.strip()
+
+    files = raw["files"]
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) and f and "/" not in f
+                                                             and "\\" not in f for f in files):
+        raise HeygemError(f"{where}: files must be a non-empty list of plain file names")
+    purpose = text("purpose")
+    if purpose not in PURPOSES:
+        raise HeygemError(f"{where}: purpose must be one of {', '.join(PURPOSES)}, not {purpose!r}")
+    size_bytes = raw["size_bytes"]
+    if size_bytes is not None and (isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes <= 0):
+        raise HeygemError(f"{where}: size_bytes must be a positive whole number or null")
+    sha256 = text("sha256", optional=True)
+    if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise HeygemError(f"{where}: sha256 must be 64 lowercase hex digits or null")
+    prefix = raw["sha256_prefix"]
+    prefix = None if prefix is None else str(prefix)  # YAML reads an all-digit prefix as a number
+    if prefix is not None and not re.fullmatch(r"[0-9a-f]{6,63}", prefix):
+        raise HeygemError(f"{where}: sha256_prefix must be 6 to 63 lowercase hex digits or null")
+    if sha256 is not None and prefix is not None and not sha256.startswith(prefix):
+        raise HeygemError(f"{where}: sha256 does not start with sha256_prefix")
+    url = text("url", optional=True)
+    source = text("source")
+    for field, value in (("url", url), ("source", source)):
+        if value is not None and not value.startswith("https://"):
+            raise HeygemError(f"{where}: {field} must be an https:// address")
+    return WeightsEntry(name=text("name"), files=tuple(files), purpose=purpose, enables=text("enables"),
+                        size_bytes=size_bytes, sha256=sha256, sha256_prefix=prefix, source=source, url=url)
+
+
+def find_entry(entries: list[WeightsEntry], name: str) -> WeightsEntry:
+    """The entry called ``name`` (case-insensitive); HeygemError listing the known names otherwise."""
+    for entry in entries:
+        if entry.name.lower() == name.lower():
+            return entry
+    raise HeygemError(f"no weights called {name!r}; known: {', '.join(entry.name for entry in entries)}")
+
+
+def find_installed(entry: WeightsEntry, weights_dir: Path) -> Path | None:
+    """The first of ``entry.files`` present in ``weights_dir`` (names matched case-insensitively), or None."""
+    weights_dir = Path(weights_dir)
+    if not weights_dir.is_dir():
+        return None
+    files_by_name: dict[str, Path] = {}
+    for path in sorted(weights_dir.iterdir()):
+        if path.is_file():
+            files_by_name.setdefault(path.name.lower(), path)
+    for name in entry.files:
+        if name.lower() in files_by_name:
+            return files_by_name[name.lower()]
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes as 64 lowercase hex digits, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def compare_with_entry(entry: WeightsEntry, path: Path, hash_contents: bool = True) -> tuple[str, str]:
+    """(state, detail) for ``path`` against what the registry publishes for ``entry``."""
+    size = path.stat().st_size
+    if entry.size_bytes is not None and size != entry.size_bytes:
+        return WRONG_CHECKSUM, f"{size} bytes, expected {entry.size_bytes}"
+    if not hash_contents:
+        return INSTALLED, f"{size} bytes, contents not hashed"
+    if entry.sha256 is None and entry.sha256_prefix is None:
+        size_note = "size matches" if entry.size_bytes is not None else f"{size} bytes"
+        return UNVERIFIED, f"{size_note}; no published checksum to compare with"
+    digest = file_sha256(path)
+    if entry.sha256 is not None:
+        if digest != entry.sha256:
+            return WRONG_CHECKSUM, f"sha256 {digest}, expected {entry.sha256}"
+        return VERIFIED, "sha256 matches"
+    if not digest.startswith(entry.sha256_prefix):
+        return WRONG_CHECKSUM, f"sha256 {digest} does not start with {entry.sha256_prefix}"
+    return VERIFIED, f"sha256 starts with the published {entry.sha256_prefix}"
+
+
+def check_weights(entry: WeightsEntry, weights_dir: Path, hash_contents: bool = True) -> WeightsState:
+    """What ``weights_dir`` holds for ``entry``; hashing the file unless ``hash_contents`` is False."""
+    path = find_installed(entry, weights_dir)
+    if path is None:
+        return WeightsState(entry, MISSING, None, f"put {entry.files[0]} into {weights_dir}")
+    state, detail = compare_with_entry(entry, path, hash_contents)
+    return WeightsState(entry, state, path, detail)
+
+
+def download_weights(entry: WeightsEntry, weights_dir: Path, url: str | None = None,
+                     progress: Callable[[int, int | None], None] | None = None,
+                     timeout: float = DOWNLOAD_TIMEOUT_S) -> WeightsState:
+    """Fetch ``entry`` into ``weights_dir`` as ``entry.files[0]``; the state of the saved file.
+
+    The bytes go to ``<file>.part`` first; a ``.part`` left by an interrupted run is resumed
+    with an HTTP Range request. The finished file is checked against the published size and
+    SHA-256 (or SHA-256 prefix) where known, then renamed into place in one step. On a
+    mismatch the bad file is removed. Problems raise HeygemError with a one-line message.
+    ``progress(bytes_done, bytes_total_or_None)`` is called as data arrives.
+    """
+    url = url or entry.url
+    if not url:
+        raise HeygemError(f"{entry.name} has no download address; get it from {entry.source} or pass --url")
+    if not url.startswith(("https://", "http://")):
+        raise HeygemError(f"--url must be an http:// or https:// address, not {url!r}")
+    weights_dir = Path(weights_dir)
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    final_path = weights_dir / entry.files[0]
+    part_path = weights_dir / (entry.files[0] + ".part")
+
+    fetch_to_part(url, part_path, entry, progress, timeout)
+    state, detail = compare_with_entry(entry, part_path)
+    if state == WRONG_CHECKSUM:
+        part_path.unlink(missing_ok=True)
+        raise HeygemError(f"{final_path.name} from {url} is not the published file ({detail}); it was removed")
+    os.replace(part_path, final_path)
+    logger.info("saved %s (%s)", final_path, detail)
+    return WeightsState(entry, state, final_path, detail)
+
+
+def fetch_to_part(url: str, part_path: Path, entry: WeightsEntry,
+                  progress: Callable[[int, int | None], None] | None, timeout: float) -> None:
+    """Write the bytes at ``url`` into ``part_path``, continuing after the bytes it already holds."""
+    import urllib.error
+    import urllib.request
+
+    have = part_path.stat().st_size if part_path.is_file() else 0
+    if entry.size_bytes is not None and have > entry.size_bytes:
+        part_path.unlink()  # longer than the published file: it cannot be a prefix of it
+        have = 0
+    if entry.size_bytes is not None and have == entry.size_bytes:
+        return  # complete already; checked by the caller
+    request = urllib.request.Request(url, headers={"User-Agent": "heygem-weights"})
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as error:
+        if error.code == 416 and have:  # nothing after what we have: the .part is the whole file
+            logger.info("%s: the server has no bytes after %d; checking the partial file", url, have)
+            return
+        raise HeygemError(f"downloading {part_path.name[:-5]} failed: {url} answered HTTP {error.code} "
+                          f"{error.reason}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise HeygemError(f"cannot download {part_path.name[:-5]}: {url} is unreachable ({reason}); "
+                          "check the network connection or pass --url") from None
+    with response:
+        if response.headers.get_content_type() == "text/html":
+            raise HeygemError(f"{url} answered with a web page, not {part_path.name[:-5]}; open "
+                              f"{entry.source} in a browser, download the file and put it into {part_path.parent}")
+        resumed = response.status == 206 and have > 0
+        if resumed and not response.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
+            raise HeygemError(f"{url} resumed at the wrong place ({response.headers.get('Content-Range')}); "
+                              f"delete {part_path} and try again")
+        if not resumed:
+            have = 0  # the server sent the whole file
+        length = response.headers.get("Content-Length")
+        total = have + int(length) if length and length.isdigit() else entry.size_bytes
+        logger.info("downloading %s from %s%s", part_path.name[:-5], url, f" from byte {have}" if have else "")
+        try:
+            with open(part_path, "ab" if have else "wb") as file:
+                done = have
+                while chunk := response.read(DOWNLOAD_CHUNK_BYTES):
+                    file.write(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as error:  # connection dropped or disk full: what arrived stays for a resume
+            raise HeygemError(f"downloading {part_path.name[:-5]} stopped ({error}); run the same command "
+                              "again to continue") from None
+    if total is not None and done != total:
+        raise HeygemError(f"downloading {part_path.name[:-5]} stopped after {done} of {total} bytes; run the "
+                          "same command again to continue")
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m heygem weights list|verify|download
+# ---------------------------------------------------------------------------------------------
+
+def add_weights_parser(subparsers) -> argparse.ArgumentParser:
+    """``python -m heygem weights list|verify|download`` with its three subcommands."""
+    parser = subparsers.add_parser(
+        "weights", help="list, verify or download the checkpoints heygem recognises",
+        description="The checkpoint files heygem recognises (configs/weights.yaml) and what the weights folder "
+                    "($HEYGEM_WEIGHTS or weights/) holds for each. Nothing is downloaded unless you ask.")
+    parser.add_argument("--registry", type=Path, default=None,
+                        help="a registry YAML instead of configs/weights.yaml")
+    actions = parser.add_subparsers(dest="weights_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="every recognised file, its state and what it enables")
+    listing.add_argument("--quick", action="store_true", help="check sizes only; do not hash the files")
+    listing.set_defaults(handler=run_weights_list)
+    verify = actions.add_parser("verify", help="hash installed files against the registry (exit 1 on a mismatch)")
+    verify.add_argument("name", nargs="?", help="one registry name; all installed files when left out")
+    verify.set_defaults(handler=run_weights_verify)
+    download = actions.add_parser("download", help="download one file into the weights folder (resumable)")
+    download.add_argument("name", help="the registry name, e.g. gfpgan_v1.4")
+    download.add_argument("--url", help="fetch from this address instead of the registry's")
+    download.set_defaults(handler=run_weights_download)
+    return parser
+
+
+def describe_path(path: Path | None) -> str:
+    return "-" if path is None else str(path)
+
+
+def run_weights_list(args: argparse.Namespace) -> int:
+    from heygem.pipeline import weights_dir
+
+    folder = weights_dir()
+    states = [check_weights(entry, folder, hash_contents=not args.quick) for entry in load_registry(args.registry)]
+    print(f"weights folder: {folder}")
+    rows = [(s.entry.name, s.state, s.entry.purpose, describe_path(s.path), s.entry.enables) for s in states]
+    widths = [max(len(row[column]) for row in rows + [("NAME", "STATE", "FOR", "FILE", "")]) for column in range(4)]
+    print("  ".join(title.ljust(width) for title, width in zip(("NAME", "STATE", "FOR", "FILE"), widths)) + "  ENABLES")
+    for row in rows:
+        print("  ".join(value.ljust(width) for value, width in zip(row, widths)) + "  " + row[4])
+    return 0
+
+
+def run_weights_verify(args: argparse.Namespace) -> int:
+    from heygem.pipeline import weights_dir
+
+    folder = weights_dir()
+    entries = load_registry(args.registry)
+    chosen = [find_entry(entries, args.name)] if args.name else entries
+    failed = False
+    for entry in chosen:
+        state = check_weights(entry, folder)
+        if state.state == MISSING and not args.name:
+            continue
+        print(f"{entry.name}: {state.state} ({describe_path(state.path)}: {state.detail})")
+        failed |= state.state in (WRONG_CHECKSUM, MISSING)
+    if not args.name and all(find_installed(entry, folder) is None for entry in entries):
+        print(f"no recognised weights in {folder}")
+    return 1 if failed else 0
+
+
+def run_weights_download(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from heygem.pipeline import weights_dir
+
+    folder = weights_dir()
+    entry = find_entry(load_registry(args.registry), args.name)
+    present = check_weights(entry, folder)
+    if present.state in (VERIFIED, UNVERIFIED) and args.url is None:
+        print(f"{entry.name}: already {present.state} at {present.path} ({present.detail})")
+        return 0
+    bar = tqdm(total=entry.size_bytes, unit="B", unit_scale=True, desc=entry.files[0], file=sys.stderr,
+               disable=not sys.stderr.isatty())
+
+    def show(done: int, total: int | None) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        saved = download_weights(entry, folder, args.url, progress=show)
+    finally:
+        bar.close()
+    print(f"{entry.name}: saved {saved.path} ({saved.state}: {saved.detail})")
+    return 0

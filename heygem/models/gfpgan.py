@@ -221,9 +221,14 @@ class StyleDecoder(nn.Module):
 
     def forward(self, style_codes: torch.Tensor, conditions: list[tuple[torch.Tensor, torch.Tensor]],
                 randomize_noise: bool) -> torch.Tensor:
-        # style_codes (B, 16, 512): one code per modulated conv in order (the two ToRGB of a size
-        # share with the conv after them); conditions: (scale, shift) per size 8 ... 512,
-        # each (B, C_dec / 2, size, size)
+        """RGB (B, 3, S, S) where S = 4 * 2 ** len(conditions): 512 with all seven levels.
+
+        style_codes (B, 16, 512): code 0 drives the 4x4 conv; the ToRGB of one size shares a code
+        with the upsampling conv of the next (1, 3, ..., 13), the second conv of each size takes
+        the code after it (2, 4, ..., 14) and the last ToRGB takes 15.
+        conditions: (scale, shift) for sizes 8, 16, ..., each (B, C_dec / 2, size, size).
+        Fewer levels stop the decoder at a smaller size.
+        """
         if randomize_noise:
             noises = [None] * self.layer_count
         else:
@@ -239,7 +244,7 @@ class StyleDecoder(nn.Module):
             features = self.style_convs[2 * level + 1](features, style_codes[:, code_index + 1],
                                                        noises[code_index + 1])
             rgb = self.to_rgbs[level](features, style_codes[:, code_index + 2], rgb)
-        return rgb  # (B, 3, 512, 512)
+        return rgb  # (B, 3, S, S)
 
 
 def condition_net(channels: int) -> nn.Sequential:

@@ -95,8 +95,9 @@ class ModulatedConv2d(nn.Module):
         self.padding = kernel_size // 2
         self.fused = True
         self.modulation = nn.Linear(STYLE_SIZE, in_channels)
+        fan_in = in_channels * kernel_size ** 2
         self.weight = nn.Parameter(
-            torch.randn(1, out_channels, in_channels, kernel_size, kernel_size) / math.sqrt(in_channels * kernel_size ** 2))
+            torch.randn(1, out_channels, in_channels, kernel_size, kernel_size) / math.sqrt(fan_in))
         nn.init.kaiming_normal_(self.modulation.weight, a=0, mode="fan_in", nonlinearity="linear")
         nn.init.ones_(self.modulation.bias)  # styles start at 1: the plain convolution
 
@@ -285,7 +286,7 @@ class GFPGANClean(nn.Module):
         return self
 
     def encode(self, faces: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        """The 4x4 bottleneck (B, 256, 4, 4), the encoder maps from 4x4 up to 256x256, and the style codes (B, 16, 512)."""
+        """The 4x4 bottleneck (B, 256, 4, 4), the encoder maps 4x4 ... 256x256 and the style codes (B, 16, 512)."""
         features = F.leaky_relu(self.conv_body_first(faces), LEAKY_SLOPE)  # (B, 32, 512, 512)
         skips = []
         for block in self.conv_body_down:
@@ -295,7 +296,8 @@ class GFPGANClean(nn.Module):
         style_codes = self.final_linear(features.flatten(1)).view(-1, self.style_code_count, STYLE_SIZE)
         return features, skips, style_codes
 
-    def conditions(self, bottleneck: torch.Tensor, skips: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def conditions(self, bottleneck: torch.Tensor,
+                   skips: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The U-Net up path: (scale, shift) per size 8 ... 512, each (B, C_enc, size, size)."""
         features = bottleneck
         pairs = []

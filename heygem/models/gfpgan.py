@@ -1,0 +1,356 @@
+"""The GFPGAN v1.4 face restorer ("clean" layout), laid out so the public checkpoint loads unchanged.
+
+The state dict of :class:`GFPGANClean` has exactly the 285 key names and shapes of
+``params_ema`` in the released ``GFPGANv1.4.pth``. Inference only. No custom CUDA
+ops: every resampling is bilinear interpolation.
+
+Data flow for a batch of B aligned faces::
+
+    faces          (B, 3, 512, 512)  RGB in [-1, 1]
+    encoder        seven residual blocks halve 512 -> 4; the 4x4 map (256 ch) becomes
+                   16 style codes of 512 (one per decoder layer) through one linear layer
+    U-Net up path  seven residual blocks double 4 -> 512, adding the encoder map of the
+                   same size first; at each size two small conv nets turn the map into
+                   a per-pixel scale and shift (the spatial feature transform)
+    decoder        a StyleGAN2 generator from a learned 4x4 constant up to 512x512; after
+                   the first (upsampling) conv of each size, the second half of its
+                   channels is multiplied by the scale and offset by the shift
+    output         (B, 3, 512, 512)  RGB, nominally [-1, 1] (not clamped)
+
+The modulated convolution runs in one of two equal forms, chosen by
+``GFPGANClean.set_fused_modulation``: per-sample weights as one grouped convolution, or
+(the default) input channels scaled by the style, one convolution shared by the whole
+batch and output channels scaled by the demodulation factors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from heygem.errors import HeygemError
+
+logger = logging.getLogger("heygem")
+
+FACE_SIZE = 512
+STYLE_SIZE = 512
+LEAKY_SLOPE = 0.2
+DEMODULATION_EPS = 1e-8
+GFPGAN_EXPECTED = "the official GFPGANv1.4.pth (the 'clean' GFPGAN architecture, 512x512)"
+
+# Channels per feature-map size. The U-Net side runs at half the width of StyleGAN2's
+# default widths (channel multiplier 2), which the decoder uses unchanged.
+ENCODER_CHANNELS = {4: 256, 8: 256, 16: 256, 32: 256, 64: 256, 128: 128, 256: 64, 512: 32}
+DECODER_CHANNELS = {4: 512, 8: 512, 16: 512, 32: 512, 64: 512, 128: 256, 256: 128, 512: 64}
+SIZES = [2 ** level for level in range(3, 10)]  # 8 ... 512: the sizes reached by up-steps
+STYLE_MLP_LAYERS = 8  # kept for checkpoint compatibility; the encoder's codes are used as-is
+
+
+def resize_bilinear(features: torch.Tensor, factor: float) -> torch.Tensor:
+    """Bilinear resize by 2 or 0.5 (half-pixel centres, no antialiasing)."""
+    return F.interpolate(features, scale_factor=factor, mode="bilinear", align_corners=False)
+
+
+class ResampleBlock(nn.Module):
+    """Residual block that halves (``factor`` 0.5) or doubles (2) the map.
+
+    Main path: 3x3 conv, leaky ReLU, resize, 3x3 conv to the new width, leaky ReLU.
+    Skip path: resize, 1x1 conv without bias. The two are summed.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, factor: float):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, in_channels, 3, 1, 1)
+        self.conv2 = nn.Conv2d(in_channels, out_channels, 3, 1, 1)
+        self.skip = nn.Conv2d(in_channels, out_channels, 1, bias=False)
+        self.factor = factor
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        # (B, C_in, H, W) -> (B, C_out, H * factor, W * factor)
+        main = F.leaky_relu(self.conv1(features), LEAKY_SLOPE)
+        main = F.leaky_relu(self.conv2(resize_bilinear(main, self.factor)), LEAKY_SLOPE)
+        return main + self.skip(resize_bilinear(features, self.factor))
+
+
+class ModulatedConv2d(nn.Module):
+    """StyleGAN2's convolution whose input channels are scaled per sample by a style.
+
+    ``weight`` is stored as (1, C_out, C_in, k, k) and already includes the 1/sqrt(fan_in)
+    gain, so it is used as is. With ``demodulate`` each output channel's effective weight
+    is rescaled to unit norm. With ``upsample`` the input is first doubled bilinearly.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, demodulate: bool,
+                 upsample: bool = False):
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.demodulate = demodulate
+        self.upsample = upsample
+        self.padding = kernel_size // 2
+        self.fused = True
+        self.modulation = nn.Linear(STYLE_SIZE, in_channels)
+        fan_in = in_channels * kernel_size ** 2
+        self.weight = nn.Parameter(
+            torch.randn(1, out_channels, in_channels, kernel_size, kernel_size) / math.sqrt(fan_in))
+        nn.init.kaiming_normal_(self.modulation.weight, a=0, mode="fan_in", nonlinearity="linear")
+        nn.init.ones_(self.modulation.bias)  # styles start at 1: the plain convolution
+
+    def forward(self, features: torch.Tensor, style_code: torch.Tensor) -> torch.Tensor:
+        # features (B, C_in, H, W), style_code (B, 512) -> (B, C_out, H', W') with H' = 2H when upsampling
+        styles = self.modulation(style_code)  # (B, C_in)
+        if self.upsample:
+            features = resize_bilinear(features, 2)
+        if self.fused:
+            return self.forward_fused(features, styles)
+        return self.forward_grouped(features, styles)
+
+    def forward_grouped(self, features: torch.Tensor, styles: torch.Tensor) -> torch.Tensor:
+        """One weight per sample, run as a convolution with B groups."""
+        batch, _, height, width = features.shape
+        weight = self.weight * styles.view(batch, 1, self.in_channels, 1, 1)  # (B, C_out, C_in, k, k)
+        if self.demodulate:
+            norm = torch.rsqrt(weight.pow(2).sum(dim=(2, 3, 4)) + DEMODULATION_EPS)  # (B, C_out)
+            weight = weight * norm.view(batch, self.out_channels, 1, 1, 1)
+        weight = weight.reshape(batch * self.out_channels, self.in_channels, *weight.shape[3:])
+        out = F.conv2d(features.reshape(1, batch * self.in_channels, height, width), weight,
+                       padding=self.padding, groups=batch)  # (1, B * C_out, H, W)
+        return out.view(batch, self.out_channels, height, width)
+
+    def forward_fused(self, features: torch.Tensor, styles: torch.Tensor) -> torch.Tensor:
+        """The same function with one weight for the whole batch.
+
+        conv(x, W * s) = conv(x * s, W) because the style scales input channels, and the
+        demodulation factor of output channel o is 1 / sqrt(sum_i s_i^2 * |W_o,i|^2 + eps).
+        """
+        weight = self.weight[0]  # (C_out, C_in, k, k)
+        out = F.conv2d(features * styles[:, :, None, None], weight, padding=self.padding)  # (B, C_out, H, W)
+        if self.demodulate:
+            weight_energy = weight.pow(2).sum(dim=(2, 3))  # (C_out, C_in)
+            norm = torch.rsqrt(styles.pow(2) @ weight_energy.t() + DEMODULATION_EPS)  # (B, C_out)
+            out = out * norm[:, :, None, None]
+        return out
+
+
+class StyleConv(nn.Module):
+    """Modulated 3x3 conv, gain sqrt(2), scaled noise, bias and leaky ReLU."""
+
+    def __init__(self, in_channels: int, out_channels: int, upsample: bool):
+        super().__init__()
+        self.modulated_conv = ModulatedConv2d(in_channels, out_channels, 3, demodulate=True, upsample=upsample)
+        self.weight = nn.Parameter(torch.zeros(1))  # strength of the added noise
+        self.bias = nn.Parameter(torch.zeros(1, out_channels, 1, 1))
+
+    def forward(self, features: torch.Tensor, style_code: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        # noise: (1 or B, 1, H', W'), or None for fresh Gaussian noise
+        out = self.modulated_conv(features, style_code) * math.sqrt(2)
+        if noise is None:
+            noise = out.new_empty(out.shape[0], 1, *out.shape[2:]).normal_()
+        out = out + self.weight * noise + self.bias
+        return F.leaky_relu(out, LEAKY_SLOPE)
+
+
+class ToRGB(nn.Module):
+    """Modulated 1x1 conv to RGB (not demodulated) plus bias, added to the doubled previous RGB."""
+
+    def __init__(self, in_channels: int, upsample_previous: bool):
+        super().__init__()
+        self.modulated_conv = ModulatedConv2d(in_channels, 3, 1, demodulate=False)
+        self.bias = nn.Parameter(torch.zeros(1, 3, 1, 1))
+        self.upsample_previous = upsample_previous
+
+    def forward(self, features: torch.Tensor, style_code: torch.Tensor,
+                previous_rgb: torch.Tensor | None = None) -> torch.Tensor:
+        rgb = self.modulated_conv(features, style_code) + self.bias  # (B, 3, H, W)
+        if previous_rgb is not None:
+            if self.upsample_previous:
+                previous_rgb = resize_bilinear(previous_rgb, 2)
+            rgb = rgb + previous_rgb
+        return rgb
+
+
+class ConstantInput(nn.Module):
+    """The decoder's learned 4x4 starting map, shared by every sample."""
+
+    def __init__(self, channels: int, size: int = 4):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1, channels, size, size))
+
+    def forward(self, batch: int) -> torch.Tensor:
+        return self.weight.expand(batch, -1, -1, -1)  # (B, C, 4, 4)
+
+
+class NormalizeStyle(nn.Module):
+    """Scale each style code to unit root-mean-square (first step of the unused mapping network)."""
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes * torch.rsqrt(codes.pow(2).mean(dim=1, keepdim=True) + 1e-8)
+
+
+class StyleDecoder(nn.Module):
+    """StyleGAN2 generator 4 -> 512 whose first-of-size conv outputs take a spatial scale and shift."""
+
+    def __init__(self):
+        super().__init__()
+        mapping = [NormalizeStyle()]
+        for _ in range(STYLE_MLP_LAYERS):
+            mapping += [nn.Linear(STYLE_SIZE, STYLE_SIZE), nn.LeakyReLU(LEAKY_SLOPE)]
+        self.style_mlp = nn.Sequential(*mapping)
+        self.constant_input = ConstantInput(DECODER_CHANNELS[4])
+        self.style_conv1 = StyleConv(DECODER_CHANNELS[4], DECODER_CHANNELS[4], upsample=False)
+        self.to_rgb1 = ToRGB(DECODER_CHANNELS[4], upsample_previous=False)
+        self.style_convs = nn.ModuleList()
+        self.to_rgbs = nn.ModuleList()
+        in_channels = DECODER_CHANNELS[4]
+        for size in SIZES:
+            out_channels = DECODER_CHANNELS[size]
+            self.style_convs.append(StyleConv(in_channels, out_channels, upsample=True))
+            self.style_convs.append(StyleConv(out_channels, out_channels, upsample=False))
+            self.to_rgbs.append(ToRGB(out_channels, upsample_previous=True))
+            in_channels = out_channels
+        # Fixed noise maps, one per StyleConv: noise0 at 4x4, then two per size 8 ... 512.
+        self.noises = nn.Module()
+        noise_sizes = [4] + [size for size in SIZES for _ in range(2)]
+        for index, size in enumerate(noise_sizes):
+            self.noises.register_buffer(f"noise{index}", torch.randn(1, 1, size, size))
+        self.layer_count = len(noise_sizes)  # 15
+
+    def forward(self, style_codes: torch.Tensor, conditions: list[tuple[torch.Tensor, torch.Tensor]],
+                randomize_noise: bool) -> torch.Tensor:
+        """RGB (B, 3, S, S) where S = 4 * 2 ** len(conditions): 512 with all seven levels.
+
+        style_codes (B, 16, 512): code 0 drives the 4x4 conv; the ToRGB of one size shares a code
+        with the upsampling conv of the next (1, 3, ..., 13), the second conv of each size takes
+        the code after it (2, 4, ..., 14) and the last ToRGB takes 15.
+        conditions: (scale, shift) for sizes 8, 16, ..., each (B, C_dec / 2, size, size).
+        Fewer levels stop the decoder at a smaller size.
+        """
+        if randomize_noise:
+            noises = [None] * self.layer_count
+        else:
+            noises = [getattr(self.noises, f"noise{index}") for index in range(self.layer_count)]
+        features = self.constant_input(style_codes.shape[0])
+        features = self.style_conv1(features, style_codes[:, 0], noises[0])
+        rgb = self.to_rgb1(features, style_codes[:, 1])
+        for level, (scale, shift) in enumerate(conditions):
+            code_index = 2 * level + 1
+            features = self.style_convs[2 * level](features, style_codes[:, code_index], noises[code_index])
+            kept, modulated = features.chunk(2, dim=1)
+            features = torch.cat([kept, modulated * scale + shift], dim=1)
+            features = self.style_convs[2 * level + 1](features, style_codes[:, code_index + 1],
+                                                       noises[code_index + 1])
+            rgb = self.to_rgbs[level](features, style_codes[:, code_index + 2], rgb)
+        return rgb  # (B, 3, S, S)
+
+
+def condition_net(channels: int) -> nn.Sequential:
+    """Two 3x3 convs with a leaky ReLU between: U-Net features -> per-pixel scale or shift."""
+    return nn.Sequential(nn.Conv2d(channels, channels, 3, 1, 1), nn.LeakyReLU(LEAKY_SLOPE),
+                         nn.Conv2d(channels, channels, 3, 1, 1))
+
+
+class GFPGANClean(nn.Module):
+    """GFPGAN v1.4: (B, 3, 512, 512) RGB faces in [-1, 1] -> restored faces, same layout.
+
+    Noise is the checkpoint's fixed noise unless ``randomize_noise`` is set, so the
+    output is deterministic by default.
+    """
+
+    def __init__(self, randomize_noise: bool = False):
+        super().__init__()
+        self.randomize_noise = randomize_noise
+        self.conv_body_first = nn.Conv2d(3, ENCODER_CHANNELS[512], 1)
+        self.conv_body_down = nn.ModuleList(
+            ResampleBlock(ENCODER_CHANNELS[size], ENCODER_CHANNELS[size // 2], 0.5) for size in reversed(SIZES))
+        self.final_conv = nn.Conv2d(ENCODER_CHANNELS[4], ENCODER_CHANNELS[4], 3, 1, 1)
+        self.conv_body_up = nn.ModuleList(
+            ResampleBlock(ENCODER_CHANNELS[size // 2], ENCODER_CHANNELS[size], 2) for size in SIZES)
+        # Low-resolution RGB previews used only in training; kept for checkpoint compatibility.
+        self.toRGB = nn.ModuleList(nn.Conv2d(ENCODER_CHANNELS[size], 3, 1) for size in SIZES)
+        self.style_code_count = 2 * int(math.log2(FACE_SIZE)) - 2  # 16
+        self.final_linear = nn.Linear(ENCODER_CHANNELS[4] * 4 * 4, self.style_code_count * STYLE_SIZE)
+        self.stylegan_decoder = StyleDecoder()
+        self.condition_scale = nn.ModuleList(condition_net(ENCODER_CHANNELS[size]) for size in SIZES)
+        self.condition_shift = nn.ModuleList(condition_net(ENCODER_CHANNELS[size]) for size in SIZES)
+
+    def set_fused_modulation(self, enabled: bool) -> GFPGANClean:
+        """Run every modulated conv in the shared-weight form (True) or the grouped form (False)."""
+        for module in self.modules():
+            if isinstance(module, ModulatedConv2d):
+                module.fused = enabled
+        return self
+
+    def encode(self, faces: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The 4x4 bottleneck (B, 256, 4, 4), the encoder maps 4x4 ... 256x256 and the style codes (B, 16, 512)."""
+        features = F.leaky_relu(self.conv_body_first(faces), LEAKY_SLOPE)  # (B, 32, 512, 512)
+        skips = []
+        for block in self.conv_body_down:
+            features = block(features)
+            skips.insert(0, features)  # smallest first
+        features = F.leaky_relu(self.final_conv(features), LEAKY_SLOPE)  # (B, 256, 4, 4)
+        style_codes = self.final_linear(features.flatten(1)).view(-1, self.style_code_count, STYLE_SIZE)
+        return features, skips, style_codes
+
+    def conditions(self, bottleneck: torch.Tensor,
+                   skips: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The U-Net up path: (scale, shift) per size 8 ... 512, each (B, C_enc, size, size)."""
+        features = bottleneck
+        pairs = []
+        for level, skip in enumerate(skips):
+            features = self.conv_body_up[level](features + skip)
+            pairs.append((self.condition_scale[level](features), self.condition_shift[level](features)))
+        return pairs
+
+    def forward(self, faces: torch.Tensor, randomize_noise: bool | None = None) -> torch.Tensor:
+        # faces (B, 3, 512, 512) RGB in [-1, 1] -> (B, 3, 512, 512) RGB
+        if faces.dim() != 4 or tuple(faces.shape[1:]) != (3, FACE_SIZE, FACE_SIZE):
+            raise ValueError(f"GFPGAN takes (B, 3, {FACE_SIZE}, {FACE_SIZE}) faces, got {tuple(faces.shape)}")
+        bottleneck, skips, style_codes = self.encode(faces)
+        conditions = self.conditions(bottleneck, skips)
+        if randomize_noise is None:
+            randomize_noise = self.randomize_noise
+        return self.stylegan_decoder(style_codes, conditions, randomize_noise)
+
+
+def load_gfpgan(checkpoint_path: Path, device: torch.device | str = "cpu") -> GFPGANClean:
+    """GFPGANClean in eval mode on ``device`` with every weight from ``checkpoint_path``.
+
+    Accepts the released layout ``{"params_ema": ...}``, a training layout ``{"params": ...}``
+    and a bare state dict. Every key and shape must match; otherwise a HeygemError names
+    the file and the first missing, unexpected or wrongly shaped keys.
+    """
+    from heygem.weights import describe_mismatch, describe_unreadable
+
+    checkpoint_path = Path(checkpoint_path)
+    if not checkpoint_path.is_file():
+        raise HeygemError(f"GFPGAN checkpoint not found: {checkpoint_path}; expected {GFPGAN_EXPECTED}")
+    try:
+        payload = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure to unpickle means the file is not usable
+        raise HeygemError(f"{checkpoint_path} is not a readable GFPGAN checkpoint "
+                          f"({describe_unreadable(checkpoint_path, error)}); expected {GFPGAN_EXPECTED}") from None
+    if isinstance(payload, dict):
+        for wrapper in ("params_ema", "params"):
+            if isinstance(payload.get(wrapper), dict):
+                payload = payload[wrapper]
+                break
+    if not isinstance(payload, dict) or not payload or not all(
+            isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in payload.items()):
+        raise HeygemError(f"{checkpoint_path} holds no GFPGAN weights (neither a state dict nor a dict with "
+                          f"'params_ema' or 'params'); expected {GFPGAN_EXPECTED}")
+    state_dict = {key.removeprefix("module."): value for key, value in payload.items()}
+
+    with torch.device("meta"):  # no random init: every value comes from the file
+        model = GFPGANClean()
+    problem = describe_mismatch(model.state_dict(), state_dict)
+    if problem:
+        raise HeygemError(f"{checkpoint_path} does not fit GFPGAN: {problem}; expected {GFPGAN_EXPECTED}")
+    state_dict = {key: value.float() if value.is_floating_point() else value for key, value in state_dict.items()}
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    logger.info("loaded GFPGAN weights from %s", checkpoint_path)
+    return model.to(device).eval()

@@ -394,10 +394,11 @@ def _espeak_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
 
 def load_voice(voice: Voice) -> None:
     """Load the voice's model now (Piper: the ONNX session; espeak-ng: the library), not at the first sentence."""
-    if voice.kind == "piper":
-        _load_piper(voice.path)
-    else:
-        _espeak()
+    with _SYNTHESIS_LOCK:
+        if voice.kind == "piper":
+            _load_piper(voice.path)
+        else:
+            _espeak()
 
 
 # ---------------------------------------------------------------- synthesis

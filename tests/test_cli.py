@@ -100,3 +100,39 @@ def test_wav2lip_checkpoint_in_the_official_layout_runs_end_to_end(tmp_path, fac
     difference = np.abs(frames[10].astype(np.int16) - source).mean(axis=2)
     assert np.median(difference[:40]) < 4 and np.median(difference[150:]) < 4  # x264 noise only
     assert difference[60:110, 80:150].mean() > 6
+
+
+def test_text_becomes_speech_a_talking_video_and_its_subtitles(tmp_path):
+    import av
+
+    from conftest import ASSETS
+
+    output = tmp_path / "from text.mp4"
+    text = "Hello there. I am your presenter, and this is a test of speech made from text!"
+    result = heygem("generate", "--face", str(ASSETS / "astronaut.jpg"), "--text", text, "-o", str(output))
+    assert result.returncode == 0, result.stderr
+    subtitles = (tmp_path / "from text.srt").read_text(encoding="utf-8")
+    blocks = [block.splitlines() for block in subtitles.strip().split("\n\n")]
+    assert [lines[2] for lines in blocks] == ["Hello there.", "I am your presenter, and this is a test of speech "
+                                              "made from text!"]
+
+    def seconds(stamp):
+        hours, minutes, rest = stamp.split(":")
+        return int(hours) * 3600 + int(minutes) * 60 + float(rest.replace(",", "."))
+
+    cues = [tuple(seconds(part) for part in lines[1].split(" --> ")) for lines in blocks]
+    assert all(start < end for start, end in cues) and cues[0][1] <= cues[1][0]  # ordered, not overlapping
+    with av.open(str(output)) as container:
+        kinds = {stream.type: stream.codec_context.name for stream in container.streams}
+        duration = float(container.duration) / 1e6
+    assert kinds == {"video": "h264", "audio": "aac", "subtitle": "mov_text"}
+    assert cues[-1][1] <= duration + 0.05 and duration > 2.0  # the speech sets the length; cues lie within it
+    frames = decode_frames(output).astype(np.int16)
+    assert abs(len(frames) / 25 - duration) < 0.1
+    assert np.abs(np.diff(frames[:, 170:230, 200:300], axis=0)).max() > 30  # the mouth moves while speaking
+
+    empty = heygem("generate", "--face", str(ASSETS / "astronaut.jpg"), "--text", "   ", "-o", str(tmp_path / "x.mp4"))
+    assert empty.returncode == 2 and empty.stderr.strip().startswith("error:") and "empty" in empty.stderr
+    both = heygem("generate", "--face", str(ASSETS / "astronaut.jpg"), "--text", "Hi.", "--audio",
+                  str(ASSETS / "speech_en.wav"), "-o", str(tmp_path / "y.mp4"))
+    assert both.returncode == 2 and "not allowed with" in both.stderr

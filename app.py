@@ -506,16 +506,18 @@ def client_api(store: JobStore) -> None:
     """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
     MP4 (with progress), /job_status reports any job. Nothing of this shows on the page."""
 
-    async def generate(face: str, audio: str | None, engine: str = "auto", options: str = "{}",
-                       progress=gr.Progress()) -> str:
-        """Make a lip-synced MP4 of ``face`` (a video or photo) speaking ``audio`` (leave it empty to use the
-        face video's own sound). ``engine``: auto, wav2lip or landmark. ``options``: JSON of more options with
-        the dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4."""
+    async def generate(face: str, audio: str | None, engine: str = "auto", options: str = "{}", text: str = "",
+                       voice: str = "", progress=gr.Progress()) -> str:
+        """Make a lip-synced MP4 of ``face`` (a video or photo) speaking ``audio``, or ``text`` spoken offline
+        by ``voice`` (see `python -m heygem voices`; the result then carries subtitles); with neither, the face
+        video's own sound. ``engine``: auto, wav2lip or landmark. ``options``: JSON of more options with the
+        dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4."""
         try:
             chosen = remote_options(options)
             if engine:
                 chosen["engine.name"] = engine
-            job_id = await asyncio.to_thread(store.create_job, face, audio or None, chosen)
+            job_id = await asyncio.to_thread(lambda: store.create_job(
+                face, audio or None, chosen, text=text if text else None, voice=voice or None))
         except HeygemError as error:
             raise gr.Error(str(error)) from None
         try:
@@ -544,12 +546,14 @@ def client_api(store: JobStore) -> None:
         audio = gr.File(label="audio")
         engine = gr.Textbox("auto", label="engine")
         options = gr.Textbox("{}", label="options")
+        text = gr.Textbox("", label="text")
+        voice = gr.Textbox("", label="voice")
         video = gr.File(label="video")
         job_id = gr.Textbox(label="job_id")
         status = gr.JSON(label="status")
         run = gr.Button()
         look = gr.Button()
-    run.click(generate, [face, audio, engine, options], video, api_name="generate", concurrency_limit=8)
+    run.click(generate, [face, audio, engine, options, text, voice], video, api_name="generate", concurrency_limit=8)
     look.click(job_status, job_id, status, api_name="job_status", queue=False)
 
 

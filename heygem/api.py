@@ -1,6 +1,7 @@
 """The REST API: jobs over HTTP, served by ``python app.py`` next to the web UI.
 
-    POST   /api/jobs               multipart: face, audio (optional: the face video's own sound), options (JSON)
+    POST   /api/jobs               multipart: face, audio (optional: the face video's own sound) or text (with
+                                   optional voice and speed), options (JSON)
                                    -> 201 {"id": ...}; bad files or unknown options -> 400 {"error": ...}
     GET    /api/jobs               -> {"jobs": [...]}, newest first (?status=, ?limit=)
     GET    /api/jobs/{id}          -> {"id", "status", "progress", "stage", "error", "created", ...}
@@ -141,10 +142,18 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
                 options = remote_options(options_text)
             except HeygemError as error:
                 raise ApiError(400, str(error)) from None
+            text, voice, speed = form.get("text"), form.get("voice"), form.get("speed")
+            if any(value is not None and not isinstance(value, str) for value in (text, voice, speed)):
+                raise ApiError(400, "text, voice and speed are plain form fields, not files")
+            try:
+                speed = float(speed) if speed else 1.0
+            except ValueError:
+                raise ApiError(400, f"speed must be a number such as 1.0, not {speed!r}") from None
             face_upload = Upload(face.filename or "face", face.file)
             audio_upload = Upload(audio.filename or "audio", audio.file) if audio is not None else None
             try:
-                job_id = await run_in_threadpool(store.create_job, face_upload, audio_upload, options)
+                job_id = await run_in_threadpool(
+                    lambda: store.create_job(face_upload, audio_upload, options, text=text, voice=voice, speed=speed))
             except UploadTooLarge as error:
                 raise ApiError(413, str(error)) from None
             except QueueFull as error:

@@ -265,7 +265,7 @@ def test_gradio_client_generates_a_video_by_named_parameters(app, speech_clip):
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     assert set(endpoints) == {"/generate", "/job_status"}  # the page's own events are not offered
     assert [parameter["parameter_name"] for parameter in endpoints["/generate"]["parameters"]] == [
-        "face", "audio", "engine", "options"]
+        "face", "audio", "engine", "options", "text", "voice"]
     video = client.predict(face=handle_file(str(ASSETS / "astronaut.jpg")), audio=handle_file(str(speech_clip)),
                            engine="landmark", options='{"media.output_height": 256}', api_name="/generate")
     assert_playable_mp4(Path(video), probe(speech_clip).duration, full_decode=False)
@@ -279,3 +279,35 @@ def test_gradio_client_generates_a_video_by_named_parameters(app, speech_clip):
                        engine="wav2lip", options='{"engine.checkpoint": "/etc/passwd"}', api_name="/generate")
     with pytest.raises(Exception, match="no job"):
         client.predict(job_id="nope", api_name="/job_status")
+
+
+def test_text_instead_of_audio_makes_speech_and_subtitles(app, tmp_path):
+    import av
+
+    face = ("face.jpg", (ASSETS / "astronaut.jpg").read_bytes())
+    response = app.client.post("/api/jobs", files={"face": face},
+                               data={"text": "Good morning. This video was made from text.", "speed": "1.1",
+                                     "options": json.dumps({"media.output_height": 256})})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    assert app.wait_finished([job_id])[job_id]["status"] == "done"
+    result = tmp_path / "result.mp4"
+    result.write_bytes(app.client.get(f"/api/jobs/{job_id}/result").content)
+    with av.open(str(result)) as container:
+        kinds = sorted(stream.type for stream in container.streams)
+    assert kinds == ["audio", "subtitle", "video"]
+    cues = (app.outputs / job_id / "result.srt").read_text(encoding="utf-8")
+    assert "Good morning." in cues and "This video was made from text." in cues
+
+    def error_of(response):
+        assert response.status_code == 400, response.text
+        return response.json()["error"]
+
+    jobs_before = len(app.client.get("/api/jobs").json()["jobs"])
+    assert "empty" in error_of(app.client.post("/api/jobs", files={"face": face}, data={"text": "  "}))
+    assert "not both" in error_of(app.client.post(
+        "/api/jobs", files={"face": face, "audio": ("a.wav", (ASSETS / "speech_en.wav").read_bytes())},
+        data={"text": "Hello."}))
+    assert "voice" in error_of(app.client.post("/api/jobs", files={"face": face},
+                                               data={"text": "Hello.", "voice": "no-such-voice"}))
+    assert len(app.client.get("/api/jobs").json()["jobs"]) == jobs_before

@@ -31,7 +31,10 @@ DEFAULT_OUTPUTS = Path(os.environ.get("HEYGEM_OUTPUTS", REPO_ROOT / "outputs"))
 DATABASE_NAME = "jobs.db"
 
 RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME = "result.mp4", "result.json", "options.json", "job.log"
-RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME}
+SPEECH_NAME, SUBTITLES_NAME = "speech.wav", "speech.srt"  # a job made from text: its speech and the cues
+RESULT_SUBTITLES_NAME = "result.srt"
+RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME, SPEECH_NAME, SUBTITLES_NAME,
+                  RESULT_SUBTITLES_NAME}
 MAX_NAME_BYTES = 120  # longest sanitised input file name, in UTF-8 bytes
 
 

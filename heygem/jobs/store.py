@@ -29,7 +29,8 @@ from typing import Iterator
 
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
-from heygem.jobs.files import (DATABASE_NAME, DEFAULT_OUTPUTS, LOG_NAME, OPTIONS_NAME, RESULT_NAME, SUMMARY_NAME,
+from heygem.jobs.files import (DATABASE_NAME, DEFAULT_OUTPUTS, LOG_NAME, OPTIONS_NAME, RESULT_NAME, SPEECH_NAME,
+                               SUBTITLES_NAME, SUMMARY_NAME,
                                Upload, append_log, human_size, store_input)
 from heygem.media import probe_inputs
 
@@ -433,15 +434,21 @@ class JobStore:
 
     def create_job(self, face: Path | str | Upload, audio: Path | str | Upload | None,
                    options: dict | None = None, *, batch: str | None = None, label: str | None = None,
-                   item_key: str | None = None) -> str:
+                   item_key: str | None = None, text: str | None = None, voice: str | None = None,
+                   speed: float = 1.0) -> str:
         """Queue a generation and return its id.
 
         ``face`` is a video or photo, ``audio`` an audio file (or a video with
         sound), or None to use the face video's own audio. Both are copied into
         the job's folder first, so the caller may delete its copies at once.
-        Unknown options, unreadable files and files over the upload limit raise
-        HeygemError here, before anything is queued.
+        ``text`` instead of ``audio`` is spoken now (heygem.tts, with ``voice`` and
+        ``speed``) into the job's speech.wav, with its cues in speech.srt; the
+        result then gets them as subtitles. Unknown options, unreadable files,
+        files over the upload limit and unusable text raise HeygemError here,
+        before anything is queued.
         """
+        if text is not None and audio is not None:
+            raise HeygemError("give either audio or text, not both")
         flat_options, config = self.resolve_options(options)
         self._check_room()
         job_id = new_job_id()
@@ -452,6 +459,12 @@ class JobStore:
             audio_name = None
             if audio is not None:
                 audio_name = store_input(audio, directory, "audio", {face_name}, self.max_upload_bytes)
+            elif text is not None:
+                from heygem import tts
+
+                speech = tts.synthesize(text, voice=voice or None, speed=speed)
+                audio_name = tts.write_wav(speech, directory / SPEECH_NAME).name
+                tts.write_srt(speech.cues, directory / SUBTITLES_NAME)
             face_info, audio_info = probe_inputs(directory / face_name,
                                                  None if audio_name is None else directory / audio_name)
             self._check_size(face_info, audio_info, config)

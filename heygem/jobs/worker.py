@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -19,7 +20,9 @@ from typing import Callable
 
 from heygem.device import pick_device, worker_devices
 from heygem.errors import GenerationCancelled, HeygemError
+from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
+from heygem.media import add_soft_subtitles
 
 logger = logging.getLogger("heygem")
 
@@ -60,7 +63,7 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
     try:
         run_on = job_device(job.options, device)
         logger.info("job %s: attempt %d started by %s on %s", job.id, job.attempts, owner, run_on)
-        for stale in (job.result_path, job.summary_path):  # left by an interrupted attempt
+        for stale in (job.result_path, job.summary_path, job.directory / RESULT_SUBTITLES_NAME):  # left by an interrupted attempt
             stale.unlink(missing_ok=True)
         overrides = dict(job.options)
         if run_on != "auto":
@@ -95,6 +98,14 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             logger.exception("job %s failed with an unexpected error", job.id)
             status, error, engine = FAILED, f"unexpected error ({type(problem).__name__}: {problem}); see job.log", None
         else:
+            subtitles = job.directory / SUBTITLES_NAME
+            if job.result_path.is_file() and subtitles.is_file():  # made from text: the cues go along
+                try:
+                    add_soft_subtitles(job.result_path, subtitles)
+                    shutil.copyfile(subtitles, job.directory / RESULT_SUBTITLES_NAME)
+                except (HeygemError, OSError) as problem:
+                    logger.error("job %s: %s", job.id, problem)
+                    job.result_path.unlink(missing_ok=True)
             if job.result_path.is_file():
                 status, error, engine = DONE, None, getattr(summary, "engine", None)
                 _record_placement(job.summary_path, owner_worker(owner), run_on)

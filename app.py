@@ -176,6 +176,20 @@ def preview_face(face_path):
             gr.update(visible=not is_image, value=None if is_image else face_path))
 
 
+def voice_choices() -> list[tuple[str, str]]:
+    """The voices text can be spoken with, for the Voice dropdown: auto first (the bundled voice, or
+    espeak-ng for a language without a Piper voice)."""
+    choices = [("auto (natural English; espeak-ng for other languages)", "auto")]
+    try:
+        from heygem import tts
+        from heygem.pipeline import weights_dir
+
+        choices += [(f"{voice.name} ({voice.language})", voice.name) for voice in tts.list_voices(weights_dir())]
+    except Exception as error:  # a page must not fail to build over a voice file
+        logger.warning("text-to-speech voices could not be listed: %s", error)
+    return choices
+
+
 def example_pairs() -> list[list[str]]:
     """The bundled face + speech samples the Generate tab offers as examples (those present)."""
     return [[str(ASSETS / face), str(ASSETS / audio)] for face, audio in
@@ -189,17 +203,21 @@ def example_pairs() -> list[list[str]]:
 def generate_tab(store: JobStore) -> None:
     """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
 
-    def submit(face_path, audio_path, use_video_audio, *controls):
+    def submit(face_path, audio_path, use_video_audio, text, voice, *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
         problem = None
+        text = (text or "").strip()
         if not face_path:
             problem = "Add a face first: a video or a photo."
-        elif not use_video_audio and not audio_path:
-            problem = "Add speech (upload or record), or tick \"use the face video's own audio\"."
+        elif text and (audio_path or use_video_audio):
+            problem = "Give speech or text, not both: clear one of them."
+        elif not text and not use_video_audio and not audio_path:
+            problem = "Add speech (upload or record) or type some text, or tick \"use the face video's own audio\"."
         else:
             try:
-                job_id = store.create_job(face_path, None if use_video_audio else audio_path,
-                                          options_from_controls(*controls))
+                job_id = store.create_job(face_path, None if use_video_audio or text else audio_path,
+                                          options_from_controls(*controls), text=text or None,
+                                          voice=None if voice in (None, "", "auto") else voice)
             except HeygemError as error:
                 problem = str(error)
         if problem:
@@ -250,6 +268,10 @@ def generate_tab(store: JobStore) -> None:
                 audio = gr.Audio(label="Speech: upload or record", sources=["upload", "microphone"],
                                  type="filepath", elem_id="audio-input", buttons=["download"])
                 use_video_audio = gr.Checkbox(label="Use the face video's own audio instead", value=False)
+                with gr.Accordion("Or type what the face should say", open=False, elem_id="text-accordion"):
+                    text = gr.Textbox(label="Text", lines=3, elem_id="text-input",
+                                      placeholder="Hello! Speech is made on this machine, with subtitles.")
+                    voice = gr.Dropdown(voice_choices(), value="auto", label="Voice", elem_id="voice-input")
                 controls = option_controls(store, prefix="")
                 generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
                 if examples:
@@ -267,7 +289,7 @@ def generate_tab(store: JobStore) -> None:
         face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
                     api_visibility="private")
         watching = generate.click(
-            submit, [face, audio, use_video_audio, *controls],
+            submit, [face, audio, use_video_audio, text, voice, *controls],
             [job_id_state, card, result, download, chart, cancel_button],
             concurrency_limit=8, show_progress="minimal", api_visibility="private",
         ).success(

@@ -142,7 +142,9 @@ def generate_from_text(args: argparse.Namespace, config, progress):
             raise HeygemError(f"cannot read {args.text_file}: {error}") from None
     else:
         text = args.text
-    speech = tts.synthesize(text, voice=args.voice, speed=args.speed)
+    from heygem.pipeline import weights_dir
+
+    speech = tts.synthesize(text, voice=args.voice, speed=args.speed, weights_dir=weights_dir())
     if speech.voice_note:
         print(speech.voice_note, file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="heygem-speech-") as folder:

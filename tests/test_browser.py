@@ -127,6 +127,23 @@ def test_an_example_fills_the_form_and_generates(page, tmp_path):
     assert_playable_mp4(video, probe(ASSETS / "speech_en.wav").duration)
 
 
+def test_typed_text_becomes_a_talking_video_with_subtitles(page, tmp_path):
+    import av
+
+    page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
+    page.wait_for_selector("#face-input :text('astronaut')")
+    page.locator("#text-accordion").click()
+    page.locator("#text-input textarea").fill("Good evening. I was typed into a web page.")
+    page.locator("#options-accordion").click()
+    page.locator("#output-height input").fill("256 px")
+    page.locator("#output-height input").press("Enter")
+    video = generate_and_download(page, tmp_path)
+    with av.open(str(video)) as container:
+        kinds = sorted(stream.type for stream in container.streams)
+        seconds = float(container.duration) / 1e6
+    assert kinds == ["audio", "subtitle", "video"] and 1.5 < seconds < 8 and probe(video).height == 256
+
+
 def test_the_system_tab_shows_the_doctor_report_and_runs_the_benchmark_on_request(page):
     import torch
 

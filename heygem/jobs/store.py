@@ -461,8 +461,9 @@ class JobStore:
                 audio_name = store_input(audio, directory, "audio", {face_name}, self.max_upload_bytes)
             elif text is not None:
                 from heygem import tts
+                from heygem.pipeline import weights_dir
 
-                speech = tts.synthesize(text, voice=voice or None, speed=speed)
+                speech = tts.synthesize(text, voice=voice or None, speed=speed, weights_dir=weights_dir())
                 audio_name = tts.write_wav(speech, directory / SPEECH_NAME).name
                 tts.write_srt(speech.cues, directory / SUBTITLES_NAME)
             face_info, audio_info = probe_inputs(directory / face_name,

@@ -256,16 +256,11 @@ class TrackBuilder:
         if final <= self.final:
             return
         start, stop = self.final, final
-        if self.config.box is not None:
-            x1, y1, x2, y2 = self.config.box
-            self.track.boxes[start:stop] = (max(0, x1), max(0, y1), min(self.width, x2), min(self.height, y2))
-        else:
-            # smoothing sees the same neighbours it would see over the whole track
-            window_start, window_stop = max(start - half, 0), min(stop + half, self.tracked)
-            found = self.track.found[window_start:window_stop]
-            smoothed = smooth_boxes(self.track.raw_boxes[window_start:window_stop], found, self.config.smooth_window)
-            padded = pad_and_clip(smoothed, self.config.pads, self.width, self.height)
-            self.track.boxes[start:stop] = padded[start - window_start: stop - window_start]
+        # smoothing sees the same neighbours it would see over the whole track
+        window_start, window_stop = max(start - half, 0), min(stop + half, self.tracked)
+        boxes = crop_boxes(self.track.raw_boxes[window_start:window_stop], self.track.found[window_start:window_stop],
+                           self.config, self.width, self.height)
+        self.track.boxes[start:stop] = boxes[start - window_start: stop - window_start]
         self.final = final
 
 
@@ -325,12 +320,6 @@ def record(track: FaceTrack, index: int, landmarks: np.ndarray | None) -> None:
     track.raw_boxes[index] = tight_box(landmarks)
 
 
-def truncate(track: FaceTrack, frame_count: int) -> FaceTrack:
-    """The first ``frame_count`` frames of ``track`` (decoders may deliver fewer frames than probed)."""
-    return FaceTrack(found=track.found[:frame_count], raw_boxes=track.raw_boxes[:frame_count],
-                     landmarks=track.landmarks[:frame_count])
-
-
 def smooth_boxes(boxes: np.ndarray, found: np.ndarray, window: int) -> np.ndarray:
     """Average each found frame's box (F, 4) over a centred window of found frames."""
     if window <= 1 or not found.any():
@@ -361,14 +350,19 @@ def pad_and_clip(boxes: np.ndarray, pads: list[int], width: int, height: int) ->
     return np.stack([x1, y1, x2, y2], axis=1).astype(np.int32)
 
 
-def finalize_track(track: FaceTrack, config: FaceConfig, width: int, height: int) -> FaceTrack:
-    """Turn raw landmark boxes into the padded, smoothed crop boxes the engines use."""
+def crop_boxes(raw_boxes: np.ndarray, found: np.ndarray, config: FaceConfig, width: int, height: int) -> np.ndarray:
+    """(F, 4) int32 crop boxes for consecutive frames: the fixed --box clipped to the frame, or the raw
+    landmark boxes (F, 4) smoothed over ``config.smooth_window`` found frames, padded and clipped."""
     if config.box is not None:
         x1, y1, x2, y2 = config.box
         fixed = np.array([[max(0, x1), max(0, y1), min(width, x2), min(height, y2)]], dtype=np.int32)
-        track.boxes = np.repeat(fixed, track.frame_count, axis=0)
+        return np.repeat(fixed, len(found), axis=0)
+    return pad_and_clip(smooth_boxes(raw_boxes, found, config.smooth_window), config.pads, width, height)
+
+
+def finalize_track(track: FaceTrack, config: FaceConfig, width: int, height: int) -> FaceTrack:
+    """Turn a whole track's raw landmark boxes into the crop boxes the engines use."""
+    track.boxes = crop_boxes(track.raw_boxes, track.found, config, width, height)
+    if config.box is not None:
         track.found[:] = True  # a fixed box is a face on every frame
-        return track
-    smoothed = smooth_boxes(track.raw_boxes, track.found, config.smooth_window)
-    track.boxes = pad_and_clip(smoothed, config.pads, width, height)
     return track

@@ -150,11 +150,8 @@ class GpuRender:
         canvas = gpu_blend.face_canvas(np.array(rows), boxes_host, frame_height, frame_width, "cpu")
         origins = canvas.origin.numpy()  # (F, 2) even x, y
         regions_host = self._host_buffer((len(rows), canvas.height * 3 // 2, canvas.width), device)
-        for face, (row, (x, y)) in enumerate(zip(rows, origins)):
-            for region_plane, frame_plane, scale in zip(media.i420_planes(regions_host[face]),
-                                                        media.i420_planes(batch.frames_i420[row]), (1, 2, 2)):
-                region_plane[...] = frame_plane[y // scale: y // scale + region_plane.shape[0],
-                                                x // scale: x // scale + region_plane.shape[1]]
+        for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
+            region_plane[...] = frame_window
         planes = torch.from_numpy(regions_host).to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
         frame_index = torch.arange(len(rows), device=device)  # each face on a region of its own
         shift = np.concatenate([origins, origins], axis=1)  # (F, 4)
@@ -172,11 +169,8 @@ class GpuRender:
         gpu_blend.paste_faces(planes, frame_index, boxes, generated, landmarks.astype(np.float32),
                               feather=self.config.blend.feather, color_match=self.config.blend.color_match)
         torch.from_numpy(regions_host).copy_(planes)  # back into the page-locked buffer
-        for face, (row, (x, y)) in enumerate(zip(rows, origins)):
-            for region_plane, frame_plane, scale in zip(media.i420_planes(regions_host[face]),
-                                                        media.i420_planes(batch.frames_i420[row]), (1, 2, 2)):
-                frame_plane[y // scale: y // scale + region_plane.shape[0],
-                            x // scale: x // scale + region_plane.shape[1]] = region_plane
+        for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
+            frame_window[...] = region_plane
 
     def _host_buffer(self, shape: tuple[int, int, int], device) -> np.ndarray:
         """A reused (page-locked on CUDA, so copies run at full speed) uint8 host array of ``shape``."""
@@ -186,6 +180,16 @@ class GpuRender:
         if self._upload is None or self._upload.numel() < needed:
             self._upload = torch.empty(max(needed, 1 << 20), dtype=torch.uint8, pin_memory=device.type == "cuda")
         return self._upload[:needed].numpy().reshape(shape)
+
+
+def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], origins: np.ndarray):
+    """For each face and each I420 plane: (the plane of its region (F, Hc * 3/2, Wc), the same window of
+    its frame's plane (N, H * 3/2, W) as a view, at the region's even ``origins`` (F, 2) x, y)."""
+    for region, row, (x, y) in zip(regions, rows, origins):
+        for region_plane, frame_plane, scale in zip(media.i420_planes(region), media.i420_planes(frames[row]),
+                                                    (1, 2, 2)):
+            height, width = region_plane.shape
+            yield region_plane, frame_plane[y // scale: y // scale + height, x // scale: x // scale + width]
 
 
 def _landmarks_or_nan(face) -> np.ndarray:

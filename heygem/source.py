@@ -84,7 +84,7 @@ class SourceFrames:
         if self.is_still:
             for output_indices in _batch_ranges(frame_count, batch_frames):
                 frames = np.repeat(self.still_i420[None], len(output_indices), axis=0)
-                yield FrameBatch(output_indices, np.zeros_like(output_indices), frames, source_total=1)
+                yield FrameBatch(output_indices, np.zeros_like(output_indices), frames)
             return
         produced = 0
         for frames in media.iter_video_i420(self.info, self.geometry, batch_frames):
@@ -103,8 +103,7 @@ class SourceFrames:
             self._fill_frame_file(batch_frames)
         for output_indices in _batch_ranges(frame_count, batch_frames, start=produced):
             source_indices = pingpong_indices(output_indices, produced)
-            yield FrameBatch(output_indices, source_indices, self.frame_file.read(source_indices),
-                             source_total=produced)
+            yield FrameBatch(output_indices, source_indices, self.frame_file.read(source_indices))
 
     def close(self) -> None:
         if self.frame_file is not None:

@@ -90,7 +90,6 @@ class FrameBatch:
     output_indices: np.ndarray  # (N,) int64, output frame numbers
     source_indices: np.ndarray  # (N,) int64, the source frame each output frame shows
     frames_i420: np.ndarray  # (N, H * 3/2, W) uint8 I420: each frame's Y rows, then U, then V
-    source_total: int | None = None  # the source's frame count, once the decoder has reached its end
     faces: list[Face | None] = field(default_factory=list)  # one per frame, None where there is none
     frames_bgr: np.ndarray | None = None  # (N, H, W, 3) uint8 BGR, for engines that work on the CPU
     patches: list[FacePatch | None] = field(default_factory=list)  # what the engine made, one per frame

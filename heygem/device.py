@@ -290,7 +290,11 @@ class FixedBatchRunner:
             while start < count:
                 size = min(self.batch_size, count - start)
                 try:
-                    outputs = self._run_batch(inputs, start, size)  # (batch_size, ...), padding rows included
+                    # always in inference mode, whatever the caller's mode: the reused buffers are then inference
+                    # tensors on every call (one made in inference mode cannot be written outside it); the
+                    # results below are ordinary tensors, so callers may change them in place
+                    with torch.inference_mode():
+                        outputs = self._run_batch(inputs, start, size)  # (batch_size, ...), padding rows included
                     if results is None:
                         dtype = torch.float32 if outputs.is_floating_point() else outputs.dtype
                         results = torch.empty((count, *outputs.shape[1:]), dtype=dtype, device=self.device)

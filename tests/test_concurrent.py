@@ -153,3 +153,26 @@ def test_a_thread_keeps_its_wav2lip_engine_for_the_next_job_unless_something_cha
     checkpoint.write_bytes(checkpoint.read_bytes())  # the same bytes, a new modification time
     os.utime(checkpoint, ns=(1, 1))
     assert pipeline.create_engine("wav2lip", checkpoint, config, 25.0) is not first
+
+
+def test_the_torch_render_path_runs_on_the_cpu_and_changes_only_the_face(tmp_path, face_video, wav2lip_weights,
+                                                                        media_dir, monkeypatch):
+    from conftest import run_ffmpeg
+
+    speech = media_dir / "one second of speech.wav"
+    run_ffmpeg("-i", str(face_video), "-t", "1", "-vn", str(speech))
+    monkeypatch.setenv("HEYGEM_WEIGHTS", str(wav2lip_weights))
+    options = {"engine.name": "wav2lip", "engine.device": "cpu"}
+    on_torch = run(face_video, speech, tmp_path / "torch.mp4", **options, **{"run.render": "torch"})
+    on_numpy = run(face_video, speech, tmp_path / "numpy.mp4", **options, **{"run.render": "numpy"})
+    assert "render" in on_torch.seconds_per_stage and "blend" in on_numpy.seconds_per_stage
+    torch_frames = decode_frames(tmp_path / "torch.mp4").astype(int)
+    numpy_frames = decode_frames(tmp_path / "numpy.mp4").astype(int)
+    source = decode_frames(face_video)[: len(torch_frames)].astype(int)
+    assert len(torch_frames) == len(numpy_frames) == on_torch.frames == 30
+    top = (slice(None), slice(0, 45))  # above every face box: never pasted into, the same decoded bytes in both
+    assert np.abs(torch_frames[top] - numpy_frames[top]).mean() < 1.0
+    changed = np.abs(torch_frames - source).mean(axis=(0, 3)) > 20  # (H, W) pixels the generator replaced
+    assert changed.any() and not changed[:45].any()
+    # both paths paste the same random generator's face into the same place, so they agree closely
+    assert np.abs(torch_frames - numpy_frames).mean() < 3.0

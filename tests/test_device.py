@@ -194,3 +194,13 @@ def test_cuda_without_cudnn_is_explained_and_logged_once(restore_backend_flags, 
     assert not torch.backends.cudnn.enabled  # runs without it
     assert [record.getMessage() for record in caplog.records] == [problem]
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"  # fast mode on an Ampere-or-newer GPU
+
+
+def test_the_runner_serves_callers_inside_and_outside_inference_mode_alike():
+    # a job worker keeps its engine: one job renders in inference mode, the next may not
+    runner = FixedBatchRunner(torch.nn.Linear(3, 2), torch.device("cpu"), batch_size=4, precision="fp32")
+    items = torch.randn(5, 3)
+    with torch.inference_mode():
+        inside = runner(items)
+    outside = runner(items)
+    torch.testing.assert_close(inside, outside)

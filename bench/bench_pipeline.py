@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -172,6 +174,9 @@ def main() -> None:
                         help="a shorter input for one slow configuration (its frames/s stays comparable)")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--weights", type=Path, help="a folder with real checkpoints (default: random-init)")
+    parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("OPTION", "VALUE"),
+                        help="an option for every configuration, e.g. --set media.preset ultrafast "
+                             "(VALUE is read as YAML: 3, true, fp16)")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -201,12 +206,16 @@ def main() -> None:
         machine = machine_description()
         print(f"machine: {machine}")
         print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s (shorter where noted); output at the input's size\n")
+        common = {option: yaml.safe_load(value) for option, value in args.set}
+        if common:
+            print("every configuration with " + ", ".join(f"{key}={value}" for key, value in common.items()) + "\n")
         header = ("| configuration | frames | wall s | frames/s | x real time | peak RSS MiB | peak VRAM MiB "
                   "| avatar cache | busy seconds per stage |")
         rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         print(header)
         for name in args.configs:
             engine, overrides, clear_cache = CONFIGURATIONS[name]
+            overrides = {**common, **overrides}
             seconds = lengths.get(name, args.seconds)
             if seconds not in inputs:
                 inputs[seconds] = make_inputs(folder, seconds, width, height)
@@ -230,7 +239,8 @@ def main() -> None:
             rows.append(row)
             print(row)
         if args.markdown:
-            args.markdown.write_text(f"Machine: {machine}\n\nInput: {width}x{height}, 25 fps, {args.seconds:g} s\n\n"
+            options = "".join(f", {key}={value}" for key, value in common.items())
+            args.markdown.write_text(f"Machine: {machine}\n\nInput: {width}x{height}, 25 fps, {args.seconds:g} s{options}\n\n"
                                      + "\n".join(rows) + "\n", encoding="utf-8")
 
 

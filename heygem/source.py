@@ -120,8 +120,3 @@ class SourceFrames:
 def _batch_ranges(stop: int, size: int, start: int = 0) -> Iterator[np.ndarray]:
     for first in range(start, stop, size):
         yield np.arange(first, min(first + size, stop))
-
-
-def _batch_ranges(stop: int, size: int, start: int = 0) -> Iterator[np.ndarray]:
-    for first in range(start, stop, size):
-        yield np.arange(first, min(first + size, stop))

@@ -243,3 +243,22 @@ def test_one_switch_sets_the_form_of_every_modulated_conv():
 def test_wrong_input_size_is_refused():
     with pytest.raises(ValueError, match=r"\(B, 3, 512, 512\)"):
         meta_model()(torch.zeros(1, 3, 256, 256, device="meta"))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (1, 5, 7, 9), (1, 2, 1, 1)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bilinear_resizes_equal_torch_interpolation(shape, channels_last):
+    from heygem.models.gfpgan import resize_bilinear
+
+    features = torch.randn(shape, dtype=torch.float64)
+    if channels_last:
+        features = features.to(memory_format=torch.channels_last)
+    factors = (2, 0.5) if shape[2] % 2 == 0 and shape[3] % 2 == 0 else (2,)
+    for factor in factors:
+        expected = torch.nn.functional.interpolate(features, scale_factor=factor, mode="bilinear",
+                                                   align_corners=False)
+        resized = resize_bilinear(features, factor)
+        assert resized.shape == expected.shape
+        torch.testing.assert_close(resized, expected, rtol=0, atol=1e-12)
+        if channels_last and factor == 2:
+            assert resized.is_contiguous(memory_format=torch.channels_last)

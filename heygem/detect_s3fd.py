@@ -107,6 +107,7 @@ class S3FDDetector:
 
 _SHARED: dict[tuple, S3FDDetector] = {}
 _SHARED_LOCK = threading.Lock()
+MAX_SHARED = 2  # loaded detectors kept (one file on one device is the usual case)
 
 
 def shared_detector(checkpoint_path: Path, device: str = "auto", precision: str = "auto") -> S3FDDetector:
@@ -120,6 +121,8 @@ def shared_detector(checkpoint_path: Path, device: str = "auto", precision: str 
         if detector is None:
             for other in [other for other in _SHARED if other[0] == key[0] and other[1:3] != key[1:3]]:
                 del _SHARED[other]  # the file has changed since: its old weights are not used again
+            while len(_SHARED) >= MAX_SHARED:
+                del _SHARED[next(iter(_SHARED))]  # the oldest
             detector = S3FDDetector(load_s3fd(checkpoint_path, device), precision=precision)
             _SHARED[key] = detector
             logger.info("faces: S3FD loaded from %s", checkpoint_path.name)

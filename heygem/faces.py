@@ -119,6 +119,12 @@ class MediapipeDetector:
     def close(self) -> None:
         self._detection.close()
 
+    def __enter__(self) -> "MediapipeDetector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 class FaceFinder:
     """The chosen face's landmarks, frame after frame (video) or in single images.

@@ -51,6 +51,8 @@ class FaceConfig:
     redetect_every: int = option(
         10, "--redetect-every", "run full face detection every N frames and track landmarks in between")
     min_confidence: float = option(0.5, "--min-face-confidence", "faces found with less confidence than this are ignored")
+    detector: str = option("mediapipe", "--detector", "face detector: mediapipe (built in) or s3fd (needs s3fd.pth in weights/); landmarks come from the face mesh either way",
+                           ("mediapipe", "s3fd"))
 
 
 @dataclass
@@ -218,7 +220,8 @@ SERVER_FILE_OPTIONS = ("engine.checkpoint",)
 
 def limit_remote_options(flat: dict, weights_dir: Path) -> dict:
     """``flat`` ({"section.name": value}) with server-file options turned from a file name in
-    ``weights_dir`` into its path; HeygemError for a path, a missing file or anything else."""
+    ``weights_dir`` into its path; HeygemError for a path, a missing file or anything else, and
+    for ``face.detector`` s3fd when ``weights_dir`` lacks the S3FD file."""
     limited = dict(flat)
     for key in SERVER_FILE_OPTIONS:
         value = limited.get(key)
@@ -231,6 +234,10 @@ def limit_remote_options(flat: dict, weights_dir: Path) -> dict:
         if not candidate.is_file():
             raise HeygemError(f"{key}: the server's weights folder has no file named {name!r}")
         limited[key] = str(candidate)
+    if limited.get("face.detector") == "s3fd":
+        from heygem.detect_s3fd import require_s3fd_checkpoint
+
+        require_s3fd_checkpoint(weights_dir)  # refused before anything is queued
     return limited
 
 

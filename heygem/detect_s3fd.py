@@ -16,15 +16,18 @@ torch is imported inside the functions, so importing this module is cheap.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from heygem.device import inference_context, pick_device, run_in_batches
+from heygem.errors import HeygemError
 
 logger = logging.getLogger("heygem")
 
 S3FD_FILE_NAME = "s3fd.pth"
+S3FD_FILE_NAMES = (S3FD_FILE_NAME, "s3fd-619a316812.pth")  # the names it is published under, as in configs/weights.yaml
 S3FD_EXPECTED = "the public s3fd.pth face detector (the one the face-alignment package and Wav2Lip use)"
 
 BGR_MEANS = (104.0, 117.0, 123.0)  # subtracted from 0-255 BGR pixels; nothing is divided by 255
@@ -45,6 +48,85 @@ def load_s3fd(checkpoint_path: Path, device: str = "auto"):
     model = S3FD()
     load_state_dict_strict(model, Path(checkpoint_path), what="S3FD", expected=S3FD_EXPECTED)
     return model.to(pick_device(device)).eval()
+
+
+def find_s3fd_checkpoint(weights_dir: Path) -> Path | None:
+    """The S3FD file in ``weights_dir`` (either published name, matched case-insensitively), or None."""
+    from heygem.weights import find_first_file
+
+    return find_first_file(weights_dir, S3FD_FILE_NAMES)
+
+
+def require_s3fd_checkpoint(weights_dir: Path) -> Path:
+    """The S3FD file in ``weights_dir``; HeygemError saying which file to put there when it is missing."""
+    checkpoint_path = find_s3fd_checkpoint(weights_dir)
+    if checkpoint_path is None:
+        raise HeygemError(f"--detector s3fd needs the S3FD weights: put {S3FD_FILE_NAME} (or {S3FD_FILE_NAMES[1]}) "
+                          f"into {weights_dir}, or run python -m heygem weights download s3fd")
+    return checkpoint_path
+
+
+class S3FDDetector:
+    """S3FD as the face detector of heygem.faces: boxes for a list of frames in batched calls.
+
+    One model serves every tracking thread; the forward passes take turns under a lock.
+    Get it with :func:`shared_detector`, which loads each checkpoint once per process.
+    """
+
+    name = "s3fd"
+
+    def __init__(self, model, precision: str = "auto", max_side: int = DEFAULT_MAX_SIDE, batch_size: int = 8):
+        self.model = model
+        self.precision = precision
+        self.max_side = max_side  # frames are shrunk to this; tiles of small-face searches are enlarged to it
+        self.input_side = max_side
+        self.batch_size = batch_size
+        self._lock = threading.Lock()
+
+    def detect(self, frames_bgr: list[np.ndarray], min_confidence: float = 0.5) -> list[np.ndarray]:
+        """Face boxes (K, 4) float32 x1 y1 x2 y2 frame pixels, best first, for each (H, W, 3) uint8 BGR frame."""
+        results: list[np.ndarray | None] = [None] * len(frames_bgr)
+        by_shape: dict[tuple, list[int]] = {}
+        for index, frame in enumerate(frames_bgr):
+            by_shape.setdefault(frame.shape, []).append(index)
+        for indices in by_shape.values():  # one call per frame size (a run's frames share one)
+            stacked = np.stack([frames_bgr[index] for index in indices])  # (N, H, W, 3)
+            with self._lock:
+                detections = detect_faces(self.model, stacked, max_side=self.max_side, score_threshold=min_confidence,
+                                          batch_size=self.batch_size, precision=self.precision)
+            for index, boxes in zip(indices, detections):
+                results[index] = boxes[:, :4]
+        return results
+
+    def reset(self) -> None:
+        """Nothing to forget: S3FD looks at each frame on its own."""
+
+    def close(self) -> None:
+        """The model stays loaded for the next job (see :func:`shared_detector`)."""
+
+
+_SHARED: dict[tuple, S3FDDetector] = {}
+_SHARED_LOCK = threading.Lock()
+MAX_SHARED = 2  # loaded detectors kept (one file on one device is the usual case)
+
+
+def shared_detector(checkpoint_path: Path, device: str = "auto", precision: str = "auto") -> S3FDDetector:
+    """The detector for ``checkpoint_path`` on ``device``, loaded on first use and kept for the process
+    (the file's size and modification time are part of the key, so a replaced file is loaded again)."""
+    checkpoint_path = Path(checkpoint_path)
+    status = checkpoint_path.stat()
+    key = (str(checkpoint_path.resolve()), status.st_size, status.st_mtime_ns, device, precision)
+    with _SHARED_LOCK:
+        detector = _SHARED.get(key)
+        if detector is None:
+            for other in [other for other in _SHARED if other[0] == key[0] and other[1:3] != key[1:3]]:
+                del _SHARED[other]  # the file has changed since: its old weights are not used again
+            while len(_SHARED) >= MAX_SHARED:
+                del _SHARED[next(iter(_SHARED))]  # the oldest
+            detector = S3FDDetector(load_s3fd(checkpoint_path, device), precision=precision)
+            _SHARED[key] = detector
+            logger.info("faces: S3FD loaded from %s", checkpoint_path.name)
+    return detector
 
 
 def feature_map_sizes(height: int, width: int) -> list[tuple[int, int]]:

@@ -1,10 +1,13 @@
 """Stage 3: find the face and its landmarks in every frame.
 
-mediapipe's face detector and face mesh (their models ship inside the wheel,
-nothing is downloaded) give 468 landmarks per face. heygem picks one face (the
+A face detector (mediapipe's, or S3FD with ``--detector s3fd``) finds the faces
+and mediapipe's face mesh (its models ship inside the wheel, nothing is
+downloaded) gives 468 landmarks on the chosen one. heygem picks one face (the
 largest, or the N-th from the left), re-applies that choice every
-``redetect_every`` frames and in between follows the same face with the mesh. Boxes
-are padded as Wav2Lip pads them and averaged over a centred window of frames.
+``redetect_every`` frames and in between follows the same face with the mesh.
+When a detection finds nothing in the whole frame, it looks again on
+overlapping tiles, so that small faces in wide frames are found too. Boxes are
+padded as Wav2Lip pads them and averaged over a centred window of frames.
 Frames where no face is found are recorded as such; the pipeline passes them
 through unchanged.
 """
@@ -16,6 +19,7 @@ import queue
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +32,10 @@ logger = logging.getLogger("heygem")
 LANDMARK_COUNT = 468
 CROP_FACTOR = 1.8  # the face mesh sees a square this many times the face's box, centred on it
 CROP_PIXELS = 384  # crops larger than this are shrunk first: the mesh itself works at 192x192
+MESH_MIN_PIXELS = 192  # crops smaller than this (small faces) are enlarged to it first
+TILE_FRACTION = 0.6  # tiles of the small-face search are squares this fraction of the frame's shorter side
+TILE_OVERLAP = 0.25  # neighbouring tiles share this fraction of a tile, more than a small face's width
+SAME_FACE_OVERLAP = 0.5  # boxes from two tiles are one face when this much of the smaller one is shared
 
 
 @dataclass
@@ -61,32 +69,94 @@ class FaceTrack:
         return Face(box=tuple(int(v) for v in self.boxes[index]), landmarks=landmarks)
 
 
+class FaceDetector(Protocol):
+    """What FaceFinder needs of a face detector (MediapipeDetector here, heygem.detect_s3fd.S3FDDetector)."""
+
+    name: str
+    input_side: int | None  # tiles of the small-face search are resized to this longest side (None: as cut)
+
+    def detect(self, frames_bgr: list[np.ndarray], min_confidence: float = 0.5) -> list[np.ndarray]:
+        """Face boxes (K, 4) float32 x1 y1 x2 y2 pixels for each (H, W, 3) uint8 BGR frame."""
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MediapipeDetector:
+    """mediapipe's full-range face detector, one frame at a time (each finder has its own: not thread-safe).
+
+    It sees small faces in wide frames better than the face mesh's own short-range detector.
+    """
+
+    name = "mediapipe"
+    input_side = None  # it resizes every image to 192x192 itself
+
+    def __init__(self, min_confidence: float):
+        import mediapipe as mp
+
+        self._detection = mp.solutions.face_detection.FaceDetection(
+            model_selection=1, min_detection_confidence=min_confidence)  # 1: full range
+
+    def detect(self, frames_bgr: list[np.ndarray], min_confidence: float = 0.5) -> list[np.ndarray]:
+        import cv2
+
+        results = []
+        for frame_bgr in frames_bgr:
+            height, width = frame_bgr.shape[:2]
+            result = self._detection.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB))
+            boxes = []
+            for detection in result.detections or []:
+                relative = detection.location_data.relative_bounding_box
+                boxes.append([relative.xmin * width, relative.ymin * height, (relative.xmin + relative.width) * width,
+                              (relative.ymin + relative.height) * height])
+            results.append(np.array(boxes, dtype=np.float32).reshape(-1, 4))
+        return results
+
+    def reset(self) -> None:
+        self._detection.reset()
+
+    def close(self) -> None:
+        self._detection.close()
+
+    def __enter__(self) -> "MediapipeDetector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class FaceFinder:
     """The chosen face's landmarks, frame after frame (video) or in single images.
 
-    mediapipe's full-range face detector finds every face (it sees small faces in
-    wide frames, where the face mesh's own short-range detector does not); the
-    face mesh then runs on a square crop around the chosen face, in video mode so
-    that it tracks the face smoothly from one frame to the next. Between
-    detections the crop follows the previous frame's landmarks.
+    The detector (mediapipe's full-range one unless ``detector`` is given) finds
+    every face; the face mesh then runs on a square crop around the chosen face,
+    in video mode so that it tracks the face smoothly from one frame to the next.
+    Between detections the crop follows the previous frame's landmarks.
+    ``detector`` is shared, not owned: closing the finder leaves it open.
     """
 
-    def __init__(self, config: FaceConfig, still_images: bool = False):
+    def __init__(self, config: FaceConfig, still_images: bool = False, detector: FaceDetector | None = None):
         try:
             import mediapipe as mp
         except ImportError:  # pragma: no cover - mediapipe is a hard requirement
             raise HeygemError("mediapipe is not installed: pip install 'mediapipe==0.10.14'") from None
         self.config = config
-        self._detector = mp.solutions.face_detection.FaceDetection(
-            model_selection=1, min_detection_confidence=config.min_confidence)  # 1: full range
+        self._owns_detector = detector is None
+        self._detector: FaceDetector = detector if detector is not None else MediapipeDetector(config.min_confidence)
         self._mesh = mp.solutions.face_mesh.FaceMesh(
             static_image_mode=still_images, max_num_faces=1, refine_landmarks=False,
             min_detection_confidence=0.3, min_tracking_confidence=0.5)
         self._frames_seen = 0
         self._previous_box: np.ndarray | None = None  # tight landmark box of the face followed
 
+    @property
+    def detector_name(self) -> str:
+        return self._detector.name
+
     def close(self) -> None:
-        self._detector.close()
+        if self._owns_detector:
+            self._detector.close()
         self._mesh.close()
 
     def reset(self) -> None:
@@ -108,16 +178,38 @@ class FaceFinder:
 
     def detect(self, frame_bgr: np.ndarray) -> np.ndarray:
         """Boxes of every face in ``frame_bgr`` (H, W, 3) uint8 BGR: (K, 4) float32 x1 y1 x2 y2 pixels."""
+        return self.detect_many([frame_bgr])[0]
+
+    def detect_many(self, frames_bgr: list[np.ndarray]) -> list[np.ndarray]:
+        """Face boxes (K, 4) of each frame, in one detector call; frames where the whole frame shows
+        none are searched again on overlapping tiles (one more call for all their tiles)."""
         import cv2
 
-        height, width = frame_bgr.shape[:2]
-        result = self._detector.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB))
-        boxes = []
-        for detection in result.detections or []:
-            relative = detection.location_data.relative_bounding_box
-            boxes.append([relative.xmin * width, relative.ymin * height,
-                          (relative.xmin + relative.width) * width, (relative.ymin + relative.height) * height])
-        return np.array(boxes, dtype=np.float32).reshape(-1, 4)
+        confidence = self.config.min_confidence
+        found = self._detector.detect(list(frames_bgr), confidence)
+        empty = [index for index, boxes in enumerate(found) if len(boxes) == 0]
+        if not empty:
+            return found
+        tiles, placements = [], []  # placements: (frame index, x offset, y offset, tile pixels per input pixel)
+        for index in empty:
+            frame = frames_bgr[index]
+            for x1, y1, x2, y2 in tile_windows(*frame.shape[:2]):
+                tile = frame[y1:y2, x1:x2]
+                factor = 1.0
+                if self._detector.input_side is not None:
+                    factor = self._detector.input_side / max(tile.shape[:2])
+                    tile = cv2.resize(tile, (round(tile.shape[1] * factor), round(tile.shape[0] * factor)),
+                                      interpolation=cv2.INTER_LINEAR if factor > 1 else cv2.INTER_AREA)
+                tiles.append(np.ascontiguousarray(tile))
+                placements.append((index, x1, y1, factor))
+        by_frame: dict[int, list[np.ndarray]] = {index: [] for index in empty}
+        for boxes, (index, x1, y1, factor) in zip(self._detector.detect(tiles, confidence), placements):
+            by_frame[index].append(boxes / factor + np.array([x1, y1, x1, y1], dtype=np.float32))  # frame pixels
+        for index, pieces in by_frame.items():
+            found[index] = merge_boxes(np.concatenate(pieces, axis=0))
+            if len(found[index]):
+                logger.debug("faces: %d small face(s) found on tiles", len(found[index]))
+        return found
 
     def mesh_around(self, frame_bgr: np.ndarray, box: np.ndarray) -> np.ndarray | None:
         """Face-mesh landmarks (468, 2) float32 frame pixels of the face in ``box``, or None."""
@@ -135,6 +227,10 @@ class FaceFinder:
         if scale < 1.0:
             crop = cv2.resize(crop, (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale))),
                               interpolation=cv2.INTER_AREA)
+        elif max(crop.shape[:2]) < MESH_MIN_PIXELS:  # a small face: enlarged, its landmarks are steadier
+            scale = MESH_MIN_PIXELS / max(crop.shape[:2])
+            crop = cv2.resize(crop, (round(crop.shape[1] * scale), round(crop.shape[0] * scale)),
+                              interpolation=cv2.INTER_CUBIC)
         result = self._mesh.process(cv2.cvtColor(crop, cv2.COLOR_BGR2RGB))
         if not result.multi_face_landmarks:
             return None
@@ -142,15 +238,27 @@ class FaceFinder:
         points *= np.array([x2 - x1, y2 - y1], dtype=np.float32)  # (468, 2) relative -> crop pixels
         return points + np.array([x1, y1], dtype=np.float32)
 
-    def find(self, frame_bgr: np.ndarray) -> np.ndarray | None:
-        """The chosen face's landmarks in the next frame of the stream, or None."""
+    def track(self, frames_bgr: list[np.ndarray]) -> list[np.ndarray | None]:
+        """Landmarks (or None) for each of the next frames of the stream, as :meth:`find` gives them;
+        the frames where detection is due are detected together first, in one batched call."""
+        redetect_every = self.config.redetect_every
+        due = [offset for offset in range(len(frames_bgr)) if (self._frames_seen + offset) % redetect_every == 0]
+        detected = dict(zip(due, self.detect_many([frames_bgr[offset] for offset in due]))) if due else {}
+        return [self.find(frame, detected.get(offset)) for offset, frame in enumerate(frames_bgr)]
+
+    def find(self, frame_bgr: np.ndarray, boxes: np.ndarray | None = None) -> np.ndarray | None:
+        """The chosen face's landmarks in the next frame of the stream, or None.
+
+        ``boxes`` (K, 4) are this frame's detections when they were made already (see :meth:`track`).
+        """
         frame_number = self._frames_seen
         self._frames_seen += 1
         landmarks = None
         if self._previous_box is not None and frame_number % self.config.redetect_every != 0:
             landmarks = self.mesh_around(frame_bgr, self._previous_box)  # follow the same face
         if landmarks is None:
-            boxes = self.detect(frame_bgr)
+            if boxes is None:
+                boxes = self.detect(frame_bgr)
             chosen = choose_face(boxes, self.config.face_index) if len(boxes) else None
             if chosen is not None and self._previous_box is not None and self.config.face_index is None \
                     and frame_number % self.config.redetect_every != 0:
@@ -163,9 +271,11 @@ class FaceFinder:
 class FinderPool:
     """Face finders for tracking runs of frames on several threads at once, one run per finder."""
 
-    def __init__(self, config: FaceConfig, size: int, still_images: bool = False):
+    def __init__(self, config: FaceConfig, size: int, still_images: bool = False,
+                 detector: FaceDetector | None = None):
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
-        self._finders = [FaceFinder(config, still_images=still_images) for _ in range(max(1, size))]
+        self._finders = [FaceFinder(config, still_images=still_images, detector=detector)
+                         for _ in range(max(1, size))]
         for finder in self._finders:
             self._idle.put(finder)
 
@@ -174,7 +284,7 @@ class FinderPool:
         finder = self._idle.get()
         try:
             finder.reset()
-            return [finder.find(frame) for frame in frames]
+            return finder.track(list(frames))
         finally:
             self._idle.put(finder)
 
@@ -283,6 +393,43 @@ def choose_face(boxes: np.ndarray, face_index: int | None) -> int | None:
         return int(np.argmax(areas))
     order = np.argsort(boxes[:, 0])
     return int(order[face_index]) if face_index < len(order) else None
+
+
+def tile_windows(height: int, width: int, fraction: float = TILE_FRACTION,
+                 overlap: float = TILE_OVERLAP) -> list[tuple[int, int, int, int]]:
+    """Overlapping square tiles x1 y1 x2 y2 covering a ``height`` x ``width`` frame, row by row.
+
+    Each tile is ``fraction`` of the shorter side; along each axis the tiles are
+    spread evenly from edge to edge, neighbours sharing at least ``overlap`` of a
+    tile, so any face narrower than that shared strip lies whole inside one tile.
+    """
+    side = max(1, round(fraction * min(height, width)))
+    step = side * (1.0 - overlap)
+
+    def starts(length: int) -> list[int]:
+        count = 1 if length <= side else int(np.ceil((length - side) / step)) + 1
+        return [round(position) for position in np.linspace(0, length - side, count)] if count > 1 else [0]
+
+    return [(x, y, x + side, y + side) for y in starts(height) for x in starts(width)]
+
+
+def merge_boxes(boxes: np.ndarray) -> np.ndarray:
+    """Boxes (K, 4) with duplicates from overlapping tiles merged: largest first, a box is dropped when
+    more than half of it lies in a larger one kept (the same face, or a part of it cut by a tile's edge)."""
+    if len(boxes) == 0:
+        return boxes.reshape(0, 4).astype(np.float32)
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    kept: list[int] = []
+    for index in np.argsort(-areas, kind="stable"):
+        box = boxes[index]
+        if kept:
+            others = boxes[kept]
+            width = np.clip(np.minimum(box[2], others[:, 2]) - np.maximum(box[0], others[:, 0]), 0, None)
+            height = np.clip(np.minimum(box[3], others[:, 3]) - np.maximum(box[1], others[:, 1]), 0, None)
+            if (width * height / max(float(areas[index]), 1e-6)).max() > SAME_FACE_OVERLAP:
+                continue
+        kept.append(int(index))
+    return boxes[kept].astype(np.float32)
 
 
 def box_overlap(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:

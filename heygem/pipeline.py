@@ -2,7 +2,7 @@
 
     1. probe the inputs and settle the output's size, rate and length
     2. decode the audio and compute one Wav2Lip mel window per output frame
-    3. choose the lip-sync engine (wav2lip when its weights are present, else landmark)
+    3. choose the lip-sync engine (wav2lip when its weights are present, else landmark) and the face detector
     4. faces: take the face video's tracking from the avatar cache, or track it as it streams past
     5. for each bounded batch of output frames: decode, attach faces, generate mouth patches,
        restore them, blend them into the frames, and encode
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from heygem import audio, encode, media
-from heygem.config import REPO_ROOT, Config, EngineConfig, apply_overrides, load_config
+from heygem.config import REPO_ROOT, Config, EngineConfig, FaceConfig, apply_overrides, load_config
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.flow import Stage, StageClock, run_stages
 from heygem.render import Prepared, choose_render
@@ -102,6 +102,7 @@ def generate(
     engine_future = _BACKGROUND.submit(_timed_call, create_engine, engine_name, checkpoint, config.engine, fps,
                                        landmark_worker_count(config), threading.get_ident())
     logger.info("engine: %s (%s)", engine_name, engine_reason)
+    detector_checkpoint = choose_detector(config.face)
     report("prepare", 1.0)
 
     work_dir = Path(tempfile.mkdtemp(prefix="heygem-"))
@@ -110,7 +111,7 @@ def generate(
     try:
         # 4. faces: the tracking of this face video if it was tracked before, else tracked as it streams
         source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir)
-        face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir)
+        face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir, detector_checkpoint)
 
         # 5. decode -> faces -> generate -> restore -> blend -> encode, in bounded batches
         encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
@@ -156,7 +157,7 @@ def generate(
         frames_without_face=written["without_face"], audio_seconds=audio_seconds, video_seconds=frame_count / fps,
         seconds_per_stage={stage: round(value, 3) for stage, value in clock.seconds.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
-        avatar_cache=face_stage.cache_outcome,
+        avatar_cache=face_stage.cache_outcome, detector=config.face.detector,
     )
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")
@@ -208,6 +209,15 @@ def choose_engine(config: EngineConfig) -> tuple[str, Path | None, str]:
         raise HeygemError(f"--engine wav2lip needs a checkpoint: put wav2lip_gan.pth or wav2lip.pth into "
                           f"{weights_dir()} or pass --checkpoint PATH")
     return name, checkpoint, reason
+
+
+def choose_detector(config: FaceConfig) -> Path | None:
+    """The S3FD file for ``--detector s3fd`` (HeygemError when weights/ lacks it); None for mediapipe."""
+    if config.detector != "s3fd":
+        return None
+    from heygem.detect_s3fd import require_s3fd_checkpoint
+
+    return require_s3fd_checkpoint(weights_dir())
 
 
 def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps: float, workers: int = 0,

@@ -34,9 +34,12 @@ class FaceStage:
     """
 
     def __init__(self, source: SourceFrames, config: Config, geometry: FrameGeometry, fps_fraction: str,
-                 work_dir: Path):
+                 work_dir: Path, detector_checkpoint: Path | None = None):
+        if config.face.detector == "s3fd" and detector_checkpoint is None:
+            raise ValueError("--detector s3fd needs its checkpoint (heygem.detect_s3fd.require_s3fd_checkpoint)")
         self.source = source
         self.config = config
+        self.detector_checkpoint = detector_checkpoint
         self.workers = face_worker_count(config) if not source.is_still else 1
         self.cache_key = None
         self.cache_outcome = "off"
@@ -60,7 +63,8 @@ class FaceStage:
             for batch in batches:
                 yield self._attach(batch)
             return
-        self._pool = faces.FinderPool(self.config.face, self.workers, still_images=self.source.is_still)
+        self._pool = faces.FinderPool(self.config.face, self.workers, still_images=self.source.is_still,
+                                      detector=self._shared_detector())
         try:
             waiting: deque[FrameBatch] = deque()
             for batch, start, landmarks in ordered_map(self._track, self._new_runs(batches), self.workers):
@@ -88,6 +92,15 @@ class FaceStage:
                 tracked_until = int(batch.source_indices.max()) + 1
             else:
                 yield batch, None
+
+    def _shared_detector(self) -> faces.FaceDetector | None:
+        """S3FD, loaded once per process and shared by the tracking threads; None: each finder's mediapipe."""
+        if self.config.face.detector != "s3fd":
+            return None
+        from heygem.detect_s3fd import shared_detector
+
+        engine = self.config.engine
+        return shared_detector(self.detector_checkpoint, engine.device, engine.precision)
 
     def _track(self, item: tuple[FrameBatch, int | None]) -> tuple[FrameBatch, int | None, list | None]:
         batch, start = item

@@ -129,6 +129,7 @@ class GenerationSummary:
     total_seconds: float = 0.0
     options: dict = field(default_factory=dict)
     avatar_cache: str = "off"  # "hit": face tracking reused from an earlier run, "miss": tracked and stored
+    detector: str = "mediapipe"  # the face detector that found the faces: mediapipe or s3fd
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

@@ -2,6 +2,7 @@
 
 import cv2
 import numpy as np
+import pytest
 
 from heygem import faces
 from heygem.config import FaceConfig
@@ -70,7 +71,57 @@ def test_a_face_in_a_wide_frame_is_found_where_the_mesh_alone_finds_none(face_ph
     with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
         assert len(finder.detect(wide)) == 1
         landmarks = finder.find(wide)
+    with faces.MediapipeDetector(0.5) as whole_frame_only, \
+            faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+        # found in the whole frame: no tiles, the same box and landmarks as before tiles existed
+        np.testing.assert_array_equal(finder.detect(wide), whole_frame_only.detect([wide])[0])
+        np.testing.assert_array_equal(landmarks, finder.mesh_around(wide, whole_frame_only.detect([wide])[0][0]))
     with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
         reference = finder.find(portrait)  # the same face on its own
     np.testing.assert_allclose(landmarks[[13, 14, 61, 291, 152]], reference[[13, 14, 61, 291, 152]] + [700, 100],
                                atol=3.0)  # the lips and chin land where they are in the portrait
+
+
+@pytest.mark.parametrize("background", ["plain", "noise"])
+def test_a_50_pixel_face_in_a_720p_frame_is_found_on_tiles_with_its_landmarks(face_photo, background):
+    portrait = cv2.imread(str(face_photo))
+    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+        reference = finder.find(portrait)
+    scale, left, top = 0.45, 900, 400  # the face's detection box becomes ~48 px wide
+    small = cv2.resize(portrait, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    if background == "plain":
+        frame = np.full((720, 1280, 3), 120, np.uint8)
+    else:
+        frame = np.random.default_rng(0).integers(0, 256, (720, 1280, 3), dtype=np.uint8)
+    frame[top:top + small.shape[0], left:left + small.shape[1]] = small
+    expected = reference * scale + [left, top]  # (468, 2) where the small face's landmarks belong
+
+    with faces.MediapipeDetector(0.5) as whole_frame_only:
+        assert len(whole_frame_only.detect([frame])[0]) == 0  # the whole frame alone misses it
+    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+        boxes = finder.detect(frame)
+        landmarks = finder.find(frame)
+    assert boxes.shape == (1, 4) and 36 < boxes[0, 2] - boxes[0, 0] < 64
+    x1, y1, x2, y2 = boxes[0]
+    inside = (landmarks[:, 0] > x1 - 8) & (landmarks[:, 0] < x2 + 8) & (landmarks[:, 1] > y1 - 8) & \
+        (landmarks[:, 1] < y2 + 8)
+    assert inside.all()  # every landmark on the small face (its box, give or take a few pixels)
+    lips_and_chin = [13, 14, 61, 291, 152]
+    np.testing.assert_allclose(landmarks[lips_and_chin], expected[lips_and_chin], atol=2.0)
+
+
+def test_tiles_overlap_and_cover_the_frame_and_duplicates_merge():
+    windows = faces.tile_windows(720, 1280)
+    assert {x2 - x1 for x1, _, x2, _ in windows} == {432} and {y2 - y1 for _, y1, _, y2 in windows} == {432}
+    covered = np.zeros((720, 1280), bool)
+    for x1, y1, x2, y2 in windows:
+        covered[y1:y2, x1:x2] = True
+    assert covered.all() and len(windows) == 8
+    xs = sorted({x1 for x1, *_ in windows})
+    assert all(432 - (b - a) >= 0.25 * 432 for a, b in zip(xs, xs[1:]))  # neighbours share a quarter or more
+    assert faces.tile_windows(100, 100, fraction=1.0) == [(0, 0, 100, 100)]
+
+    boxes = np.array([[10, 10, 60, 60], [12, 11, 61, 59], [10, 10, 30, 60], [200, 200, 240, 240]], np.float32)
+    merged = faces.merge_boxes(boxes)  # the second is the first again, the third its half cut by a tile edge
+    assert merged.tolist() == [[10, 10, 60, 60], [200, 200, 240, 240]]
+    assert faces.merge_boxes(np.zeros((0, 4), np.float32)).shape == (0, 4)

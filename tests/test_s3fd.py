@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -345,3 +346,192 @@ def test_importing_the_detection_module_leaves_torch_unloaded():
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).resolve().parent.parent)
     assert result.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- S3FD as heygem's face detector
+
+
+def blue_marker_model(box_side: float, shift_x: float = 0.0, shift_y: float = 0.0) -> S3FD:
+    """A model that sees a face only where a pure blue marker is, and draws its box where the test wants it.
+
+    conv1_1's first channel is B - G - R (means subtracted) less 300: positive only for
+    a blue far purer than any photo holds (B - G - R above 164; the astronaut's reaches
+    33). conv1_2 .. conv3_3 pass it on, so a stride-4 cell fires when its 4x4 pixels
+    touch the marker; the L2 norm makes that 10, the finest head scores it sigmoid(5)
+    and moves its box: the centre by (shift_x, shift_y) pixels from the cell's centre,
+    the side from the anchor's 16 pixels to ``box_side``.
+    """
+    model = bright_square_model()
+    with torch.no_grad():
+        model.conv1_1.weight[0, :, 1, 1] = torch.tensor([1.0, -1.0, -1.0])  # BGR input
+        model.conv1_1.bias[0] = -300.0
+        loc = model.conv3_3_norm_mbox_loc.weight  # offsets = weight x 10 on a marker cell
+        loc[0, 0, 1, 1] = shift_x / (0.1 * 16) / 10  # dx: the centre moves by 0.1 x 16 pixels per unit
+        loc[1, 0, 1, 1] = shift_y / (0.1 * 16) / 10
+        loc[2, 0, 1, 1] = loc[3, 0, 1, 1] = float(np.log(box_side / 16) / 0.2) / 10  # dw, dh: 16 x exp(0.2 d)
+    return model
+
+
+def test_the_blue_marker_model_draws_the_box_it_was_set_to_draw():
+    frames = np.full((1, 96, 128, 3), 128, dtype=np.uint8)
+    frames[0, 40:44, 60:64] = (255, 0, 0)  # one stride-4 cell, centred at (62, 42)
+    frames[0, 0:20, 0:20] = (230, 120, 110)  # sky blue: no face
+    (boxes,) = detect_faces(blue_marker_model(40.0, shift_x=8.0, shift_y=-4.0), frames)
+    np.testing.assert_allclose(boxes[:, :4], [[50.0, 18.0, 90.0, 58.0]], atol=1e-3)
+
+
+TWO_FACES_SIZE = (240, 320)  # height, width of the frames with two astronauts
+SMALL_FACE = (160, 70, 160)  # the right astronaut: left, top, side of the portrait pasted there
+MARKER = (228, 40, 8)  # left, top, side of the blue marker above the right astronaut's head
+S3FD_BOX_CENTRE = (231.0, 108.0)  # where the marker model draws its box: on the right astronaut's face
+S3FD_BOX_SIDE = 48.0
+
+
+def two_astronauts(face_photo: Path) -> np.ndarray:
+    """A (240, 320, 3) frame: a larger astronaut on the left, a smaller one on the right, a blue marker above it."""
+    import cv2
+
+    portrait = cv2.imread(str(face_photo))
+    frame = np.full((*TWO_FACES_SIZE, 3), 120, dtype=np.uint8)
+    frame[10:230, 0:220] = cv2.resize(portrait, (220, 220), interpolation=cv2.INTER_AREA)
+    left, top, side = SMALL_FACE
+    frame[top:top + side, left:left + side] = cv2.resize(portrait, (side, side), interpolation=cv2.INTER_AREA)
+    left, top, side = MARKER
+    frame[top:top + side, left:left + side] = (255, 0, 0)
+    return frame
+
+
+def marker_checkpoint(folder: Path) -> Path:
+    """The marker model saved as the public s3fd.pth (the official layout, loaded strictly)."""
+    cell_x = MARKER[0] + 2  # the first marker cell's centre: NMS keeps it among equal scores
+    cell_y = MARKER[1] + 2
+    model = blue_marker_model(S3FD_BOX_SIDE, S3FD_BOX_CENTRE[0] - cell_x, S3FD_BOX_CENTRE[1] - cell_y)
+    path = folder / "s3fd.pth"
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def test_the_face_mesh_runs_on_s3fd_s_box_not_on_mediapipe_s_choice(tmp_path, face_photo):
+    from heygem import faces
+    from heygem.config import FaceConfig
+    from heygem.detect_s3fd import S3FDDetector
+
+    frame = two_astronauts(face_photo)
+    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+        mediapipe_landmarks = finder.find(frame)
+    assert faces.tight_box(mediapipe_landmarks)[2] < 160  # mediapipe picks the larger face, on the left
+
+    detector = S3FDDetector(load_s3fd(marker_checkpoint(tmp_path), device="cpu"))
+    with faces.FaceFinder(FaceConfig(detector="s3fd"), still_images=True, detector=detector) as finder:
+        assert finder.detector_name == "s3fd"
+        boxes = finder.detect(frame)
+        landmarks = finder.find(frame)
+    centre_x, centre_y = S3FD_BOX_CENTRE
+    half = S3FD_BOX_SIDE / 2
+    np.testing.assert_allclose(boxes, [[centre_x - half, centre_y - half, centre_x + half, centre_y + half]],
+                               atol=1e-3)
+    x1, y1, x2, y2 = faces.tight_box(landmarks)  # the right astronaut's face, inside S3FD's box
+    assert centre_x - half < x1 < x2 < centre_x + half and centre_y - half < y1 < y2 < centre_y + half + 4
+    assert 20 < x2 - x1 and 20 < y2 - y1
+    upper_lip, chin = landmarks[13], landmarks[152]
+    assert y1 < upper_lip[1] < chin[1] <= y2 and x1 < upper_lip[0] < x2
+
+
+def test_s3fd_finds_a_small_marker_on_tiles_when_the_shrunk_frame_shows_none():
+    from heygem import faces
+    from heygem.config import FaceConfig
+    from heygem.detect_s3fd import S3FDDetector
+
+    frame = np.full((720, 1280, 3), 120, dtype=np.uint8)
+    frame[346:358, 346:358] = (255, 0, 0)  # in the overlap of four tiles
+    detector = S3FDDetector(blue_marker_model(20.0), max_side=96)  # frames shrink 13x, tiles (432 px) 4.5x
+    assert len(detector.detect([frame])[0]) == 0  # shrunk with the frame, the marker is no longer pure blue
+    with faces.FaceFinder(FaceConfig(), detector=detector) as finder:
+        boxes = finder.detect(frame)
+    assert boxes.shape == (1, 4)  # four tiles saw it: one box
+    centre = (boxes[0, :2] + boxes[0, 2:]) / 2
+    side = boxes[0, 2:] - boxes[0, :2]
+    np.testing.assert_allclose(side, [20.0 * 432 / 96] * 2, rtol=1e-4)  # 20 input pixels of a 4.5x tile
+    assert np.abs(centre - 352).max() < 432 / 96 * 4  # within one cell of the marker's centre
+
+
+def test_s3fd_without_its_file_says_which_file_to_put_where(tmp_path, no_weights, face_video, short_speech):
+    from heygem.config import limit_remote_options
+    from heygem.detect_s3fd import find_s3fd_checkpoint, require_s3fd_checkpoint
+    from heygem.pipeline import generate
+
+    with pytest.raises(HeygemError) as raised:
+        generate(face_video, short_speech, tmp_path / "never.mp4", overrides={"face.detector": "s3fd"})
+    message = str(raised.value)
+    assert "s3fd.pth" in message and str(no_weights) in message and "\n" not in message
+    assert not (tmp_path / "never.mp4").exists()
+    with pytest.raises(HeygemError, match="s3fd.pth"):  # a REST or Gradio client's options: a 400
+        limit_remote_options({"face.detector": "s3fd"}, no_weights)
+    assert limit_remote_options({"face.detector": "mediapipe"}, no_weights) == {"face.detector": "mediapipe"}
+
+    published = no_weights / "S3FD-619a316812.pth"  # the other published name, any case
+    published.write_bytes(b"")
+    assert find_s3fd_checkpoint(no_weights) == require_s3fd_checkpoint(no_weights) == published
+    assert limit_remote_options({"face.detector": "s3fd"}, no_weights) == {"face.detector": "s3fd"}
+
+
+def test_the_detector_option_round_trips_through_flag_yaml_and_cache_key(tmp_path, face_video):
+    import argparse
+
+    from heygem import avatar_cache
+    from heygem.config import apply_overrides, load_config
+    from heygem.flags import add_option_flags, option_overrides
+    from heygem.types import FrameGeometry
+
+    default = load_config()
+    assert default.face.detector == "mediapipe"
+    chosen = apply_overrides(default, {"face.detector": "s3fd"})
+    assert chosen.face.detector == "s3fd" and chosen.to_dict()["face"]["detector"] == "s3fd"
+    config_file = tmp_path / "s3fd.yaml"
+    config_file.write_text("face:\n  detector: s3fd\n", encoding="utf-8")
+    assert load_config(config_file).face.detector == "s3fd"
+    with pytest.raises(HeygemError, match="--detector must be one of mediapipe, s3fd"):
+        apply_overrides(default, {"face.detector": "retinaface"})
+
+    parser = argparse.ArgumentParser()
+    add_option_flags(parser)
+    overrides = option_overrides(parser.parse_args(["--detector", "s3fd"]))
+    assert apply_overrides(default, overrides) == chosen
+    assert apply_overrides(default, option_overrides(parser.parse_args([]))).face.detector == "mediapipe"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--detector", "retinaface"])
+
+    geometry = FrameGeometry(width=320, height=240)
+    keys = {name: avatar_cache.avatar_key(face_video, config.face, geometry, "30000/1001")
+            for name, config in (("mediapipe", default), ("s3fd", chosen))}
+    assert keys["mediapipe"] != keys["s3fd"]  # tracking made with one detector is never reused for the other
+    assert keys["s3fd"] == avatar_cache.avatar_key(face_video, chosen.face, geometry, "30000/1001")
+
+
+def test_s3fd_tracks_a_clip_through_the_pipeline_and_the_mesh_follows_its_box(tmp_path, no_weights, face_photo,
+                                                                               short_speech):
+    import cv2
+
+    from conftest import decode_frames, run_ffmpeg
+    from heygem.pipeline import generate
+
+    still = tmp_path / "two astronauts.png"
+    cv2.imwrite(str(still), two_astronauts(face_photo))
+    clip = tmp_path / "two astronauts.mp4"
+    run_ffmpeg("-loop", "1", "-i", str(still), "-t", "0.4", "-r", "25", "-c:v", "libx264", "-preset", "ultrafast",
+               "-crf", "4", "-pix_fmt", "yuv420p", str(clip))
+    marker_checkpoint(no_weights)
+    motion = {}
+    for detector in ("mediapipe", "s3fd"):
+        output = tmp_path / f"{detector}.mp4"
+        summary = generate(clip, short_speech, output, overrides={"face.detector": detector})
+        assert summary.detector == detector and summary.frames_without_face == 0
+        assert summary.avatar_cache == "miss"  # the other detector's tracking of this clip is not reused
+        assert json.loads(output.with_suffix(".json").read_text())["detector"] == detector
+        frames = decode_frames(output).astype(np.int16)
+        moving = np.abs(np.diff(frames[5:50], axis=0)).mean(axis=(0, 3))  # (240, 320)
+        motion[detector] = moving[:, :SMALL_FACE[0]].max(), moving[:, SMALL_FACE[0]:].max()
+    mediapipe_left, mediapipe_right = motion["mediapipe"]
+    s3fd_left, s3fd_right = motion["s3fd"]
+    assert mediapipe_left > 5 and mediapipe_right < 1.5, motion  # mediapipe: the larger face speaks
+    assert s3fd_right > 5 and s3fd_left < 1.5, motion  # S3FD's box: the face under the marker speaks

@@ -245,10 +245,10 @@ def test_wrong_input_size_is_refused():
         meta_model()(torch.zeros(1, 3, 256, 256, device="meta"))
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (1, 5, 7, 9), (1, 2, 1, 1)])
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (1, 16, 7, 9), (2, 32, 1, 3), (1, 16, 1, 1)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_bilinear_resizes_equal_torch_interpolation(shape, channels_last):
-    from heygem.models.gfpgan import resize_bilinear
+    from heygem.models.gfpgan import double_size, resize_bilinear
 
     features = torch.randn(shape, dtype=torch.float64)
     if channels_last:
@@ -260,5 +260,8 @@ def test_bilinear_resizes_equal_torch_interpolation(shape, channels_last):
         resized = resize_bilinear(features, factor)
         assert resized.shape == expected.shape
         torch.testing.assert_close(resized, expected, rtol=0, atol=1e-12)
-        if channels_last and factor == 2:
-            assert resized.is_contiguous(memory_format=torch.channels_last)
+    doubled = double_size(features)
+    torch.testing.assert_close(doubled, torch.nn.functional.interpolate(
+        features, scale_factor=2, mode="bilinear", align_corners=False), rtol=0, atol=1e-12)
+    if channels_last:
+        assert doubled.is_contiguous(memory_format=torch.channels_last)

@@ -94,6 +94,8 @@ def test_jobs_from_the_store_run_as_ray_tasks(tmp_path, media):
         assert frames.std() > 10  # a picture, not a blank
         summary = json.loads(job.summary_path.read_text(encoding="utf-8"))
         assert summary["seconds_per_stage"] and summary["worker"] == job.worker and summary["device"] == "cpu"
+        assert summary["output_path"] == str(job.result_path) and summary["face_path"] == str(job.face_path)
+        assert summary["audio_path"] == str(job.audio_path) and summary["frames"] == info.frame_count
         log = job.log_path.read_text(encoding="utf-8")
         assert "ran on the Ray node" in log and log.count("done in") == 1
         assert not list(job.directory.glob(".*partial"))

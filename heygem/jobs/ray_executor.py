@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import tempfile
 import time
@@ -143,7 +144,8 @@ def generate_on_node(key: str, channel, face_name: str, face_bytes: bytes, audio
     """The Ray task: write the inputs into a temporary folder, run the pipeline there, return what it made.
 
     Returns {"outcome": "done" | "cancelled" | "failed" | "error", "result": MP4 bytes or None,
-    "summary": result.json's text or None, "engine", "error", "traceback", "node", "log": [(level, line)]}.
+    "summary": result.json's text or None, "engine", "error", "traceback", "node", "folder" (the
+    temporary one), "log": [(level, line)]}.
     ``audio_name`` None means the face file carries the speech.
     """
     import ray
@@ -172,6 +174,7 @@ def generate_on_node(key: str, channel, face_name: str, face_bytes: bytes, audio
                                "node": ray.util.get_node_ip_address()}
     try:
         with tempfile.TemporaryDirectory(prefix="heygem-ray-") as folder:
+            outcome["folder"] = folder
             face_path = Path(folder) / face_name
             face_path.write_bytes(face_bytes)
             audio_path = face_path
@@ -306,10 +309,18 @@ class RayGeneration:
             logger.error("the traceback on the node:\n%s", outcome["traceback"])
             raise RemoteFailure(outcome["error"])
         if outcome["summary"] is not None:
-            output_path.with_suffix(".json").write_text(outcome["summary"], encoding="utf-8")
+            summary = _moved(json.loads(outcome["summary"]), outcome["folder"], output_path.parent)
+            output_path.with_suffix(".json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
         if outcome["result"] is not None:
             _write_atomically(output_path, outcome["result"])
         return argparse.Namespace(engine=outcome["engine"])
+
+
+def _moved(summary: dict, node_folder: str, job_folder: Path) -> dict:
+    """The summary with the paths of files in the node's temporary folder made the job folder's."""
+    prefix = node_folder.rstrip("/") + "/"
+    return {key: str(job_folder / value[len(prefix):]) if isinstance(value, str) and value.startswith(prefix)
+            else value for key, value in summary.items()}
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

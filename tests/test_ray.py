@@ -235,12 +235,19 @@ def test_without_ray_the_app_and_a_job_never_import_it(tmp_path, media):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_ray_and_devices_together_are_one_line_and_exit_status_2(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "heygem", "batch", str(tmp_path), "-o", str(tmp_path / "out"),
-                             "--ray", "--devices", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: --devices is for the workers of this machine; with --ray each item gets one GPU of the cluster: "
-        "leave --devices out"], result.stderr
+@pytest.mark.parametrize("arguments, message", [
+    (["batch", "IN", "-o", "OUT", "--ray", "--devices", "cpu"],
+     "error: --devices is for the workers of this machine; with --ray each item gets one GPU of the cluster: "
+     "leave --devices out"),
+    (["doctor", "--ray", "127.0.0.1:1"],
+     "error: nothing answers at 127.0.0.1:1 (Connection refused): start the head node there with `ray start "
+     "--head`, or check the address and port (6379 by default)"),
+])
+def test_ray_flag_mistakes_are_one_line_and_exit_status_2(tmp_path, arguments, message):
+    arguments = [str(tmp_path / argument) if argument in ("IN", "OUT") else argument for argument in arguments]
+    result = subprocess.run([sys.executable, "-m", "heygem", *arguments], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [message], result.stderr
 
 
 def test_the_doctor_reports_each_node(capsys):

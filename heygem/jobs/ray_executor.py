@@ -22,6 +22,7 @@ import argparse
 import functools
 import json
 import logging
+import socket
 import tempfile
 import time
 import traceback
@@ -40,6 +41,7 @@ LOCAL = "local"  # --ray without an address: start a Ray instance on this machin
 WORKER_DEATH_RETRIES = 2  # runs of a job after its Ray worker or node died, on top of the first
 POLL_INTERVAL = 0.2  # seconds between looks at a running task (its progress, a cancel in the store)
 STOP_POLL_INTERVAL = 0.25  # seconds between the task's own looks for a stop request
+CONNECT_TIMEOUT = 5.0  # seconds to wait for a given cluster address to answer
 CANCEL_GRACE = 20.0  # seconds a cancelled task may take to stop before its worker process is killed
 # Ray's errors for a task that died with its process or node, not because of the job (names, as some
 # exist only in some Ray versions)
@@ -69,22 +71,37 @@ def add_ray_flag(parser: argparse.ArgumentParser, what: str = "jobs", help: str 
 def connect(address: str | None = LOCAL) -> None:
     """Join the Ray cluster at ``address`` ("auto", "HOST:PORT") or start a local one (None or "local").
 
-    Does nothing when this process is connected already.
+    Does nothing when this process is connected already. The workers' own
+    output stays in Ray's logs on each node (the heygem log records of a job
+    come back into its job.log), so it does not run through the terminal.
     """
     ray = import_ray()
     if ray.is_initialized():
         return
     try:
         if address in (None, "", LOCAL):
-            ray.init()
+            ray.init(log_to_driver=False)
         else:
-            ray.init(address=address)
+            _check_reachable(address)
+            ray.init(address=address, log_to_driver=False)
     except ConnectionError as problem:
-        raise HeygemError(f"cannot join the Ray cluster at {address}: {problem}; start it with `ray start --head` "
-                          "or leave the address out to start one here") from None
+        raise HeygemError(f"cannot join the Ray cluster at {address} ({_first_line(problem).rstrip('.')}): start "
+                          "it with `ray start --head`, or give --ray no address to start one here") from None
     resources = ray.cluster_resources()
     logger.info("Ray cluster: %d node(s), %g CPU(s), %g GPU(s)", len(alive_nodes()),
                 resources.get("CPU", 0), resources.get("GPU", 0))
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT nobody answers at is a one-line error now (Ray itself keeps trying for minutes)."""
+    host, colon, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not colon or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as problem:
+        raise HeygemError(f"nothing answers at {address} ({problem.strerror or problem}): start the head node "
+                          "there with `ray start --head`, or check the address and port (6379 by default)") from None
 
 
 def alive_nodes() -> list[dict]:

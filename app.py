@@ -31,6 +31,7 @@ from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, ru
 from heygem.errors import HeygemError
 from heygem.flags import add_devices_flag
 from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobLimits, JobStore, devices_from_flags, start_workers
+from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.pipeline import warm_up
 
 logger = logging.getLogger("heygem")
@@ -620,6 +621,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="job workers in this process (default: one per GPU, or one; with --devices: one per "
                              "listed device; 0: run them elsewhere with `python -m heygem jobs work`)")
     add_devices_flag(parser)
+    add_ray_flag(parser, "jobs")
     return parser.parse_args(argv)
 
 
@@ -636,6 +638,9 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("--auth takes USER:PASS")
         auth = (user, password)
     try:  # a bad --devices ends here with one line, before anything starts
+        if args.ray is not None and args.devices is not None:
+            raise HeygemError("--devices is for the workers of this machine; with --ray each job gets one GPU "
+                              "of the cluster: leave --devices out")
         devices = devices_from_flags(args.devices, args.workers)
     except HeygemError as problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -645,7 +650,13 @@ def main(argv: list[str] | None = None) -> None:
                        max_output_height=args.max_output_height or None,
                        min_free_bytes=int(args.min_free_mb * 2**20) or None)
     store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=limits)
-    if args.workers != 0:
+    if args.ray is not None:
+        try:
+            start_ray_workers(store, args.ray)
+        except HeygemError as problem:
+            print(f"error: {problem}", file=sys.stderr)
+            raise SystemExit(2) from None
+    elif args.workers != 0:
         start_workers(store, args.workers, devices=devices)
         threading.Thread(target=warm_up, name="heygem-warm-up", daemon=True).start()
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root])

@@ -33,6 +33,7 @@ from heygem.errors import HeygemError
 from heygem.flags import add_devices_flag, add_option_flags, option_overrides
 from heygem.jobs import (CANCELLED, DEFAULT_OUTPUTS, DONE, FAILED, JobStore, devices_from_flags, new_job_id,
                          sanitize_filename, start_workers)
+from heygem.jobs.ray_executor import add_ray_flag
 
 logger = logging.getLogger("heygem")
 
@@ -335,13 +336,15 @@ def write_summary(results: list[BatchResult], path: Path) -> None:
 
 def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options: dict | None = None, *,
               jobs_dir: Path = DEFAULT_OUTPUTS, show_progress: bool = True,
-              devices: list[str] | None = None) -> list[BatchResult]:
+              devices: list[str] | None = None, ray_address: str | None = None) -> list[BatchResult]:
     """Make every item of ``input_dir`` into ``output_dir/<name>.mp4`` and write ``summary.csv``.
 
     Jobs go through the store in ``jobs_dir`` and run on a worker in this
     process, or on one worker per entry of ``devices`` (e.g. ["cuda:0",
-    "cuda:1"]). Items whose result exists and whose inputs and options are
-    unchanged are skipped; a failed item is recorded and the rest go on.
+    "cuda:1"]), or on a Ray cluster when ``ray_address`` is given ("local",
+    "auto" or HOST:PORT; see heygem.jobs.ray_executor). Items whose result
+    exists and whose inputs and options are unchanged are skipped; a failed
+    item is recorded and the rest go on.
     """
     from tqdm import tqdm
 
@@ -375,7 +378,14 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
             pending[item.name] = outcome
     by_name = {item.name: item for item in items}
 
-    workers = start_workers(store, None if devices else 1, devices=devices, batch=batch) if pending else []
+    if not pending:
+        workers = []
+    elif ray_address is not None:
+        from heygem.jobs.ray_executor import start_ray_workers
+
+        workers = start_ray_workers(store, ray_address, batch=batch)
+    else:
+        workers = start_workers(store, None if devices else 1, devices=devices, batch=batch)
     bar = tqdm(total=len(items), unit="item", desc="batch", disable=not show_progress)
     bar.update(len(results))
     try:
@@ -437,11 +447,15 @@ def _log_jobs_quietly(args: argparse.Namespace) -> None:
 
 
 def batch_command(args: argparse.Namespace) -> int:
+    if args.ray is not None and args.devices is not None:
+        raise HeygemError("--devices is for the workers of this machine; with --ray each item gets one GPU of "
+                          "the cluster: leave --devices out")
     devices = devices_from_flags(args.devices)
     _log_jobs_quietly(args)
     options = {**_parse_options(args.options), **option_overrides(args)}
     results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
-                        jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet, devices=devices)
+                        jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet, devices=devices,
+                        ray_address=args.ray)
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1
@@ -467,6 +481,7 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
                         help="the job store the items run through (default: outputs/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_devices_flag(parser)
+    add_ray_flag(parser, "items")
     add_option_flags(parser)
     parser.set_defaults(handler=batch_command)
     return parser

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--no-benchmark", action="store_true",
                         help="skip the few-second GPU convolution benchmark (cuDNN on against off)")
+    doctor.add_argument("--benchmark", action="store_true", help="with --ray: run the GPU benchmark on each node too")
+    from heygem.jobs.ray_executor import add_ray_flag
+
+    add_ray_flag(doctor, help="run the checks on every node of a Ray cluster, each with its own packages, GPUs "
+                              "and weights/, and print a report per node")
     doctor.set_defaults(handler=run_doctor)
 
     voices = commands.add_parser(
@@ -158,6 +163,8 @@ def generate_from_text(args: argparse.Namespace, config, progress):
 def run_doctor(args: argparse.Namespace) -> int:
     from heygem import doctor
 
+    if args.ray is not None:  # each node's report; the benchmark only when asked for
+        return doctor.main_on_cluster(args.ray, as_json=args.json, benchmark=args.benchmark)
     return doctor.main(as_json=args.json, benchmark=not args.no_benchmark)
 
 

@@ -666,6 +666,45 @@ def main(as_json: bool = False, benchmark: bool = True) -> int:
     return report.exit_code
 
 
+def node_report(benchmark: bool = False) -> dict:
+    """This node's report for :func:`main_on_cluster` (it runs as a Ray task on each node)."""
+    report = run_checks(benchmark=benchmark)
+    return {"host": platform.node(), "exit_code": report.exit_code, "report": report.to_dict(),
+            "text": format_text(report)}
+
+
+def main_on_cluster(address: str | None, as_json: bool = False, benchmark: bool = False) -> int:
+    """Run the checks on every alive node of the Ray cluster at ``address`` and print a report per node.
+
+    Each node checks its own packages, GPUs, ffmpeg and weights/. Returns 0
+    when the default engine can run on every node, else 1.
+    """
+    import json
+
+    from heygem.jobs import ray_executor
+
+    ray_executor.connect(address)
+    nodes = []
+    for node, result in ray_executor.run_on_every_node(node_report, benchmark):
+        where = node.get("NodeManagerAddress", "?")
+        if isinstance(result, BaseException):
+            nodes.append({"node": where, "host": node.get("NodeManagerHostname"), "exit_code": 1,
+                          "error": f"the checks could not run there: {first_line(result)}"})
+        else:
+            nodes.append({"node": where, **result})
+    if as_json:
+        print(json.dumps([{key: value for key, value in node.items() if key != "text"} for node in nodes], indent=2))
+    else:
+        for index, node in enumerate(nodes):
+            if index:
+                print()
+            print(f"=== node {node['node']} ({node.get('host') or 'unknown host'}) ===")
+            print(node.get("text") or node["error"])
+        ready = sum(node["exit_code"] == 0 for node in nodes)
+        print(f"\n{ready} of {plural(len(nodes), 'node')} ready")
+    return 1 if not nodes or any(node["exit_code"] for node in nodes) else 0
+
+
 if __name__ == "__main__":  # the web app's benchmark button runs this in a process of its own
     import json
 

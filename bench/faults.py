@@ -54,7 +54,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from heygem.media import ffmpeg_binary, probe  # noqa: E402
+from heygem.media import ffmpeg_binary, probe
 
 ASSETS = REPO / "assets"
 FINISHED = ("done", "failed", "cancelled")
@@ -117,7 +117,7 @@ class Server:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
-        with open(log_path, "ab") as log:
+        with open(log_path, "ab") as log:  # preexec_fn only for the file size limit, started with no threads about
             self.process = subprocess.Popen(
                 [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(self.port), "--outputs", str(outputs),
                  *extra_args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -235,7 +235,7 @@ def result_is_good(path: Path, seconds: float) -> bool:
     if info.kind != "video" or not info.has_audio or abs(info.duration - seconds) > 0.25:
         return False
     decoded = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-i", str(path), "-f", "null", "-"],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, check=False)
     return decoded.returncode == 0 and not decoded.stderr.strip()
 
 
@@ -441,7 +441,7 @@ def disk_part(work: Path, inputs: Inputs, timeout: float, method: str = "auto") 
     mounted = False
     if method == "tmpfs" or (method == "auto" and os.getuid() == 0):
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(outputs)],
-                                 capture_output=True).returncode == 0
+                                 capture_output=True, check=False).returncode == 0
     if mounted:
         described, speech, options = "a 24 MB tmpfs mounted on the outputs folder", inputs.long_speech, OPTIONS
     else:  # every file the server writes is capped instead: small inputs, a result larger than the cap

@@ -2,7 +2,9 @@
 
     POST   /api/jobs               multipart: face, audio (optional: the face video's own sound) or text (with
                                    optional voice and speed), options (JSON)
-                                   -> 201 {"id": ...}; bad files or unknown options -> 400 {"error": ...}
+                                   -> 201 {"id": ...}; bad files, file names that are not a plain name of a
+                                   video, image or audio type, or unknown options -> 400 {"error": ...};
+                                   queue full -> 429 (Retry-After); disk short or full -> 507
     GET    /api/jobs               -> {"jobs": [...]}, newest first (?status=, ?limit=)
     GET    /api/jobs/{id}          -> {"id", "status", "progress", "stage", "error", "created", ...}
     GET    /api/jobs/{id}/result   -> the MP4 (404 until the job is done)

@@ -15,7 +15,8 @@ def test_the_quick_fault_run_loses_and_duplicates_nothing(tmp_path):
     report_path = tmp_path / "faults.json"
     parts = ["load", "uploads"] + (["disk"] if os.getuid() == 0 else [])  # the disk part needs a tmpfs mount
     finished = subprocess.run([sys.executable, "bench/faults.py", "--quick", "--parts", *parts,
-                               "--json", str(report_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                               "--json", str(report_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                              check=False)
     assert report_path.is_file(), finished.stdout + finished.stderr
     report = json.loads(report_path.read_text(encoding="utf-8"))
     load = report["load"]
@@ -27,9 +28,8 @@ def test_the_quick_fault_run_loses_and_duplicates_nothing(tmp_path):
     rows = {row["fault"]: row for row in report["rows"]}
     uploads = [row for name, row in rows.items() if "name" in name or "MP4" in name or "extension" in name]
     assert len(uploads) >= 10 and all(row["outcome"].startswith("HTTP 400") for row in uploads), uploads
-    if "disk" in parts:
-        assert report["disk_method"].startswith("a 24 MB tmpfs")
-        assert any("507" in row["outcome"] for row in report["rows"])
+    if "disk" in parts and report["disk_method"].startswith("a 24 MB tmpfs"):  # else mounting was not allowed
+        assert sum(row["outcome"].startswith("HTTP 507") for row in report["rows"]) == 2
     failed = [row for row in report["rows"] if not row["passed"]]
     assert not failed, failed
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]

@@ -2,7 +2,9 @@
 
     POST   /api/jobs               multipart: face, audio (optional: the face video's own sound) or text (with
                                    optional voice and speed), options (JSON)
-                                   -> 201 {"id": ...}; bad files or unknown options -> 400 {"error": ...}
+                                   -> 201 {"id": ...}; bad files, file names that are not a plain name of a
+                                   video, image or audio type, or unknown options -> 400 {"error": ...};
+                                   queue full -> 429 (Retry-After); disk short or full -> 507
     GET    /api/jobs               -> {"jobs": [...]}, newest first (?status=, ?limit=)
     GET    /api/jobs/{id}          -> {"id", "status", "progress", "stage", "error", "created", ...}
     GET    /api/jobs/{id}/result   -> the MP4 (404 until the job is done)
@@ -31,6 +33,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.routing import APIRoute
 from starlette.datastructures import UploadFile
 
+from heygem.batch import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from heygem.config import limit_remote_options
 from heygem.errors import HeygemError
 from heygem.jobs import (DONE, JobStore, NotEnoughDisk, QueueFull, Upload, UploadTooLarge, flatten_options,
@@ -41,6 +44,11 @@ logger = logging.getLogger("heygem")
 
 JOB_ID_PATTERN = re.compile(r"^[0-9A-Za-z-]{1,64}$")
 MULTIPART_OVERHEAD = 1 << 20  # bytes of form fields and boundaries allowed on top of the two files
+MAX_UPLOAD_NAME_BYTES = 255  # longest upload file name accepted (a file name on most filesystems)
+UPLOAD_SUFFIXES = {  # what each multipart field may be, by the name's extension
+    "face": VIDEO_SUFFIXES | IMAGE_SUFFIXES,
+    "audio": AUDIO_SUFFIXES | VIDEO_SUFFIXES,
+}
 
 
 class ApiError(Exception):
@@ -82,6 +90,30 @@ def remote_options(text: str) -> dict:
     if not isinstance(options, dict):
         raise HeygemError('options must be a JSON object, e.g. {"media.output_height": 360}')
     return limit_remote_options(flatten_options(options), weights_dir())
+
+
+def check_upload_name(name: str, role: str) -> None:
+    """Raise ApiError(400) unless ``name`` is a plain file name of a type the ``role`` field takes.
+
+    A remote client's file name is never a path: one with folder parts, control
+    characters (NUL, newlines), only dots, or over 255 bytes is refused rather
+    than quietly renamed, and so is an extension that is not a video, image or
+    audio type (the contents are probed as well, once the file is stored).
+    """
+    shown = repr(name[:60] + ("..." if len(name) > 60 else ""))
+    if any(ord(character) < 32 or ord(character) == 127 for character in name):
+        raise ApiError(400, f"the {role} file name {shown} has control characters (such as NUL or a line break); "
+                            "rename the file")
+    if "/" in name or "\\" in name or name.strip(" .") == "":
+        raise ApiError(400, f"the {role} file name {shown} is not a plain file name; send the file's own name "
+                            "without folders")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_UPLOAD_NAME_BYTES:
+        raise ApiError(400, f"the {role} file name is longer than {MAX_UPLOAD_NAME_BYTES} bytes; rename the file")
+    suffix = ("." + name.rpartition(".")[2].lower()) if "." in name else ""
+    if suffix not in UPLOAD_SUFFIXES[role]:
+        kinds = "a video or a photo" if role == "face" else "an audio file or a video with sound"
+        raise ApiError(400, f"the {role} file {shown} is not {kinds} by its extension; send e.g. "
+                            + (".mp4, .mov, .jpg or .png" if role == "face" else ".wav, .mp3, .m4a or .mp4"))
 
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
@@ -149,8 +181,11 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
                 speed = float(speed) if speed else 1.0
             except ValueError:
                 raise ApiError(400, f"speed must be a number such as 1.0, not {speed!r}") from None
-            face_upload = Upload(face.filename or "face", face.file)
-            audio_upload = Upload(audio.filename or "audio", audio.file) if audio is not None else None
+            check_upload_name(face.filename or "", "face")
+            if audio is not None:
+                check_upload_name(audio.filename or "", "audio")
+            face_upload = Upload(face.filename, face.file)
+            audio_upload = Upload(audio.filename, audio.file) if audio is not None else None
             try:
                 job_id = await run_in_threadpool(
                     lambda: store.create_job(face_upload, audio_upload, options, text=text, voice=voice, speed=speed))

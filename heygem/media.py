@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -43,13 +44,24 @@ def ffmpeg_binary() -> str:
         return system
     try:
         import imageio_ffmpeg
-
-        return imageio_ffmpeg.get_ffmpeg_exe()
-    except (ImportError, RuntimeError):
-        raise HeygemError(
-            "ffmpeg was not found: install it (apt install ffmpeg, brew install ffmpeg) "
-            "or `pip install imageio-ffmpeg`, which bundles one"
-        ) from None
+    except ImportError:
+        imageio_ffmpeg = None
+    for attempt in range(3 if imageio_ffmpeg is not None else 0):
+        try:
+            return imageio_ffmpeg.get_ffmpeg_exe()
+        except RuntimeError:
+            # imageio-ffmpeg remembers a failed look-up for the life of the process, even one that failed for a
+            # passing reason (its check runs `ffmpeg -version`): forget it and look again before giving up
+            lookup = getattr(getattr(imageio_ffmpeg, "_utils", None), "_get_ffmpeg_exe", None)
+            if not hasattr(lookup, "cache_clear"):
+                break
+            lookup.cache_clear()
+            logger.warning("the bundled ffmpeg did not answer; looking again (%d of 3)", attempt + 1)
+            time.sleep(0.2 * (attempt + 1))
+    raise HeygemError(
+        "ffmpeg was not found: install it (apt install ffmpeg, brew install ffmpeg) "
+        "or `pip install imageio-ffmpeg`, which bundles one"
+    )
 
 
 # ---------------------------------------------------------------------------- probing

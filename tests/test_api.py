@@ -311,3 +311,40 @@ def test_text_instead_of_audio_makes_speech_and_subtitles(app, tmp_path):
     assert "voice" in error_of(app.client.post("/api/jobs", files={"face": face},
                                                data={"text": "Hello.", "voice": "no-such-voice"}))
     assert len(app.client.get("/api/jobs").json()["jobs"]) == jobs_before
+
+
+@pytest.mark.parametrize("name, message", [
+    (b"../../etc/passwd.jpg", "not a plain file name"),
+    (b"..", "not a plain file name"),
+    (b"face\x00.jpg", "control characters"),
+    (b"face\n.jpg", "control characters"),
+    (b"a" * 300 + b".jpg", "longer than 255 bytes"),
+    (b"setup.exe", "not a video or a photo by its extension"),
+    (b"face", "not a video or a photo by its extension"),
+])
+def test_hostile_or_wrong_type_upload_names_are_refused_and_nothing_is_queued(tmp_path, name, message):
+    """The names go into the multipart body byte for byte (a client library would escape some of them)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from heygem.api import create_router
+    from heygem.jobs import JobStore
+
+    store = JobStore(tmp_path / "outputs")
+    client = TestClient(FastAPI(routes=create_router(store).routes))
+    boundary = "faultsboundary"
+
+    def body(face_name: bytes) -> bytes:
+        return (f"--{boundary}\r\n".encode() + b'Content-Disposition: form-data; name="face"; filename="'
+                + face_name + b'"\r\nContent-Type: application/octet-stream\r\n\r\n'
+                + (ASSETS / "astronaut.jpg").read_bytes() + f"\r\n--{boundary}--\r\n".encode())
+
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    refused = client.post("/api/jobs", content=body(name), headers=headers)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert message in error and "\n" not in error and "Traceback" not in error
+    assert store.list() == [] and not [path for path in store.outputs_dir.iterdir() if path.is_dir()]
+    # the same photo under a plain (even unusual) name is taken; it has no sound, so that is the complaint
+    plain = client.post("/api/jobs", content=body("my portrait ü.v2.jpg".encode()), headers=headers)
+    assert plain.status_code == 400 and "no sound of its own" in plain.json()["error"]

@@ -409,3 +409,47 @@ def test_the_rest_api_answers_429_with_retry_after_and_507(tmp_path, face_photo,
     client, store = client_for(JobLimits(min_free_bytes=1 << 60))
     refused = submit(client)
     assert refused.status_code == 507 and "nearly full" in refused.json()["error"] and store.list() == []
+
+
+def test_an_upload_that_meets_a_full_disk_is_refused_with_507_and_leaves_nothing(tmp_path, face_photo, speech_wav,
+                                                                                 monkeypatch):
+    import errno
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from heygem.api import create_router
+    from heygem.jobs import NotEnoughDisk, files
+
+    real_open = open
+
+    class FullDisk:
+        """A file opened for writing on a disk with no room left: every write fails as the kernel says."""
+
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exception):
+            self.handle.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        return FullDisk(handle) if "b" in mode and ("w" in mode or "x" in mode) else handle
+
+    monkeypatch.setattr(files, "open", open_on_a_full_disk, raising=False)
+    store = JobStore(tmp_path / "out")
+    with pytest.raises(NotEnoughDisk, match="disk is full"):
+        store.create_job(face_photo, speech_wav)
+    client = TestClient(FastAPI(routes=create_router(store).routes))
+    refused = client.post("/api/jobs", files={"face": ("face.jpg", face_photo.read_bytes()),
+                                              "audio": ("speech.wav", speech_wav.read_bytes())})
+    assert refused.status_code == 507 and "disk is full" in refused.json()["error"]
+    assert store.list() == [] and not [path for path in store.outputs_dir.iterdir() if path.is_dir()]
+    monkeypatch.setattr(files, "open", real_open, raising=False)
+    assert store.create_job(face_photo, speech_wav)  # the same upload is taken once there is room

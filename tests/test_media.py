@@ -85,6 +85,35 @@ def test_ffmpeg_binary_is_found():
     assert Path(media.ffmpeg_binary()).exists()
 
 
+def test_a_failed_look_up_of_the_bundled_ffmpeg_is_tried_again(monkeypatch):
+    """imageio-ffmpeg caches a failed check for good; one passing failure must not leave every later job
+    with "ffmpeg was not found" (seen once in a server restarted under load)."""
+    import functools
+
+    _utils = pytest.importorskip("imageio_ffmpeg._utils")
+    real_lookup = _utils._get_ffmpeg_exe
+    real_lookup.cache_clear()
+    calls = []
+
+    @functools.lru_cache()
+    def flaky_lookup():
+        calls.append(1)
+        return None if len(calls) == 1 else real_lookup()
+
+    monkeypatch.setattr(_utils, "_get_ffmpeg_exe", flaky_lookup)
+    monkeypatch.setattr(media.shutil, "which", lambda name: None)
+    for variable in ("HEYGEM_FFMPEG", "IMAGEIO_FFMPEG_EXE"):
+        monkeypatch.delenv(variable, raising=False)
+    media.ffmpeg_binary.cache_clear()
+    try:
+        found = media.ffmpeg_binary()
+    finally:
+        media.ffmpeg_binary.cache_clear()
+    assert len(calls) == 2
+    version = subprocess.run([found, "-version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("ffmpeg version")
+
+
 def test_writing_a_region_back_gives_the_bytes_a_whole_frame_conversion_gives():
     portrait = cv2.resize(cv2.imread(str(ASSETS / "astronaut.jpg")), (160, 120), interpolation=cv2.INTER_AREA)
     frame_i420 = media.bgr_to_yuv420(portrait)

@@ -13,6 +13,7 @@ The database (``outputs/jobs.db``) is in WAL mode with one connection per thread
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -276,6 +277,13 @@ class NotEnoughDisk(HeygemError):
     """The outputs folder's disk has less free space than a job needs."""
 
 
+def _is_disk_full(problem: BaseException) -> bool:
+    """Whether a write failed for want of space (a full disk, a quota, a file size limit)."""
+    if isinstance(problem, sqlite3.OperationalError):
+        return "full" in str(problem)  # "database or disk is full"
+    return getattr(problem, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 class JobStore:
     """Jobs in ``outputs_dir``: create, read, cancel, retry, delete, clean.
 
@@ -478,6 +486,12 @@ class JobStore:
                     "batch, label, item_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job_id, QUEUED, now, now, face_name, audio_name, json.dumps(flat_options, ensure_ascii=False),
                      config.engine.name, batch, label, item_key))
+        except (OSError, sqlite3.OperationalError) as problem:
+            shutil.rmtree(directory, ignore_errors=True)
+            if _is_disk_full(problem):
+                raise NotEnoughDisk(f"the server's disk is full: the upload could not be stored ({problem}); try "
+                                    "again once old jobs are cleaned") from None
+            raise
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise

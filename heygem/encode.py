@@ -288,6 +288,8 @@ def _ffmpeg_message(stderr_file, return_code: int | None, error: BaseException |
     """ffmpeg's last stderr line, or how it ended when it said nothing (killed, say)."""
     stderr_file.seek(0)
     lines = stderr_file.read().decode(errors="replace").strip().splitlines()
+    if any("No space left on device" in line for line in lines):
+        return "the disk holding the output is full (no space left on device): free some space and try again"
     if lines:
         return lines[-1]
     if return_code is not None and return_code < 0:

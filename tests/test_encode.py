@@ -339,3 +339,17 @@ def test_ffmpeg_message_reaches_the_error(tmp_path, wav_speech, encoders):
         encoder.close()
     assert "signal" not in str(raised.value) and len(str(raised.value)) > 40  # ffmpeg's own words
     assert ffmpeg_children() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_is_named_in_the_encoder_message():
+    import tempfile
+
+    from heygem.encode import _ffmpeg_message
+
+    with tempfile.TemporaryFile() as stderr_file:
+        stderr_file.write(b"frame=  10\n[out#0/mp4 @ 0x1234] Error closing file: No space left on device\n")
+        message = _ffmpeg_message(stderr_file, 1)
+    assert message.startswith("the disk holding the output is full") and "\n" not in message
+    with tempfile.TemporaryFile() as stderr_file:
+        stderr_file.write(b"some other failure\n")
+        assert _ffmpeg_message(stderr_file, 1) == "some other failure"

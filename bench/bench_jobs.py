@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), metavar="NAME",
                         help="which runs, in this order: " + ", ".join(RUNS))
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--logs", type=Path, help="a folder for each run's stderr")
     args = parser.parse_args()
 
     from bench_pipeline import machine_description, make_inputs
@@ -87,6 +88,9 @@ def main() -> None:
             started = time.perf_counter()
             finished = subprocess.run(command, env=environment, cwd=REPO, capture_output=True, text=True, check=False)
             wall = time.perf_counter() - started
+            if args.logs:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                (args.logs / f"{output.name}.log").write_text(finished.stderr, encoding="utf-8")
             done = _check(output, args.jobs, expected_frames) if finished.returncode == 0 else \
                 f"exit {finished.returncode}: {(finished.stderr.strip().splitlines() or ['?'])[-1]}"
             row = f"| {name} | {args.jobs} | {wall:.1f} | {args.jobs * expected_frames / wall:.1f} | {done} |"

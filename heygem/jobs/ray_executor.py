@@ -229,8 +229,12 @@ class RemoteFailure(Exception):
 
 @functools.lru_cache(maxsize=None)
 def _remote(function: Callable):
-    """``function`` as a Ray remote function (made once per process, after ray is imported)."""
-    return import_ray().remote(function)
+    """``function`` as a Ray remote function (made once per process, after ray is imported).
+
+    max_calls 0: a Ray worker process runs task after task and so keeps its engine loaded between
+    jobs; Ray's default for tasks that ask for a GPU is a fresh process per task, which would pay
+    the imports and the engine's loading for every job."""
+    return import_ray().remote(max_calls=0)(function)
 
 
 class RayGeneration:

@@ -10,6 +10,7 @@ import glob
 import logging
 import os
 import sys
+import threading
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from heygem.errors import HeygemError
@@ -101,6 +102,12 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True, device=N
 
 
 _WARNED: set[str] = set()
+# One CUDA graph capture at a time in the process: torch registers the random generators' state with
+# the capture process-wide, and two captures at once (workers on two GPUs starting together) fail.
+_CAPTURE_LOCK = threading.Lock()
+# Graphs whose capture failed are kept, never destroyed: destroying one throws inside torch's
+# destructor, which ends the whole process.
+_FAILED_GRAPHS: list = []
 
 
 def _warn_once(message: str) -> None:
@@ -372,6 +379,7 @@ class FixedBatchRunner:
         """
         import torch
 
+        graph = None
         try:
             side_stream = torch.cuda.Stream(self.device)
             side_stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -379,11 +387,14 @@ class FixedBatchRunner:
                 for _ in range(3):
                     self.module(*batch.inputs)
             torch.cuda.current_stream(self.device).wait_stream(side_stream)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other stages may use the GPU from their own threads while this one captures
-            with torch.inference_mode(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                output = self.module(*batch.inputs)
+            with _CAPTURE_LOCK:
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: other stages may use the GPU from their own threads while this one captures
+                with torch.inference_mode(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    output = self.module(*batch.inputs)
         except Exception as error:  # noqa: BLE001 - any capture failure falls back to eager
+            if graph is not None:
+                _FAILED_GRAPHS.append(graph)
             if is_out_of_memory(error):
                 raise
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -129,6 +129,8 @@ class GenerationSummary:
     total_seconds: float = 0.0
     options: dict = field(default_factory=dict)
     avatar_cache: str = "off"  # "hit": face tracking reused from an earlier run, "miss": tracked and stored
+    restorer: str = "none"  # the restoration that ran: "gfpgan", "sharpen" or "none"
+    restorer_reason: str = ""
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

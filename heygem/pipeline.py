@@ -156,7 +156,8 @@ def generate(
 
     summary = GenerationSummary(
         output_path=output_path, face_path=face_path, audio_path=audio_path, engine=engine_name,
-        engine_reason=engine_reason, restorer=restorer.name, restorer_reason=restorer.reason, width=geometry.width, height=geometry.height, fps=fps, frames=frame_count,
+        engine_reason=engine_reason, restorer=restorer.name, restorer_reason=restorer.reason,
+        width=geometry.width, height=geometry.height, fps=fps, frames=frame_count,
         frames_without_face=written["without_face"], audio_seconds=audio_seconds, video_seconds=frame_count / fps,
         seconds_per_stage={stage: round(value, 3) for stage, value in clock.seconds.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),

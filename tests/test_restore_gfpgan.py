@@ -161,9 +161,9 @@ def test_only_the_lower_face_mask_changes_and_strength_scales_it(portrait, portr
 # --- the torch path -------------------------------------------------------------------------------
 
 
-def torch_render(portrait, patch: FacePatch, restorer: GfpganRestorer, strength: float) -> np.ndarray:
-    """The torch render's steps on the whole frame as one region: paste the 96x96 patch, restore."""
-    x1, y1, x2, y2 = patch.box
+def torch_render(portrait, patch: FacePatch, restorer: GfpganRestorer, strength: float):
+    """The torch render's steps on the whole frame as one region: paste the 96x96 patch, restore.
+    Returns the I420 planes (1, 768, 512) after restoring and as they were after pasting."""
     generated = cv2.resize(patch.image_bgr, (96, 96), interpolation=cv2.INTER_AREA)
     planes = torch.from_numpy(cv2.cvtColor(portrait, cv2.COLOR_BGR2YUV_I420))[None].contiguous()
     boxes = np.array([patch.box])
@@ -259,7 +259,7 @@ def test_restorer_gfpgan_without_its_file_is_a_user_error_everywhere(tmp_path, m
     assert apply_overrides(Config(), {"restore.method": "gfpgan", "restore.enabled": False}).restore.method == "gfpgan"
     result = subprocess.run([sys.executable, "-m", "heygem", "generate", "--face", str(face_photo), "--audio",
                              str(short_speech), "--output", str(tmp_path / "out.mp4"), "--restorer", "gfpgan"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 2
     assert "--restorer gfpgan needs GFPGANv1.4.pth" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out.mp4").exists()

@@ -25,14 +25,28 @@ import pandas as pd
 
 from heygem import __version__
 from heygem.api import create_router, remote_options
-from heygem.batch import collect_files, plan_items, resolve_under_roots, submit_items, zip_results
+from heygem.batch import (
+    collect_files,
+    plan_items,
+    resolve_under_roots,
+    submit_items,
+    zip_results,
+)
 from heygem.config import REPO_ROOT
 from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
 from heygem.errors import HeygemError
 from heygem.flags import add_devices_flag
-from heygem.jobs import DEFAULT_OUTPUTS, DONE, RUNNING, JobLimits, JobStore, devices_from_flags, start_workers
+from heygem.jobs import (
+    DEFAULT_OUTPUTS,
+    DONE,
+    RUNNING,
+    JobLimits,
+    JobStore,
+    devices_from_flags,
+    start_workers,
+)
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
-from heygem.pipeline import warm_up
+from heygem.pipeline import warm_up, weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -67,29 +81,79 @@ CSS = """
 
 
 def options_from_controls(engine: str, pad_top: float, pad_bottom: float, pad_left: float, pad_right: float,
-                          smooth_window: float, restore: bool, output_height: int, fps: float) -> dict:
+                          smooth_window: float, restorer: str, output_height: int, fps: float,
+                          detector: str = "mediapipe") -> dict:
     """The option dict (dotted keys of heygem.config) for what the form shows."""
-    return {
+    options = {
         "engine.name": engine,
         "face.pads": [int(pad_top), int(pad_bottom), int(pad_left), int(pad_right)],
         "face.smooth_window": int(smooth_window),
-        "restore.enabled": bool(restore),
+        "restore.enabled": restorer != "none",
+        "restore.method": restorer,
         "media.output_height": int(output_height) or None,
         "media.fps": float(fps),
+        "face.detector": detector,
     }
+    return options
+
+
+def installed_weights() -> set[str]:
+    """Names of the registry entries (configs/weights.yaml) with a file in the weights folder."""
+    from heygem.weights import installed_names
+
+    try:
+        return installed_names(weights_dir())
+    except HeygemError as error:  # an unreadable registry: offer only what needs no weights
+        logger.warning("%s", error)
+        return set()
+
+
+def engine_choices(installed: set[str]) -> list[tuple[str, str]]:
+    """Engines the form offers: Wav2Lip only when one of its checkpoints is installed."""
+    choices = [("auto (Wav2Lip when its weights are in weights/)", "auto")]
+    if installed & {"wav2lip", "wav2lip_gan"}:
+        choices.append(("Wav2Lip", "wav2lip"))
+    return choices + [("built-in landmark engine", "landmark")]
+
+
+def restorer_choices(installed: set[str]) -> list[tuple[str, str]]:
+    """Restorers the form offers: GFPGAN only when GFPGANv1.4.pth is installed."""
+    choices = [("auto (GFPGAN when installed, for Wav2Lip)", "auto")]
+    if "gfpgan_v1.4" in installed:
+        choices.append(("GFPGAN v1.4", "gfpgan"))
+    return choices + [("sharpen", "sharpen"), ("none", "none")]
+
+
+def detector_choices(installed: set[str]) -> list[tuple[str, str]]:
+    """Face detectors the form offers: S3FD only when its file is installed."""
+    choices = [("mediapipe", "mediapipe")]
+    if "s3fd" in installed:
+        choices.append(("S3FD", "s3fd"))
+    return choices
+
+
+def offered(value: str, choices: list[tuple[str, str]], fallback: str) -> str:
+    return value if value in {choice for _, choice in choices} else fallback
 
 
 def option_controls(store: JobStore, prefix: str) -> list[gr.components.Component]:
-    """The options people actually change, with the defaults of configs/default.yaml."""
+    """The options people actually change, with the defaults of configs/default.yaml; engines,
+    restorers and detectors that need weights are offered only when their files are installed."""
     defaults = store.base_config
+    installed = installed_weights()
+    engines, restorers, detectors = engine_choices(installed), restorer_choices(installed), detector_choices(installed)
+    restorer_default = defaults.restore.method if defaults.restore.enabled else "none"
     with gr.Accordion("Options", open=False, elem_id=f"{prefix}options-accordion"):
         with gr.Row():
-            engine = gr.Dropdown(
-                [("auto (Wav2Lip when its weights are in weights/)", "auto"), ("Wav2Lip", "wav2lip"),
-                 ("built-in landmark engine", "landmark")],
-                value=defaults.engine.name, label="Engine")
+            engine = gr.Dropdown(engines, value=offered(defaults.engine.name, engines, "auto"), label="Engine",
+                                 elem_id=f"{prefix}engine")
             output_height = gr.Dropdown(OUTPUT_HEIGHTS, value=defaults.media.output_height or 0, label="Output height",
                                         elem_id=f"{prefix}output-height")
+        with gr.Row():
+            restorer = gr.Dropdown(restorers, value=offered(restorer_default, restorers, "auto"),
+                                   label="Restore the mouth region", elem_id=f"{prefix}restorer")
+            detector = gr.Dropdown(detectors, label="Face detector", elem_id=f"{prefix}detector",
+                                   value=offered(defaults.face.detector, detectors, "mediapipe"))
         gr.Markdown("Extra pixels around the detected face (more chin padding helps when the mouth is cut off):")
         with gr.Row():
             pads = [gr.Number(value=value, label=label, precision=0, minimum=-200, maximum=200, min_width=80)
@@ -99,8 +163,7 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
                                info="boxes averaged over this many frames; 1 switches it off")
             fps = gr.Slider(10, 60, value=defaults.media.fps, step=1, label="Frames per second for photos",
                             info="videos keep their own rate")
-        restore = gr.Checkbox(value=defaults.restore.enabled, label="Restore (sharpen) the mouth region")
-    return [engine, *pads, smooth, restore, output_height, fps]
+    return [engine, *pads, smooth, restorer, output_height, fps, detector]
 
 
 def format_time(seconds: float | None) -> str:
@@ -118,6 +181,9 @@ def job_card(job) -> str:
         detail = f"{html.escape(job.stage or 'starting')} · {job.progress:.0%}"
     elif job.status == DONE:
         detail = f"Finished in {job.seconds:.1f} s with the {html.escape(job.engine)} engine" if job.seconds else "Finished"
+        restorer = (job.read_summary() or {}).get("restorer")
+        if restorer:
+            detail += f" · restorer: {html.escape(str(restorer))}"
     else:
         detail = f"after {job.seconds:.1f} s" if job.seconds else ""
     width = 100 if job.status == DONE else int(round(job.progress * 100))
@@ -152,6 +218,16 @@ def chart_update(job) -> dict:
         return gr.update(visible=False)
     total = (job.read_summary() or {}).get("total_seconds") or frame["seconds"].sum()
     return gr.update(value=frame, visible=True, label=f"Seconds per stage · {total:.1f} s in all")
+
+
+def weights_frame() -> pd.DataFrame:
+    """What `python -m heygem weights list` reports: one row per recognised file."""
+    from heygem.weights import check_weights, describe_path, load_registry
+
+    folder = weights_dir()
+    rows = [(state.entry.name, state.state, state.entry.purpose, describe_path(state.path), state.entry.enables)
+            for state in (check_weights(entry, folder) for entry in load_registry())]
+    return pd.DataFrame(rows, columns=["name", "state", "for", "file", "enables"])
 
 
 def system_markdown() -> str:
@@ -511,6 +587,10 @@ def system_tab() -> None:
     with gr.Tab("System", id="system") as tab:
         gr.Markdown("The same checks as `python -m heygem doctor` on the machine that serves this page.")
         report = gr.Markdown("Loading…", elem_id="system-report")
+        gr.Markdown(f"Network weights in `{weights_dir()}`, as `python -m heygem weights list` reports them "
+                    "(`python -m heygem weights download NAME` fetches one):")
+        weights = gr.Dataframe(headers=["name", "state", "for", "file", "enables"], interactive=False,
+                               elem_id="system-weights", wrap=True)
         system_refresh = gr.Button("Check again")
         gr.Markdown("The GPU benchmark runs the Wav2Lip generator for a few seconds with cuDNN on and off "
                     "(jobs running on the same GPU slow it down).")
@@ -518,6 +598,7 @@ def system_tab() -> None:
         benchmark = gr.Markdown(elem_id="system-benchmark")
         for trigger in (tab.select, system_refresh.click):
             trigger(system_markdown, None, report, api_visibility="private")
+            trigger(weights_frame, None, weights, api_visibility="private")
         benchmark_button.click(benchmark_markdown_now, None, benchmark, concurrency_limit=1,
                                api_visibility="private")
 

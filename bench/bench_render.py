@@ -40,6 +40,7 @@ def main() -> None:
     from heygem.engines.wav2lip import Wav2LipEngine
     from heygem.models.wav2lip import Wav2Lip
     from heygem.render import GpuRender
+    from heygem.restore import Restoration
     from heygem.types import Face, FrameBatch
 
     width, height = (int(v) for v in args.size.lower().split("x"))
@@ -70,6 +71,7 @@ def main() -> None:
         def mel_windows(output_indices):
             return audio.mel_windows(mel, output_indices % 4000)
 
+    Ready.restoration = Restoration("sharpen", Config().restore.strength)
     render = GpuRender(Ready(), Config())
     timings = {"whole batch": 0.0}
 

@@ -73,9 +73,10 @@ class EngineConfig:
 
 @dataclass
 class RestoreConfig:
-    enabled: bool = option(True, "--restore", "sharpen the generated mouth region after a generator network such as wav2lip (the landmark engine moves real pixels and needs none); --no-restore switches it off")
-    method: str = option("sharpen", "--restore-method", "restoration method", ("sharpen",))
-    strength: float = option(0.6, "--restore-strength", "how strongly the mouth region is sharpened, 0..2")
+    enabled: bool = option(True, "--restore", "restore the generated mouth region with the --restorer method; --no-restore switches restoration off, as --restorer none does")
+    method: str = option("auto", "--restorer", "how the generated mouth region is restored: auto picks gfpgan when GFPGANv1.4.pth is in weights/ and the engine synthesises pixels (wav2lip), else sharpen for wav2lip and none for the landmark engine, which moves real pixels",
+                         ("auto", "gfpgan", "sharpen", "none"))
+    strength: float = option(0.6, "--restore-strength", "how strongly the mouth region is restored: 0..2 for sharpen, 0..1 for gfpgan (1 shows only the restored pixels; more counts as 1)")
 
 
 @dataclass
@@ -211,6 +212,12 @@ def validate(config: Config) -> None:
         raise HeygemError("--face-workers and --encoders must be 0 (automatic) or more")
     if not 0 <= media.crf <= 51:
         raise HeygemError("--crf must be between 0 and 51")
+    if not 0 <= config.restore.strength <= 2:
+        raise HeygemError("--restore-strength must be between 0 and 2")
+    if config.restore.enabled and config.restore.method == "gfpgan":
+        from heygem.restore import require_gfpgan_checkpoint
+
+        require_gfpgan_checkpoint()  # a missing file is the user's to fix before anything runs
 
 
 # Options whose value names a file on the server. A remote client (REST) may give only the name of a

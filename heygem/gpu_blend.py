@@ -475,7 +475,18 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
         shift = difference / edge_count.clamp(min=1)[:, None]  # (F, 3) mean colour difference
         shift = torch.where((edge_count >= _MIN_EDGE_PIXELS)[:, None], shift, torch.zeros_like(shift))
         scaled += shift[:, :, None, None]
-    mixed = scaled.sub_(regions).mul_(masks).add_(regions).clamp_(0.0, 255.0)  # (F, 3, Hc, Wc) alpha blend
+    blend_canvas(planes, canvas, regions, scaled, masks, chroma)
+
+
+def blend_canvas(planes: torch.Tensor, canvas: FaceCanvas, regions: torch.Tensor, new_pixels: torch.Tensor,
+                 masks: torch.Tensor, chroma: str = "average") -> None:
+    """Alpha-blend ``new_pixels`` over ``regions`` with ``masks`` and write the result into ``planes``.
+
+    planes (N, H * 3/2, W) uint8 I420; regions, the frame under each canvas, and new_pixels are
+    (F, 3, Hc, Wc) BGR in 0..255 on ``canvas``; masks (F, 1, Hc, Wc) in [0, 1]. Only Y bytes where
+    the mask is above 0, and U/V bytes of 2x2 blocks with any such pixel, are written.
+    """
+    mixed = (new_pixels - regions).mul_(masks).add_(regions).clamp_(0.0, 255.0)  # (F, 3, Hc, Wc) alpha blend
     new_y, new_u, new_v = bgr_to_i420(mixed, chroma)
 
     views = _plane_rows(planes, canvas)
@@ -490,5 +501,5 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
         rows_view[rows[face, row], columns[face, column]] = values[face, row, column]
 
 
-__all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "crop_faces", "face_canvas", "face_masks",
+__all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "blend_canvas", "crop_faces", "face_canvas", "face_masks",
            "gather_canvas", "i420_to_bgr", "paste_faces", "sharpen_changed", "split_planes"]

@@ -2,7 +2,8 @@
 
     1. probe the inputs and settle the output's size, rate and length
     2. decode the audio and compute one Wav2Lip mel window per output frame
-    3. choose the lip-sync engine (wav2lip when its weights are present, else landmark) and the face detector
+    3. choose the lip-sync engine (wav2lip when its weights are present, else landmark), the face
+       detector and the restorer (gfpgan when its weights are present and the engine synthesises pixels)
     4. faces: take the face video's tracking from the avatar cache, or track it as it streams past
     5. for each bounded batch of output frames: decode, attach faces, generate mouth patches,
        restore them, blend them into the frames, and encode
@@ -30,10 +31,18 @@ from pathlib import Path
 import numpy as np
 
 from heygem import audio, encode, media
-from heygem.config import REPO_ROOT, Config, EngineConfig, FaceConfig, apply_overrides, load_config
+from heygem.config import (
+    REPO_ROOT,
+    Config,
+    EngineConfig,
+    FaceConfig,
+    apply_overrides,
+    load_config,
+)
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.flow import Stage, StageClock, run_stages
 from heygem.render import Prepared, choose_render
+from heygem.restore import choose_restorer, create_restoration
 from heygem.source import SourceFrames, frames_per_batch
 from heygem.tracking import FaceStage
 from heygem.types import FrameBatch, GenerationSummary
@@ -97,12 +106,15 @@ def generate(
     mel_future = _BACKGROUND.submit(_timed_call, audio.melspectrogram, samples_16k)
     report("prepare", 0.7)
 
-    # 3. engine: chosen now, loaded in the background
+    # 3. engine, restorer and face detector: chosen now, the networks loaded in the background
     engine_name, checkpoint, engine_reason = choose_engine(config.engine)
+    restorer = choose_restorer(config.restore, engine_name, weights_dir())
+    detector_checkpoint = choose_detector(config.face)
     engine_future = _BACKGROUND.submit(_timed_call, create_engine, engine_name, checkpoint, config.engine, fps,
                                        landmark_worker_count(config), threading.get_ident())
-    logger.info("engine: %s (%s)", engine_name, engine_reason)
-    detector_checkpoint = choose_detector(config.face)
+    restoration_future = _BACKGROUND.submit(_timed_call, create_restoration, restorer, config)
+    logger.info("engine: %s (%s); restorer: %s (%s); face detector: %s", engine_name, engine_reason, restorer.name,
+                restorer.reason, config.face.detector)
     report("prepare", 1.0)
 
     work_dir = Path(tempfile.mkdtemp(prefix="heygem-"))
@@ -118,7 +130,7 @@ def generate(
                                       crf=config.media.crf, preset=config.media.preset,
                                       audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
                                       encoders=config.run.encoders)
-        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock)
+        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future)
         render = choose_render(engine_name, prepared, config)
         written = {"frames": 0, "without_face": 0}
 
@@ -153,7 +165,8 @@ def generate(
 
     summary = GenerationSummary(
         output_path=output_path, face_path=face_path, audio_path=audio_path, engine=engine_name,
-        engine_reason=engine_reason, width=geometry.width, height=geometry.height, fps=fps, frames=frame_count,
+        engine_reason=engine_reason, restorer=restorer.name, restorer_reason=restorer.reason,
+        width=geometry.width, height=geometry.height, fps=fps, frames=frame_count,
         frames_without_face=written["without_face"], audio_seconds=audio_seconds, video_seconds=frame_count / fps,
         seconds_per_stage={stage: round(value, 3) for stage, value in clock.seconds.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),

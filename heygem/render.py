@@ -2,7 +2,8 @@
 
 On the CPU the frames are converted to BGR and the engine, the restorer and the blender run as
 three stages (heygem.engines, heygem.restore, heygem.blend). On a GPU the wav2lip engine's whole
-batch stays on the device from upload to download (heygem.gpu_blend).
+batch stays on the device from upload to download (heygem.gpu_blend), GFPGAN restoration included
+(heygem.restore_gfpgan).
 """
 
 from __future__ import annotations
@@ -18,38 +19,51 @@ from heygem.blend import blend_patch
 from heygem.config import Config
 from heygem.errors import HeygemError
 from heygem.flow import Stage, StageClock
-from heygem.restore import restore_patches
+from heygem.restore import Restoration, restore_patches
 from heygem.types import EngineBatch, FrameBatch
 
 
 class Prepared:
     """What the background threads prepare while the first frames are decoded and tracked: the
-    mel spectrogram and the loaded engine. The render stages ask for them when their first
-    batch arrives, so loading the networks overlaps with decoding and face tracking."""
+    mel spectrogram, the loaded engine and the restorer (with its network for gfpgan). The render
+    stages ask for them when their first batch arrives, so loading the networks overlaps with
+    decoding and face tracking."""
 
-    def __init__(self, mel_future: Future, engine_future: Future, frame_count: int, fps: float, clock: StageClock):
+    def __init__(self, mel_future: Future, engine_future: Future, frame_count: int, fps: float, clock: StageClock,
+                 restoration_future: Future | None = None):
         self._mel_future = mel_future
         self._engine_future = engine_future
+        self._restoration_future = restoration_future  # None: no restoration
         self._frame_count = frame_count
         self.fps = fps
         self._clock = clock
         self._lock = threading.Lock()
-        self._mel = self._engine = self._window_starts = None
+        self._mel = self._engine = self._window_starts = self._restoration = None
 
     def _resolve(self) -> None:
         with self._lock:
             if self._engine is None:
                 mel, mel_seconds = self._mel_future.result()
                 engine, engine_seconds = self._engine_future.result()
+                restoration = Restoration("none", 0.0)
+                if self._restoration_future is not None:
+                    restoration, restorer_seconds = self._restoration_future.result()
+                    if restoration.network is not None:
+                        self._clock.add("load_restorer", restorer_seconds)
                 self._clock.add("audio", mel_seconds)
                 self._clock.add("load_engine", engine_seconds)
                 self._window_starts = audio.mel_window_starts(self._frame_count, self.fps, mel.shape[1])
-                self._mel, self._engine = mel, engine
+                self._mel, self._engine, self._restoration = mel, engine, restoration
 
     @property
     def engine(self):
         self._resolve()
         return self._engine
+
+    @property
+    def restoration(self) -> Restoration:
+        self._resolve()
+        return self._restoration
 
     def mel_windows(self, output_indices: np.ndarray) -> np.ndarray:
         """(N, 80, 16) float32 mel windows of these output frames."""
@@ -92,10 +106,11 @@ class CpuRender:
             yield batch
 
     def restore(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
-        """Sharpen what an engine that synthesises pixels made (the landmark engine moves real ones)."""
+        """Restore the patches with the chosen restorer (heygem.restore.choose_restorer)."""
         for batch in batches:
-            if self.prepared.engine.needs_restoration:
-                batch.patches = restore_patches(batch.patches, batch.frames_bgr, self.config.restore)
+            restoration = self.prepared.restoration
+            if restoration.name != "none":
+                batch.patches = restore_patches(batch.patches, batch.frames_bgr, restoration)
             yield batch
 
     def blend(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
@@ -112,9 +127,11 @@ class GpuRender:
     """Steps 5c-5e on the GPU for the wav2lip engine: one stage, frames on the device from upload to download.
 
     Per batch: upload the I420 frames, crop every face to 96x96 (heygem.gpu_blend), run the
-    generator on the masked crops and the mel windows, sharpen what it changed, paste the
-    patches back with the feathered, colour-matched lower-face mask, and copy the frames back.
-    Only the bytes under the masks change; ffmpeg gets the I420 frames as they come back.
+    generator on the masked crops and the mel windows, sharpen what it changed (--restorer
+    sharpen), paste the patches back with the feathered, colour-matched lower-face mask, restore
+    the pasted lower face with GFPGAN (--restorer gfpgan: aligned, restored and blended back on the
+    device, heygem.restore_gfpgan), and copy the frames back. Only the bytes under the masks
+    change; ffmpeg gets the I420 frames as they come back.
     """
 
     bytes_per_pixel = 1.5  # batches stay I420
@@ -144,10 +161,15 @@ class GpuRender:
         from heygem.engines.wav2lip import FACE_SIZE
 
         device = engine.device
+        restoration = self.prepared.restoration
         frame_height, frame_width = batch.frames_i420.shape[1] * 2 // 3, batch.frames_i420.shape[2]
         boxes_host = np.array([batch.faces[row].box for row in rows], dtype=np.int64)  # (F, 4)
+        landmarks_frame = np.stack([_landmarks_or_nan(batch.faces[row]) for row in rows])  # (F, 468, 2)
+        region_boxes = boxes_host
+        if restoration.name == "gfpgan":  # GFPGAN aligns from around the box: those pixels travel too
+            region_boxes = _with_crop_footprints(boxes_host, landmarks_frame, frame_height, frame_width)
         # Only each face's region travels: the same even-sized region around every box, as I420
-        canvas = gpu_blend.face_canvas(np.array(rows), boxes_host, frame_height, frame_width, "cpu")
+        canvas = gpu_blend.face_canvas(np.array(rows), region_boxes, frame_height, frame_width, "cpu")
         origins = canvas.origin.numpy()  # (F, 2) even x, y
         regions_host = self._host_buffer((len(rows), canvas.height * 3 // 2, canvas.width), device)
         for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
@@ -162,12 +184,14 @@ class GpuRender:
         mel_windows = torch.from_numpy(self.prepared.mel_windows(batch.output_indices[rows]))
         mel_windows = mel_windows.unsqueeze(1).to(device, non_blocking=True)  # (F, 1, 80, 16)
         generated = engine.generate_faces(torch.cat((masked, crops), dim=1), mel_windows)  # (F, 3, 96, 96)
-        restore = self.config.restore
-        if restore.enabled and restore.strength > 0:
-            generated = gpu_blend.sharpen_changed(generated, crops, restore.strength)
-        landmarks = np.stack([_landmarks_or_nan(batch.faces[row]) for row in rows]) - origins[:, None, :]
-        gpu_blend.paste_faces(planes, frame_index, boxes, generated, landmarks.astype(np.float32),
+        if restoration.name == "sharpen":
+            generated = gpu_blend.sharpen_changed(generated, crops, restoration.strength)
+        landmarks = (landmarks_frame - origins[:, None, :]).astype(np.float32)  # (F, 468, 2) on the regions
+        gpu_blend.paste_faces(planes, frame_index, boxes, generated, landmarks,
                               feather=self.config.blend.feather, color_match=self.config.blend.color_match)
+        if restoration.name == "gfpgan":
+            restoration.network.restore_regions(planes, boxes_host - shift, landmarks, restoration.strength,
+                                                feather=self.config.blend.feather)
         torch.from_numpy(regions_host).copy_(planes)  # back into the page-locked buffer
         for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
             frame_window[...] = region_plane
@@ -190,6 +214,20 @@ def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], or
                                                     (1, 2, 2)):
             height, width = region_plane.shape
             yield region_plane, frame_plane[y // scale: y // scale + height, x // scale: x // scale + width]
+
+
+def _with_crop_footprints(boxes: np.ndarray, landmarks: np.ndarray, frame_height: int, frame_width: int) -> np.ndarray:
+    """(F, 4) boxes widened to the frame pixels each face's aligned GFPGAN square is sampled from
+    (faces without landmarks keep their box)."""
+    from heygem.restore_gfpgan import alignment_matrices, crop_footprints
+
+    widened = boxes.copy()
+    usable = np.isfinite(landmarks).all(axis=(1, 2))  # (F,)
+    if usable.any():
+        footprints = crop_footprints(alignment_matrices(landmarks[usable]), frame_height, frame_width)  # (U, 4)
+        widened[usable, :2] = np.minimum(boxes[usable, :2], footprints[:, :2])
+        widened[usable, 2:] = np.maximum(boxes[usable, 2:], footprints[:, 2:])
+    return widened
 
 
 def _landmarks_or_nan(face) -> np.ndarray:

@@ -1,18 +1,93 @@
 """Stage 5: restoration (deblur) of the generated mouth region.
 
-The built-in method is an unsharp mask applied only where the engine changed
-pixels, so untouched skin is left exactly as it was. Networks plug in through
-``RESTORERS``: a callable taking (patches, frames) and returning patches.
+``choose_restorer`` settles the --restorer option before anything loads: "sharpen" is an
+unsharp mask applied only where the engine changed pixels, so untouched skin is left
+exactly as it was; "gfpgan" runs the GFPGAN v1.4 network on the aligned face and blends
+its lower face back (heygem.restore_gfpgan); "none" leaves the patches as they are.
+Every method is a ``RESTORERS`` callable taking (patches, frames, Restoration) and
+returning patches.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from heygem.config import RestoreConfig
+from heygem.config import BlendConfig, Config, RestoreConfig
+from heygem.errors import HeygemError
 from heygem.types import FacePatch
+
+logger = logging.getLogger("heygem")
+
+RESTORER_NAMES = ("gfpgan", "sharpen", "none")
+
+
+@dataclass(frozen=True)
+class RestorerChoice:
+    """Which restorer runs, decided from the options, the engine and the weights folder."""
+
+    name: str  # "gfpgan", "sharpen" or "none"
+    checkpoint: Path | None  # GFPGANv1.4.pth for gfpgan
+    reason: str  # one short phrase for the log
+
+
+@dataclass
+class Restoration:
+    """What a restorer needs for a job: its settings and, for gfpgan, the loaded network."""
+
+    name: str  # "gfpgan", "sharpen" or "none"
+    strength: float
+    network: object | None = None  # heygem.restore_gfpgan.GfpganRestorer for gfpgan
+    blend: BlendConfig = field(default_factory=BlendConfig)  # gfpgan pastes the mouth before restoring it
+
+
+def weights_folder() -> Path:
+    from heygem.pipeline import weights_dir
+
+    return weights_dir()
+
+
+def require_gfpgan_checkpoint(weights_dir: Path | None = None) -> Path:
+    """GFPGANv1.4.pth in the weights folder, or a HeygemError saying how to get it."""
+    from heygem.weights import find_gfpgan_checkpoint
+
+    folder = weights_dir if weights_dir is not None else weights_folder()
+    checkpoint = find_gfpgan_checkpoint(folder)
+    if checkpoint is None:
+        raise HeygemError(f"--restorer gfpgan needs GFPGANv1.4.pth in {folder}: run `python -m heygem weights "
+                          f"download gfpgan_v1.4` or put the file there (or choose --restorer auto, sharpen or none)")
+    return checkpoint
+
+
+def choose_restorer(config: RestoreConfig, engine_name: str, weights_dir: Path | None = None) -> RestorerChoice:
+    """The restorer for ``engine_name`` ("wav2lip" synthesises pixels, "landmark" moves real ones).
+
+    auto: gfpgan when GFPGANv1.4.pth is in the weights folder and the engine synthesises
+    pixels, else sharpen for wav2lip and none for the landmark engine. Quick: nothing loads.
+    Raises HeygemError for gfpgan without its file.
+    """
+    from heygem.weights import find_gfpgan_checkpoint
+
+    folder = weights_dir if weights_dir is not None else weights_folder()
+    method = config.method
+    if not config.enabled or method == "none":
+        return RestorerChoice("none", None, "switched off")
+    if config.strength <= 0:
+        return RestorerChoice("none", None, "--restore-strength is 0")
+    if method == "gfpgan":
+        return RestorerChoice("gfpgan", require_gfpgan_checkpoint(folder), "chosen with --restorer")
+    if method == "sharpen":
+        return RestorerChoice("sharpen", None, "chosen with --restorer")
+    if engine_name != "wav2lip":
+        return RestorerChoice("none", None, f"auto: the {engine_name} engine moves real pixels")
+    checkpoint = find_gfpgan_checkpoint(folder)
+    if checkpoint is not None:
+        return RestorerChoice("gfpgan", checkpoint, f"auto: found {checkpoint.name}")
+    return RestorerChoice("sharpen", None, f"auto: no GFPGANv1.4.pth in {folder}")
 
 CHANGE_THRESHOLD = 3.0  # grey levels: smaller differences from the source count as unchanged
 
@@ -33,23 +108,39 @@ def sharpen_changed(patch: FacePatch, source_region_bgr: np.ndarray, strength: f
     return FacePatch(box=patch.box, image_bgr=restored, mask=patch.mask, face=patch.face)
 
 
-def restore_patches(patches: list[FacePatch | None], frames_bgr: np.ndarray, config: RestoreConfig) -> list[FacePatch | None]:
-    """Apply the configured restoration to each patch (frames are (N, H, W, 3) uint8 BGR)."""
-    if not config.enabled or config.strength <= 0:
+def restore_patches(patches: list[FacePatch | None], frames_bgr: np.ndarray,
+                    restoration: Restoration) -> list[FacePatch | None]:
+    """Apply ``restoration`` to each patch (frames are (N, H, W, 3) uint8 BGR, the source frames)."""
+    if restoration.name == "none" or restoration.strength <= 0:
         return patches
-    restorer = RESTORERS[config.method]
-    return restorer(patches, frames_bgr, config)
+    return RESTORERS[restoration.name](patches, frames_bgr, restoration)
 
 
-def _sharpen_all(patches, frames_bgr, config: RestoreConfig):
+def _sharpen_all(patches, frames_bgr, restoration: Restoration):
     restored = []
     for patch, frame in zip(patches, frames_bgr):
         if patch is None:
             restored.append(None)
             continue
         x1, y1, x2, y2 = patch.box
-        restored.append(sharpen_changed(patch, frame[y1:y2, x1:x2], config.strength))
+        restored.append(sharpen_changed(patch, frame[y1:y2, x1:x2], restoration.strength))
     return restored
 
 
-RESTORERS: dict[str, Callable] = {"sharpen": _sharpen_all}
+def _gfpgan_all(patches, frames_bgr, restoration: Restoration):
+    from heygem.restore_gfpgan import restore_patches_gfpgan
+
+    return restore_patches_gfpgan(restoration.network, patches, frames_bgr, restoration.strength, restoration.blend)
+
+
+RESTORERS: dict[str, Callable] = {"sharpen": _sharpen_all, "gfpgan": _gfpgan_all}
+
+
+def create_restoration(choice: RestorerChoice, config: Config) -> Restoration:
+    """The restoration ``choice`` names, ready to run (loads GFPGAN for gfpgan: seconds the first time)."""
+    network = None
+    if choice.name == "gfpgan":
+        from heygem.restore_gfpgan import load_restorer
+
+        network = load_restorer(choice.checkpoint, config.engine)
+    return Restoration(choice.name, config.restore.strength, network=network, blend=config.blend)

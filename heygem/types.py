@@ -130,6 +130,8 @@ class GenerationSummary:
     options: dict = field(default_factory=dict)
     avatar_cache: str = "off"  # "hit": face tracking reused from an earlier run, "miss": tracked and stored
     detector: str = "mediapipe"  # the face detector that found the faces: mediapipe or s3fd
+    restorer: str = "none"  # the restoration that ran: "gfpgan", "sharpen" or "none"
+    restorer_reason: str = ""
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

@@ -29,6 +29,9 @@ logger = logging.getLogger("heygem")
 WAV2LIP_FILE_NAMES = ("wav2lip_gan.pth", "wav2lip.pth")
 WAV2LIP_EXPECTED = "the official wav2lip_gan.pth or wav2lip.pth from the Wav2Lip release"
 
+# The released GFPGAN v1.4 restorer file (heygem.restore_gfpgan).
+GFPGAN_FILE_NAMES = ("GFPGANv1.4.pth",)
+
 SHOWN_KEYS = 3  # how many missing or unexpected keys an error message lists
 
 
@@ -38,6 +41,11 @@ def find_wav2lip_checkpoint(weights_dir: Path) -> Path | None:
     wav2lip_gan.pth is preferred over wav2lip.pth when both are there.
     """
     return find_first_file(weights_dir, WAV2LIP_FILE_NAMES)
+
+
+def find_gfpgan_checkpoint(weights_dir: Path) -> Path | None:
+    """GFPGANv1.4.pth in ``weights_dir`` (matched case-insensitively), or None."""
+    return find_first_file(weights_dir, GFPGAN_FILE_NAMES)
 
 
 def find_first_file(weights_dir: Path, names) -> Path | None:
@@ -268,6 +276,11 @@ def find_entry(entries: list[WeightsEntry], name: str) -> WeightsEntry:
 def find_installed(entry: WeightsEntry, weights_dir: Path) -> Path | None:
     """The first of ``entry.files`` present in ``weights_dir`` (names matched case-insensitively), or None."""
     return find_first_file(weights_dir, entry.files)
+
+
+def installed_names(weights_dir: Path, registry: str | Path | None = None) -> set[str]:
+    """Names of the registry entries with a file in ``weights_dir`` (present, contents not checked)."""
+    return {entry.name for entry in load_registry(registry) if find_installed(entry, weights_dir) is not None}
 
 
 def file_sha256(path: Path) -> str:

@@ -174,6 +174,9 @@ def main() -> None:
                         help="a shorter input for one slow configuration (its frames/s stays comparable)")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--weights", type=Path, help="a folder with real checkpoints (default: random-init)")
+    parser.add_argument("--gfpgan", action="store_true",
+                        help="also put a random-init GFPGANv1.4.pth (official layout) into the weights, so that "
+                             "the wav2lip engine restores with GFPGAN (restore.method auto)")
     parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("OPTION", "VALUE"),
                         help="an option for every configuration, e.g. --set media.preset ultrafast "
                              "(VALUE is read as YAML: 3, true, fp16)")
@@ -199,6 +202,10 @@ def main() -> None:
             weights = folder / "weights"
             weights.mkdir()
             torch.save({"state_dict": Wav2Lip().state_dict()}, weights / "wav2lip.pth")
+            if args.gfpgan:
+                from heygem.models.gfpgan import GFPGANClean
+
+                torch.save({"params_ema": GFPGANClean().state_dict()}, weights / "GFPGANv1.4.pth")
             environment["HEYGEM_WEIGHTS"] = str(weights)
         else:
             environment["HEYGEM_WEIGHTS"] = str(args.weights)

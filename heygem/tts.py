@@ -403,11 +403,12 @@ def load_voice(voice: Voice) -> None:
 
 # ---------------------------------------------------------------- synthesis
 
-def check_text(text: str) -> None:
+def check_text(text: str, max_characters: int | None = MAX_TEXT_CHARACTERS) -> None:
+    """HeygemError for empty text or text longer than ``max_characters`` (None or 0: no limit)."""
     if not isinstance(text, str) or not text.strip():
         raise HeygemError("the text to speak is empty: give at least one word")
-    if len(text) > MAX_TEXT_CHARACTERS:
-        raise HeygemError(f"the text is {len(text)} characters long; at most {MAX_TEXT_CHARACTERS} are spoken "
+    if max_characters and len(text) > max_characters:
+        raise HeygemError(f"the text is {len(text)} characters long; at most {max_characters} are spoken "
                           f"at once: split it into shorter parts")
 
 
@@ -419,11 +420,11 @@ def _check_options(speed: float, sentence_pause: float) -> None:
         raise HeygemError(f"sentence pause {sentence_pause:g} s is out of range: give 0 to {MAX_SENTENCE_PAUSE:g} s")
 
 
-def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0,
-                     sentence_pause: float = 0.3) -> Iterator[SentenceAudio]:
+def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0, sentence_pause: float = 0.3,
+                     max_characters: int | None = MAX_TEXT_CHARACTERS) -> Iterator[SentenceAudio]:
     """Speak ``text`` one sentence at a time with ``choice.voice``; yields each sentence's samples (with
     ``sentence_pause`` seconds of silence after every sentence but the last) and its cue."""
-    check_text(text)
+    check_text(text, max_characters)
     _check_options(speed, sentence_pause)
     voice = choice.voice
     speak = _piper_sentence if voice.kind == "piper" else _espeak_sentence
@@ -448,20 +449,21 @@ def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0,
 
 
 def synthesize(text: str, voice: str | Voice | None = None, speed: float = 1.0, sentence_pause: float = 0.3,
-               weights_dir: str | Path | None = None) -> Speech:
+               weights_dir: str | Path | None = None, max_characters: int | None = MAX_TEXT_CHARACTERS) -> Speech:
     """Speak ``text``; see ``choose_voice`` for which voice speaks when ``voice`` is None.
 
     ``speed`` 0.5-2.0 (1 is the voice's own pace); ``sentence_pause`` seconds of silence between sentences.
-    HeygemError for empty text, text over MAX_TEXT_CHARACTERS, an unknown voice or options out of range.
+    HeygemError for empty text, text over ``max_characters`` (None or 0: no limit), an unknown voice or
+    options out of range.
     """
-    check_text(text)
+    check_text(text, max_characters)
     _check_options(speed, sentence_pause)
     choice = choose_voice(text, voice, weights_dir)
     if choice.note:
         logger.warning("%s", choice.note)
     pieces: list[np.ndarray] = []
     cues: list[Cue] = []
-    for sentence in stream_sentences(text, choice, speed, sentence_pause):
+    for sentence in stream_sentences(text, choice, speed, sentence_pause, max_characters):
         pieces.append(sentence.samples)
         cues.append(sentence.cue)
     if not pieces:
@@ -509,3 +511,33 @@ def write_srt(cues: list[Cue], path: str | Path) -> Path:
     path = Path(path)
     path.write_text(format_srt(cues), encoding="utf-8")
     return path
+
+
+_SRT_TIMING = re.compile(r"(\d+):(\d{2}):(\d{2})[,.](\d{3})\s*-->\s*(\d+):(\d{2}):(\d{2})[,.](\d{3})")
+
+
+def read_srt(path: str | Path) -> list[Cue]:
+    """The cues of a SubRip file (as ``write_srt`` writes them); lines of one cue are joined by a space.
+
+    HeygemError when the file cannot be read or holds no timed cue."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as error:
+        raise HeygemError(f"cannot read the subtitles {path.name}: {error}") from None
+    cues: list[Cue] = []
+    for block in re.split(r"\n\s*\n", text.replace("\r\n", "\n").strip()):
+        lines = block.splitlines()
+        for index, line in enumerate(lines):
+            timing = _SRT_TIMING.search(line)
+            if timing:
+                h1, m1, s1, ms1, h2, m2, s2, ms2 = (int(part) for part in timing.groups())
+                start = h1 * 3600 + m1 * 60 + s1 + ms1 / 1000
+                end = h2 * 3600 + m2 * 60 + s2 + ms2 / 1000
+                words = " ".join(part.strip() for part in lines[index + 1:] if part.strip())
+                if words and end > start:
+                    cues.append(Cue(start=start, end=end, text=words))
+                break
+    if not cues:
+        raise HeygemError(f"{path.name} holds no subtitle cues")
+    return cues

@@ -198,3 +198,101 @@ def test_cli_say_and_voices(tmp_path):
     refused = heygem("say", "hello", "--voice", "missing", "-o", tmp_path / "x.wav")
     assert refused.returncode == 2 and "unknown voice 'missing'" in refused.stderr
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_configurable_text_limit():
+    with pytest.raises(HeygemError, match="at most 10 are spoken"):
+        tts.synthesize("Hello there, friend.", max_characters=10)
+    tts.check_text("a" * (tts.MAX_TEXT_CHARACTERS + 1), max_characters=0)  # 0: no limit
+
+
+def test_srt_read_back(tmp_path):
+    cues = [tts.Cue(0.0, 1.5, "Hello there."), tts.Cue(1.8, 3.25, "你好。")]
+    assert tts.read_srt(tts.write_srt(cues, tmp_path / "cues.srt")) == cues
+    (tmp_path / "empty.srt").write_text("no cues here\n", encoding="utf-8")
+    with pytest.raises(HeygemError, match="no subtitle cues"):
+        tts.read_srt(tmp_path / "empty.srt")
+
+
+# ---------------------------------------------------------------- subtitles drawn into the frames
+
+@pytest.fixture(scope="module")
+def grey_clip(tmp_path_factory):
+    """2 s of flat grey 160x120 frames at 10 fps with a 2 s tone: any drawn pixel shows."""
+    from conftest import run_ffmpeg
+
+    path = tmp_path_factory.mktemp("burn") / "grey.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", "color=c=0x808080:s=160x120:r=10:d=2", "-f", "lavfi",
+               "-i", "sine=frequency=300:duration=2", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt",
+               "yuv420p", "-c:a", "aac", "-shortest", str(path))
+    return path
+
+
+def stream_types(path):
+    import av
+
+    with av.open(str(path)) as container:
+        return sorted(stream.type for stream in container.streams)
+
+
+def test_burn_draws_cues_only_during_their_time(grey_clip, tmp_path):
+    import shutil
+
+    from conftest import decode_frames
+    from heygem import media
+
+    clip = tmp_path / "clip.mp4"
+    shutil.copyfile(grey_clip, clip)
+    before = decode_frames(clip).astype(np.int16)  # (20, 120, 160, 3)
+    cues = [tts.Cue(0.5, 1.2, "Hello there, friend.")]
+    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    assert media.add_subtitles(clip, srt, cues, "burn", crf=18, preset="ultrafast") == "burn"
+    after = decode_frames(clip).astype(np.int16)
+    assert after.shape == before.shape  # same frame count and size
+    changed = np.abs(after - before).max(axis=(1, 2, 3))  # (20,) largest change per frame
+    inside = [index for index in range(len(after)) if 0.5 <= index / 10 < 1.2]
+    outside = [index for index in range(len(after)) if index not in inside]
+    assert changed[inside].min() > 100, changed  # white text / dark band on grey
+    assert changed[outside].max() < 12, changed  # only re-encoding noise
+    # the text is in the lower part of the frame
+    difference = np.abs(after[inside[0]] - before[inside[0]]).max(axis=2)  # (120, 160)
+    rows = np.flatnonzero(difference.max(axis=1) > 60)
+    assert rows.min() > 120 // 2, rows
+    assert stream_types(clip) == ["audio", "video"]  # no subtitle track
+    assert abs(media.probe(clip).audio_duration - media.probe(grey_clip).audio_duration) < 0.05
+
+
+def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_path, caplog):
+    import shutil
+
+    from conftest import decode_frames
+    from heygem import media
+
+    assert media.characters_missing_from_font("Hello, world!") == []
+    assert media.characters_missing_from_font("Hi 你好") == ["你", "好"]
+    clip = tmp_path / "clip.mp4"
+    shutil.copyfile(grey_clip, clip)
+    before = decode_frames(clip)
+    cues = [tts.Cue(0.0, 1.0, "你好，世界。")]
+    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    with caplog.at_level("WARNING", logger="heygem"):
+        assert media.add_subtitles(clip, srt, cues, "burn") == "soft"
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "soft track instead of burned" in warnings[0] and "你" in warnings[0]
+    assert stream_types(clip) == ["audio", "subtitle", "video"]
+    assert np.array_equal(decode_frames(clip), before)  # the frames were copied, not drawn on
+
+
+def test_subtitle_mode_none_and_bad_mode(grey_clip, tmp_path):
+    import shutil
+
+    from heygem import media
+
+    clip = tmp_path / "clip.mp4"
+    shutil.copyfile(grey_clip, clip)
+    cues = [tts.Cue(0.0, 1.0, "Hello.")]
+    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    assert media.add_subtitles(clip, srt, cues, "none") == "none"
+    assert clip.read_bytes() == grey_clip.read_bytes()
+    with pytest.raises(HeygemError, match="none, soft, burn"):
+        media.add_subtitles(clip, srt, cues, "hard")

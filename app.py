@@ -203,7 +203,7 @@ def example_pairs() -> list[list[str]]:
 def generate_tab(store: JobStore) -> None:
     """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
 
-    def submit(face_path, audio_path, use_video_audio, text, voice, *controls):
+    def submit(face_path, audio_path, use_video_audio, text, voice, speed, subtitles, *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
         problem = None
         text = (text or "").strip()
@@ -215,9 +215,12 @@ def generate_tab(store: JobStore) -> None:
             problem = "Add speech (upload or record) or type some text, or tick \"use the face video's own audio\"."
         else:
             try:
+                options = options_from_controls(*controls)
+                if text:
+                    options["text.subtitles"] = subtitles
                 job_id = store.create_job(face_path, None if use_video_audio or text else audio_path,
-                                          options_from_controls(*controls), text=text or None,
-                                          voice=None if voice in (None, "", "auto") else voice)
+                                          options, text=text or None,
+                                          voice=None if voice in (None, "", "auto") else voice, speed=float(speed))
             except HeygemError as error:
                 problem = str(error)
         if problem:
@@ -256,6 +259,29 @@ def generate_tab(store: JobStore) -> None:
         if job_id:
             store.cancel(job_id)
 
+    def listen(text, voice, speed):
+        """Speak the typed text as a job would (same voice, speed and length limit): the audio and a note."""
+        import numpy as np
+
+        from heygem import tts
+        from heygem.pipeline import weights_dir
+
+        limit = store.limits.max_text_characters
+        try:
+            speech = tts.synthesize(text or "", voice=None if voice in (None, "", "auto") else voice,
+                                    speed=float(speed), weights_dir=weights_dir(),
+                                    max_characters=store.base_config.text.max_characters if limit is None else limit)
+        except HeygemError as error:
+            gr.Warning(str(error))
+            return None, f"Nothing to play: {error}"
+        pcm = np.clip(np.round(speech.samples * 32767.0), -32768, 32767).astype(np.int16)  # (N,) mono
+        note = f"Spoken by **{speech.voice.name}** ({speech.voice.language}), {speech.duration:.1f} s."
+        if speech.voice_note:
+            note += f" Note: {speech.voice_note}."
+        elif speech.voice.kind == "espeak":
+            note += f" espeak-ng sounds robotic: {tts.HOW_TO_ADD_A_VOICE}."
+        return (speech.sample_rate, pcm), note
+
     examples = example_pairs()
     with gr.Tab("Generate", id="generate"):
         job_id_state = gr.State("")
@@ -272,6 +298,14 @@ def generate_tab(store: JobStore) -> None:
                     text = gr.Textbox(label="Text", lines=3, elem_id="text-input",
                                       placeholder="Hello! Speech is made on this machine, with subtitles.")
                     voice = gr.Dropdown(voice_choices(), value="auto", label="Voice", elem_id="voice-input")
+                    with gr.Row():
+                        speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label="Speed", elem_id="speed-input")
+                        subtitles = gr.Radio([("soft track", "soft"), ("drawn in", "burn"), ("none", "none")],
+                                             value=store.base_config.text.subtitles, label="Subtitles",
+                                             elem_id="subtitles-input")
+                    listen_button = gr.Button("Listen", size="sm", elem_id="listen-button")
+                    preview = gr.Audio(label="Preview", type="numpy", interactive=False, elem_id="listen-audio")
+                    preview_note = gr.Markdown("", elem_id="listen-note")
                 controls = option_controls(store, prefix="")
                 generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
                 if examples:
@@ -289,7 +323,7 @@ def generate_tab(store: JobStore) -> None:
         face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
                     api_visibility="private")
         watching = generate.click(
-            submit, [face, audio, use_video_audio, text, voice, *controls],
+            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, *controls],
             [job_id_state, card, result, download, chart, cancel_button],
             concurrency_limit=8, show_progress="minimal", api_visibility="private",
         ).success(
@@ -299,6 +333,8 @@ def generate_tab(store: JobStore) -> None:
         # A new job replaces the one this page was following (that one keeps running; see Jobs).
         generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
+        listen_button.click(listen, [text, voice, speed], [preview, preview_note], concurrency_limit=2,
+                            api_visibility="private")
 
 
 def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:

@@ -382,3 +382,39 @@ def test_doctor_checks_the_speech_packages_and_voices(tmp_path):
     assert not any(check.required for check in checks.values())  # videos from audio need none of it
     empty = {check.name: check for check in doctor.check_speech(tmp_path / "none")}
     assert "no voices in" in empty["weights/voices"].detail
+
+
+def test_sentences_spoken_side_by_side_stay_in_order(monkeypatch):
+    sentences = ["Yes.", "This sentence is a good deal longer than the one before it, by design.", "Right.",
+                 "And here comes another rather long sentence to finish the paragraph with."]
+    monkeypatch.setattr(tts, "synthesis_workers", lambda: 3)
+    speech = tts.synthesize(" ".join(sentences), sentence_pause=0.0)
+    assert [cue.text for cue in speech.cues] == sentences
+    alone = [tts.synthesize(sentence).duration for sentence in sentences]
+    spoken = [cue.end - cue.start for cue in speech.cues]
+    for own, in_paragraph in zip(alone, spoken):
+        assert abs(own - in_paragraph) < 0.2 * own + 0.15, (alone, spoken)
+
+
+def test_the_optimised_voice_is_cached_and_a_broken_copy_is_made_again(tmp_path):
+    import os
+
+    env = {**os.environ, "HEYGEM_VOICE_CACHE": str(tmp_path / "cache")}
+
+    def say(name):
+        return subprocess.run([sys.executable, "-m", "heygem", "say", "Hello there.", "-o", tmp_path / name],
+                              cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+    first = say("one.wav")
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    (cached,) = (tmp_path / "cache").glob("en_US-joe-medium.*.ort.onnx")
+    made = cached.stat().st_mtime_ns
+    assert say("two.wav").returncode == 0 and cached.stat().st_mtime_ns == made  # reused, not made again
+    cached.write_bytes(b"not a model")
+    third = say("three.wav")
+    assert third.returncode == 0, third.stderr
+    assert "making it again" in third.stderr and cached.stat().st_size > 1_000_000
+    for name in ("one.wav", "two.wav", "three.wav"):
+        with wave.open(str(tmp_path / name), "rb") as wav:
+            pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+        assert len(pcm) > 0.4 * 22050 and np.abs(pcm).max() > 3000

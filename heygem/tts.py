@@ -343,15 +343,17 @@ def _optimized_model_path(model_path: Path) -> Path:
 def _piper_session(model_path: Path):
     """An onnxruntime session for a Piper voice, tuned for speaking sentences on the CPU.
 
-    One thread per session run: sentences run side by side instead (see ``_PiperSpeaker``), which keeps
-    both cores busy where one VITS run's operators scale poorly over threads. The graph is optimised once
-    per machine and kept under ``voice_cache_dir()``; later loads skip the optimisation.
+    Sentences run side by side (``synthesis_workers``), each run on its share of the cores (one thread
+    on two cores): a VITS run's operators scale poorly over threads, whole sentences scale well. The graph
+    is optimised once per machine and kept under ``voice_cache_dir()``; later loads skip the optimisation.
     """
     import onnxruntime
 
+    threads_per_run = max(1, available_cores() // synthesis_workers())
+
     def options(level):
         session_options = onnxruntime.SessionOptions()
-        session_options.intra_op_num_threads = 1
+        session_options.intra_op_num_threads = threads_per_run
         session_options.inter_op_num_threads = 1
         session_options.graph_optimization_level = level
         return session_options
@@ -398,13 +400,17 @@ def _load_piper(model_path: Path):
                           f"replace its .onnx and .onnx.json with a complete copy") from error
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def synthesis_workers() -> int:
     """Sentences spoken side by side: one per core this process may use, at most four."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
+    return max(1, min(4, available_cores()))
 
 
 def _piper_phoneme_ids(voice: Voice, sentence: str) -> list[list[int]]:

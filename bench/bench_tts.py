@@ -84,11 +84,11 @@ def run_processes(args: argparse.Namespace) -> list[str]:
     return header + rows
 
 
-def run_breakdown() -> list[str]:
-    """Import, voice load, first and second call inside this process."""
+def run_breakdown(checkout: Path) -> list[str]:
+    """Import, voice load, first and second call inside this process, with ``checkout``'s heygem."""
     timings = {}
     started = time.perf_counter()
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(checkout))
     from heygem import tts
 
     timings["import heygem.tts"] = time.perf_counter() - started
@@ -109,7 +109,7 @@ def run_breakdown() -> list[str]:
 
 def main() -> None:
     args = parse_arguments()
-    lines = run_breakdown() if args.breakdown else run_processes(args)
+    lines = run_breakdown(args.checkout) if args.breakdown else run_processes(args)
     table = "\n".join(lines)
     print(table)
     if args.markdown is not None:

@@ -280,7 +280,7 @@ def example_pairs() -> list[list[str]]:
 def generate_tab(store: JobStore) -> None:
     """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
 
-    def submit(face_path, audio_path, use_video_audio, text, voice, *controls):
+    def submit(face_path, audio_path, use_video_audio, text, voice, speed, subtitles, *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
         problem = None
         text = (text or "").strip()
@@ -292,9 +292,12 @@ def generate_tab(store: JobStore) -> None:
             problem = "Add speech (upload or record) or type some text, or tick \"use the face video's own audio\"."
         else:
             try:
+                options = options_from_controls(*controls)
+                if text:
+                    options["text.subtitles"] = subtitles
                 job_id = store.create_job(face_path, None if use_video_audio or text else audio_path,
-                                          options_from_controls(*controls), text=text or None,
-                                          voice=None if voice in (None, "", "auto") else voice)
+                                          options, text=text or None,
+                                          voice=None if voice in (None, "", "auto") else voice, speed=float(speed))
             except HeygemError as error:
                 problem = str(error)
         if problem:
@@ -333,6 +336,29 @@ def generate_tab(store: JobStore) -> None:
         if job_id:
             store.cancel(job_id)
 
+    def listen(text, voice, speed):
+        """Speak the typed text as a job would (same voice, speed and length limit): the audio and a note."""
+        import numpy as np
+
+        from heygem import tts
+        from heygem.pipeline import weights_dir
+
+        limit = store.limits.max_text_characters
+        try:
+            speech = tts.synthesize(text or "", voice=None if voice in (None, "", "auto") else voice,
+                                    speed=float(speed), weights_dir=weights_dir(),
+                                    max_characters=store.base_config.text.max_characters if limit is None else limit)
+        except HeygemError as error:
+            gr.Warning(str(error))
+            return None, f"Nothing to play: {error}"
+        pcm = np.clip(np.round(speech.samples * 32767.0), -32768, 32767).astype(np.int16)  # (N,) mono
+        note = f"Spoken by **{speech.voice.name}** ({speech.voice.language}), {speech.duration:.1f} s."
+        if speech.voice_note:
+            note += f" Note: {speech.voice_note}."
+        elif speech.voice.kind == "espeak":
+            note += f" espeak-ng sounds robotic: {tts.HOW_TO_ADD_A_VOICE}."
+        return (speech.sample_rate, pcm), note
+
     examples = example_pairs()
     with gr.Tab("Generate", id="generate"):
         job_id_state = gr.State("")
@@ -349,6 +375,14 @@ def generate_tab(store: JobStore) -> None:
                     text = gr.Textbox(label="Text", lines=3, elem_id="text-input",
                                       placeholder="Hello! Speech is made on this machine, with subtitles.")
                     voice = gr.Dropdown(voice_choices(), value="auto", label="Voice", elem_id="voice-input")
+                    with gr.Row():
+                        speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label="Speed", elem_id="speed-input")
+                        subtitles = gr.Radio([("soft track", "soft"), ("drawn in", "burn"), ("none", "none")],
+                                             value=store.base_config.text.subtitles, label="Subtitles",
+                                             elem_id="subtitles-input")
+                    listen_button = gr.Button("Listen", size="sm", elem_id="listen-button")
+                    preview = gr.Audio(label="Preview", type="numpy", interactive=False, elem_id="listen-audio")
+                    preview_note = gr.Markdown("", elem_id="listen-note")
                 controls = option_controls(store, prefix="")
                 generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
                 if examples:
@@ -366,7 +400,7 @@ def generate_tab(store: JobStore) -> None:
         face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
                     api_visibility="private")
         watching = generate.click(
-            submit, [face, audio, use_video_audio, text, voice, *controls],
+            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, *controls],
             [job_id_state, card, result, download, chart, cancel_button],
             concurrency_limit=8, show_progress="minimal", api_visibility="private",
         ).success(
@@ -376,6 +410,8 @@ def generate_tab(store: JobStore) -> None:
         # A new job replaces the one this page was following (that one keeps running; see Jobs).
         generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
+        listen_button.click(listen, [text, voice, speed], [preview, preview_note], concurrency_limit=2,
+                            api_visibility="private")
 
 
 def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
@@ -391,7 +427,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
             files, base = [Path(path) for path in uploaded], None
         if pairing == "manifest":
             if not manifest:
-                raise HeygemError("upload the CSV manifest (columns face,audio[,name][,options])")
+                raise HeygemError("upload the CSV manifest (columns face,audio[,text][,name][,options])")
             return plan_items(files, str(manifest), base_dir=base)
         return plan_items(files, pairing, base_dir=base)
 
@@ -406,7 +442,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
         outcome = submit_items(store, items, options_from_controls(*controls), batch)
         state = {"batch": batch, "items": [
             {"name": item.name, "face": item.face_path.name if item.face_path else "",
-             "audio": item.audio_path.name if item.audio_path else "(video's own audio)",
+             "audio": item.speech_label, "note": item.note,
              "job": outcome[item.name] if isinstance(outcome[item.name], str) else None,
              "error": None if isinstance(outcome[item.name], str) else error_text(outcome[item.name])}
             for item in items]}
@@ -430,17 +466,17 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
             with gr.Column(scale=1):
                 source = gr.Radio([("Upload files", "upload"), ("A folder on the server", "folder")],
                                   value="upload", label="Inputs")
-                uploaded = gr.File(file_count="multiple", label="Faces and audio files",
-                                   file_types=["video", "image", "audio"], height=160)
+                uploaded = gr.File(file_count="multiple", label="Faces and audio files (or .txt files to speak)",
+                                   file_types=["video", "image", "audio", ".txt"], height=160)
                 roots_text = ", ".join(f"`{root}`" for root in batch_roots) or \
                     "none (start the app with --batch-root DIR)"
                 folder = gr.Textbox(label="Folder on the server", visible=False,
                                     placeholder=str(batch_roots[0]) if batch_roots else "",
                                     info=f"must be inside: {roots_text}".replace("`", ""))
                 pairing = gr.Radio(
-                    [("Same name: anna.mp4 + anna.wav", "stem"), ("Every face with every audio", "cross"),
+                    [("Same name: anna.mp4 + anna.wav (or anna.txt)", "stem"), ("Every face with every audio", "cross"),
                      ("A CSV manifest", "manifest")], value="stem", label="Pairing")
-                manifest = gr.File(label="Manifest CSV: face,audio[,name][,options]", file_types=[".csv"],
+                manifest = gr.File(label="Manifest CSV: face,audio[,text][,name][,options]", file_types=[".csv"],
                                    visible=False, height=90)
                 batch_controls = option_controls(store, prefix="batch-")
                 start = gr.Button("Start batch", variant="primary")
@@ -471,7 +507,7 @@ def batch_table(store: JobStore, state: dict) -> tuple[pd.DataFrame, str, bool]:
         if job is not None and not job.is_finished:
             finished = False
         counts[status] = counts.get(status, 0) + 1
-        detail = item["error"] or (job.error or job.stage if job else "")
+        detail = item["error"] or (job.error or job.stage if job else "") or item.get("note")
         rows.append([item["name"], item["face"], item["audio"], STATUS_LABELS.get(status, status),
                      f"{job.progress:.0%}" if job else "", detail or "",
                      f"{job.seconds:.1f}" if job and job.seconds else "", item["job"] or ""])
@@ -692,6 +728,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="jobs that may wait at once; more are refused (HTTP 429) until some run (0: no limit)")
     parser.add_argument("--max-audio-seconds", type=float, default=600,
                         help="longest speech a job may have, so the longest video (0: no limit)")
+    parser.add_argument("--max-text-chars", type=int, default=5000,
+                        help="longest text a job may have spoken, in characters (HTTP 400 above it; 0: no limit)")
     parser.add_argument("--max-output-height", type=int, default=2160,
                         help="tallest output frame a job may ask for (0: no limit)")
     parser.add_argument("--min-free-mb", type=float, default=1024,
@@ -729,7 +767,8 @@ def main(argv: list[str] | None = None) -> None:
     max_upload_bytes = int(args.max_upload_mb * 2**20)
     limits = JobLimits(max_queued=args.max_queued or None, max_audio_seconds=args.max_audio_seconds or None,
                        max_output_height=args.max_output_height or None,
-                       min_free_bytes=int(args.min_free_mb * 2**20) or None)
+                       min_free_bytes=int(args.min_free_mb * 2**20) or None,
+                       max_text_characters=max(args.max_text_chars, 0))
     store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=limits)
     if args.ray is not None:
         try:

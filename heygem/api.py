@@ -1,7 +1,7 @@
 """The REST API: jobs over HTTP, served by ``python app.py`` next to the web UI.
 
     POST   /api/jobs               multipart: face, audio (optional: the face video's own sound) or text (with
-                                   optional voice and speed), options (JSON)
+                                   optional voice, speed and subtitles: none, soft or burn), options (JSON)
                                    -> 201 {"id": ...}; bad files, file names that are not a plain name of a
                                    video, image or audio type, or unknown options -> 400 {"error": ...};
                                    queue full -> 429 (Retry-After); disk short or full -> 507
@@ -175,8 +175,15 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
             except HeygemError as error:
                 raise ApiError(400, str(error)) from None
             text, voice, speed = form.get("text"), form.get("voice"), form.get("speed")
-            if any(value is not None and not isinstance(value, str) for value in (text, voice, speed)):
-                raise ApiError(400, "text, voice and speed are plain form fields, not files")
+            subtitles = form.get("subtitles")
+            if any(value is not None and not isinstance(value, str) for value in (text, voice, speed, subtitles)):
+                raise ApiError(400, "text, voice, speed and subtitles are plain form fields, not files")
+            if subtitles:  # a shorthand for the option text.subtitles
+                try:
+                    options = {**options, **flatten_options({"text.subtitles": subtitles.strip()})}
+                    store.resolve_options(options)
+                except HeygemError as error:
+                    raise ApiError(400, str(error)) from None
             try:
                 speed = float(speed) if speed else 1.0
             except ValueError:

@@ -1,12 +1,16 @@
-"""Batch mode: many faces and audio files in, one job each, through the job store.
+"""Batch mode: many faces and audio files (or texts to speak) in, one job each, through the job store.
 
 Items are planned from a list of files by one of three pairings:
 
 - ``stem``: files with the same name before the suffix belong together
-  (``anna.mp4`` + ``anna.wav``); a video alone uses its own sound;
-- ``cross``: every face with every audio file;
+  (``anna.mp4`` + ``anna.wav``, or ``anna.mp4`` + ``anna.txt``, whose words are
+  spoken; with both, the audio file is used); a video alone uses its own sound;
+- ``cross``: every face with every audio or text file;
 - a CSV manifest with the columns ``face``, ``audio`` (empty: the video's own
-  sound) and optionally ``name`` and ``options`` (a JSON object).
+  sound) and optionally ``text`` (words to speak instead of audio, or a .txt
+  file's name), ``name`` and ``options`` (a JSON object).
+
+An item made from text gets its subtitles (``text.subtitles``) and ``NAME.srt``.
 
 ``python -m heygem batch`` runs the items with a worker in this process
 (one per device with ``--devices cuda:0,cuda:1``), skips items whose inputs and options are unchanged since a finished earlier run,
@@ -31,8 +35,18 @@ from pathlib import Path
 
 from heygem.errors import HeygemError
 from heygem.flags import add_devices_flag, add_option_flags, option_overrides
-from heygem.jobs import (CANCELLED, DEFAULT_OUTPUTS, DONE, FAILED, JobStore, devices_from_flags, new_job_id,
-                         sanitize_filename, start_workers)
+from heygem.jobs import (
+    CANCELLED,
+    DEFAULT_OUTPUTS,
+    DONE,
+    FAILED,
+    JobStore,
+    devices_from_flags,
+    new_job_id,
+    sanitize_filename,
+    start_workers,
+)
+from heygem.jobs.files import RESULT_SUBTITLES_NAME
 from heygem.jobs.ray_executor import add_ray_flag
 
 logger = logging.getLogger("heygem")
@@ -40,12 +54,14 @@ logger = logging.getLogger("heygem")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".ts"}
 AUDIO_SUFFIXES = {".wav", ".mp3", ".m4a", ".aac", ".flac", ".ogg", ".oga", ".opus", ".wma"}
+TEXT_SUFFIXES = {".txt"}  # UTF-8 text to speak
 PAIRINGS = ("stem", "cross")  # or the path of a CSV manifest
 
 SUMMARY_NAME = "summary.csv"
 STATE_NAME = ".heygem-batch.json"  # item name -> key of the inputs and options its result was made from
 SKIPPED = "skipped"
-SUMMARY_COLUMNS = ("name", "status", "face", "audio", "output", "seconds", "engine", "error", "job_id", "device")
+SUMMARY_COLUMNS = ("name", "status", "face", "audio", "output", "seconds", "engine", "error", "job_id", "device",
+                   "note")
 
 
 @dataclass
@@ -54,9 +70,21 @@ class BatchItem:
 
     name: str  # the output's file stem, unique within the batch
     face_path: Path | None
-    audio_path: Path | None  # None: the face video's own audio
+    audio_path: Path | None  # None: the face video's own audio (or the text below)
     options: dict = field(default_factory=dict)  # this item's options over the batch's (manifest column)
     problem: str | None = None  # why the item cannot run, found while planning
+    text: str | None = None  # words to speak instead of audio (from a .txt file or the manifest's text column)
+    text_path: Path | None = None  # the .txt file the text came from
+    note: str | None = None  # something planning decided that the user should know (which file was used)
+
+    @property
+    def speech_label(self) -> str:
+        """What the item speaks, as the summary shows it."""
+        if self.audio_path is not None:
+            return self.audio_path.name
+        if self.text is not None or self.text_path is not None:
+            return f"{self.text_path.name} (text)" if self.text_path else "(text)"
+        return "(video's own audio)"
 
 
 @dataclass
@@ -77,18 +105,19 @@ class BatchResult:
             "name": self.item.name,
             "status": self.status,
             "face": self.item.face_path.name if self.item.face_path else "",
-            "audio": self.item.audio_path.name if self.item.audio_path else "(video's own audio)",
+            "audio": self.item.speech_label,
             "output": self.output_path.name if self.output_path else "",
             "seconds": "" if self.seconds is None else f"{self.seconds:.1f}",
             "engine": self.engine or "",
             "error": self.error or "",
             "job_id": self.job_id or "",
             "device": self.device or "",
+            "note": self.item.note or "",
         }
 
 
 def file_role(path: Path) -> str | None:
-    """'image', 'video' or 'audio' by the file's suffix; None for anything else."""
+    """'image', 'video', 'audio' or 'text' by the file's suffix; None for anything else."""
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
         return "image"
@@ -96,11 +125,13 @@ def file_role(path: Path) -> str | None:
         return "video"
     if suffix in AUDIO_SUFFIXES:
         return "audio"
+    if suffix in TEXT_SUFFIXES:
+        return "text"
     return None
 
 
 def collect_files(folder: Path) -> list[Path]:
-    """The media files directly inside ``folder`` (not hidden ones), sorted by name."""
+    """The media and .txt files directly inside ``folder`` (not hidden ones), sorted by name."""
     folder = Path(folder)
     if not folder.is_dir():
         raise HeygemError(f"batch folder not found: {folder}")
@@ -149,53 +180,83 @@ def plan_items(files: list[Path], pairing: str = "stem", base_dir: Path | None =
     files = [Path(path) for path in files]
     faces = [path for path in files if file_role(path) in ("image", "video")]
     audios = [path for path in files if file_role(path) == "audio"]
+    texts = [path for path in files if file_role(path) == "text"]
     if pairing == "stem":
-        items = _pair_by_stem(faces, audios)
+        items = _pair_by_stem(faces, audios, texts)
     elif pairing == "cross":
-        items = _pair_crosswise(faces, audios)
+        items = _pair_crosswise(faces, audios, texts)
     else:
         manifest = Path(pairing)
         if manifest.suffix.lower() != ".csv":
             raise HeygemError(f"pairing must be stem, cross or a .csv manifest, not {pairing!r}")
         items = _pair_by_manifest(manifest, files, base_dir)
     if not items:
-        raise HeygemError("no faces (videos or images) and audio files to pair were found")
+        raise HeygemError("no faces (videos or images) and audio or text files to pair were found")
     return _unique_names(items)
 
 
-def _pair_by_stem(faces: list[Path], audios: list[Path]) -> list[BatchItem]:
-    stems: dict[str, tuple[list[Path], list[Path]]] = {}
+def read_text_file(path: Path) -> tuple[str | None, str | None]:
+    """(the words of a UTF-8 .txt file, None), or (None, why it cannot be spoken)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        return None, f"{Path(path).name} is not UTF-8 text: save it as UTF-8"
+    except OSError as error:
+        return None, f"cannot read {Path(path).name}: {error.strerror or error}"
+    if not text.strip():
+        return None, f"{Path(path).name} is empty: write the words to speak in it"
+    return text, None
+
+
+def _speech_item(name: str, face: Path | None, speech: Path | None) -> BatchItem:
+    """An item that speaks ``speech``: an audio file, or a .txt file whose words are read now."""
+    if speech is not None and file_role(speech) == "text":
+        text, problem = read_text_file(speech)
+        return BatchItem(name=name, face_path=face, audio_path=None, text=text, text_path=speech, problem=problem)
+    return BatchItem(name=name, face_path=face, audio_path=speech)
+
+
+def _pair_by_stem(faces: list[Path], audios: list[Path], texts: list[Path] = ()) -> list[BatchItem]:
+    stems: dict[str, tuple[list[Path], list[Path], list[Path]]] = {}
     for path in faces:
-        stems.setdefault(path.stem, ([], []))[0].append(path)
+        stems.setdefault(path.stem, ([], [], []))[0].append(path)
     for path in audios:
-        stems.setdefault(path.stem, ([], []))[1].append(path)
+        stems.setdefault(path.stem, ([], [], []))[1].append(path)
+    for path in texts:
+        stems.setdefault(path.stem, ([], [], []))[2].append(path)
     items = []
-    for stem, (stem_faces, stem_audios) in sorted(stems.items()):
+    for stem, (stem_faces, stem_audios, stem_texts) in sorted(stems.items()):
         face = stem_faces[0] if len(stem_faces) == 1 else None
-        audio = stem_audios[0] if len(stem_audios) == 1 else None
-        item = BatchItem(name=stem, face_path=face, audio_path=audio)
-        if len(stem_faces) > 1 or len(stem_audios) > 1:
-            names = ", ".join(path.name for path in stem_faces + stem_audios)
-            item.problem = f"several files are named {stem}: {names}; rename them so each stem has one face and one audio"
+        speeches = stem_audios or stem_texts  # an audio file wins over a text of the same name
+        speech = speeches[0] if len(speeches) == 1 else None
+        item = _speech_item(stem, face, speech)
+        if stem_audios and stem_texts:
+            item.note = (f"{', '.join(path.name for path in stem_texts)} not spoken: "
+                         f"{', '.join(path.name for path in stem_audios)} gives the speech")
+        if len(stem_faces) > 1 or len(speeches) > 1:
+            names = ", ".join(path.name for path in stem_faces + speeches)
+            item.problem = (f"several files are named {stem}: {names}; rename them so each stem has one face "
+                            "and one audio or text")
         elif face is None:
-            item.problem = f"{audio.name} has no face (image or video) named {stem}.*"
-        elif audio is None and file_role(face) == "image":
-            item.problem = f"{face.name} is a photo with no audio file named {stem}.*"
+            item.problem = f"{speech.name} has no face (image or video) named {stem}.*"
+        elif speech is None and file_role(face) == "image":
+            item.problem = f"{face.name} is a photo with no audio or text file named {stem}.*"
         items.append(item)
     return items
 
 
-def _pair_crosswise(faces: list[Path], audios: list[Path]) -> list[BatchItem]:
+def _pair_crosswise(faces: list[Path], audios: list[Path], texts: list[Path] = ()) -> list[BatchItem]:
     if not faces:
         raise HeygemError("cross pairing needs at least one face (image or video)")
-    if not audios:
-        raise HeygemError("cross pairing needs at least one audio file")
-    return [BatchItem(name=f"{face.stem}__{audio.stem}", face_path=face, audio_path=audio)
-            for face in faces for audio in audios]
+    speeches = [*audios, *texts]
+    if not speeches:
+        raise HeygemError("cross pairing needs at least one audio or text file")
+    return [_speech_item(f"{face.stem}__{speech.stem}", face, speech) for face in faces for speech in speeches]
 
 
 def _pair_by_manifest(manifest: Path, files: list[Path], base_dir: Path | None) -> list[BatchItem]:
-    """Rows of face, audio[, name][, options]; paths are relative to ``base_dir`` (or uploaded file names)."""
+    """Rows of face, audio[, text][, name][, options]; paths are relative to ``base_dir`` (or uploaded file
+    names); ``text`` holds the words to speak instead of an audio file, or the name of a .txt file holding them."""
     if not manifest.is_file():
         raise HeygemError(f"manifest not found: {manifest}")
     by_name = {path.name: path for path in files}
@@ -223,13 +284,25 @@ def _pair_by_manifest(manifest: Path, files: list[Path], base_dir: Path | None) 
     items = []
     for number, row in enumerate(rows, start=2):
         face_entry, audio_entry = (row.get("face") or "").strip(), (row.get("audio") or "").strip()
+        text = row.get("text") or ""
         if not face_entry:
             continue
         face, problem = locate(face_entry)
         audio, audio_problem = (locate(audio_entry) if audio_entry else (None, None))
         name = (row.get("name") or "").strip() or (
             f"{Path(face_entry).stem}__{Path(audio_entry).stem}" if audio_entry else Path(face_entry).stem)
-        item = BatchItem(name=name, face_path=face, audio_path=audio, problem=problem or audio_problem)
+        item = BatchItem(name=name, face_path=face, audio_path=audio, problem=problem or audio_problem,
+                         text=text if text.strip() else None)
+        if text.strip().lower().endswith(".txt") and "\n" not in text.strip():  # the name of a .txt file
+            text_path, text_problem = locate(text.strip())
+            if text_path is not None:
+                item.text, text_problem = read_text_file(text_path)
+                item.text_path = text_path
+            item.problem = item.problem or text_problem
+        if text.strip() and audio_entry:
+            item.problem = f"line {number}: give audio or text, not both"
+        elif "text" in row and text and not text.strip():
+            item.problem = f"line {number}: the text is empty: write the words to speak, or leave the cell empty"
         options_text = (row.get("options") or "").strip()
         if options_text and item.problem is None:
             try:
@@ -254,7 +327,12 @@ def item_key(item: BatchItem, options: dict) -> str:
     """A hash of the item's inputs (their bytes) and its effective options."""
     digest = hashlib.sha256()
     digest.update(_file_digest(item.face_path).encode())
-    digest.update(_file_digest(item.audio_path).encode() if item.audio_path else b"own-audio")
+    if item.audio_path:
+        digest.update(_file_digest(item.audio_path).encode())
+    elif item.text is not None:
+        digest.update(b"text:" + item.text.encode("utf-8"))
+    else:
+        digest.update(b"own-audio")
     digest.update(json.dumps(options, sort_keys=True, ensure_ascii=False).encode())
     return digest.hexdigest()
 
@@ -280,7 +358,7 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
                 outcome[item.name] = existing.id
             else:
                 outcome[item.name] = store.create_job(item.face_path, item.audio_path, merged, batch=batch,
-                                                      label=item.name, item_key=key)
+                                                      label=item.name, item_key=key, text=item.text)
         except (HeygemError, OSError) as error:
             outcome[item.name] = error if isinstance(error, HeygemError) else HeygemError(str(error))
     return outcome
@@ -353,6 +431,9 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
         manifest = Path(pairing)
         pairing = str(manifest if manifest.is_absolute() or manifest.exists() else input_dir / manifest)
     items = plan_items(collect_files(input_dir), pairing, base_dir=input_dir)
+    for item in items:
+        if item.note:
+            logger.warning("%s: %s", item.name, item.note)
     output_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(jobs_dir)
     state = _load_state(output_dir)
@@ -405,6 +486,9 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
                     _copy_atomically(job.result_path, result.output_path)
                     if job.summary_path.is_file():
                         _copy_atomically(job.summary_path, output_dir / f"{name}.json")
+                    subtitles = job.directory / RESULT_SUBTITLES_NAME
+                    if subtitles.is_file():  # made from text
+                        _copy_atomically(subtitles, output_dir / f"{name}.srt")
                     state[name] = job.item_key
                     _write_atomically(output_dir / STATE_NAME, json.dumps(state, indent=1, sort_keys=True))
                 else:
@@ -467,14 +551,15 @@ def batch_command(args: argparse.Namespace) -> int:
 def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     """``python -m heygem batch INPUT_DIR --output OUT_DIR [--pairing stem|cross|manifest.csv]``."""
     parser = subparsers.add_parser(
-        "batch", help="make a video for every face/audio pair in a folder",
-        description="Make a video for every face/audio pair in a folder. Rerunning skips items whose inputs "
-                    "and options are unchanged; a failed item does not stop the others; summary.csv lists them all.")
-    parser.add_argument("input_dir", help="folder with the faces (videos, images) and audio files")
+        "batch", help="make a video for every face/audio (or face/text) pair in a folder",
+        description="Make a video for every face/audio pair in a folder; a .txt file is spoken instead of audio "
+                    "(and the video gets subtitles). Rerunning skips items whose inputs and options are "
+                    "unchanged; a failed item does not stop the others; summary.csv lists them all.")
+    parser.add_argument("input_dir", help="folder with the faces (videos, images) and audio or UTF-8 .txt files")
     parser.add_argument("--output", "-o", required=True, help="folder for the videos, their JSON summaries and summary.csv")
     parser.add_argument("--pairing", default="stem",
                         help="stem: same file name before the suffix; cross: every face with every audio; "
-                             "or a CSV manifest with columns face,audio[,name][,options] (default: stem)")
+                             "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem)")
     parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
                                           "or a file holding such JSON; the option flags below override it")
     parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     speech = generate.add_mutually_exclusive_group(required=True)
     speech.add_argument("--audio", type=Path, help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
     speech.add_argument("--text", help="words to speak instead of an audio file (made offline; see `voices`); "
-                                       "also writes OUT.srt and a soft subtitle track")
+                                       "also writes OUT.wav, OUT.srt and the subtitles --subtitles asks for")
     speech.add_argument("--text-file", type=Path, help="a UTF-8 text file to speak instead of an audio file")
     generate.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`")
     generate.add_argument("--speed", type=float, default=1.0, help="with --text: speaking speed, 0.5 to 2.0")
@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--speed", type=float, default=1.0, help="speaking speed, 0.5 (slow) to 2.0 (fast)")
     say.add_argument("--pause", type=float, default=0.3, help="seconds of silence between sentences")
     say.add_argument("--srt", type=Path, default=None, help="also write one subtitle cue per sentence to this .srt file")
+    say.add_argument("--max-text-chars", type=int, default=None,
+                     help="longest text spoken, in characters (0: no limit; default: text.max_characters of the config)")
     say.set_defaults(handler=run_say)
     return parser
 
@@ -133,12 +135,10 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def generate_from_text(args: argparse.Namespace, config, progress):
-    """Speak --text (or --text-file), make the video with that speech, and add its subtitles (OUT.srt and
-    a soft subtitle track in the MP4)."""
-    import tempfile
-
+    """Speak --text (or --text-file) into OUT.wav, make the video with that speech, write its cues to
+    OUT.srt and give the video its subtitles as text.subtitles says (soft track, burned in, or none)."""
     from heygem import media, tts
-    from heygem.pipeline import generate
+    from heygem.pipeline import generate, weights_dir
 
     if args.text_file is not None:
         try:
@@ -147,16 +147,17 @@ def generate_from_text(args: argparse.Namespace, config, progress):
             raise HeygemError(f"cannot read {args.text_file}: {error}") from None
     else:
         text = args.text
-    from heygem.pipeline import weights_dir
-
-    speech = tts.synthesize(text, voice=args.voice, speed=args.speed, weights_dir=weights_dir())
+    speech = tts.synthesize(text, voice=args.voice, speed=args.speed, weights_dir=weights_dir(),
+                            max_characters=config.text.max_characters)
     if speech.voice_note:
         print(speech.voice_note, file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="heygem-speech-") as folder:
-        speech_path = tts.write_wav(speech, Path(folder) / "speech.wav")
-        summary = generate(args.face, speech_path, args.output, config, progress=progress)
-    subtitles = tts.write_srt(speech.cues, Path(args.output).with_suffix(".srt"))
-    media.add_soft_subtitles(Path(args.output), subtitles)
+    output_path = Path(args.output)
+    # kept beside the video: the summary's audio_path names it, and it can be listened to or reused
+    speech_path = tts.write_wav(speech, output_path.with_suffix(".wav"))
+    summary = generate(args.face, speech_path, output_path, config, progress=progress)
+    subtitles = tts.write_srt(speech.cues, output_path.with_suffix(".srt"))
+    media.add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
+                        preset=config.media.preset)
     return summary
 
 
@@ -184,8 +185,11 @@ def run_say(args: argparse.Namespace) -> int:
     from heygem import tts
     from heygem.pipeline import weights_dir
 
+    limit = args.max_text_chars if args.max_text_chars is not None else load_config().text.max_characters
+    if limit < 0:
+        raise HeygemError("--max-text-chars must be 0 (no limit) or more")
     speech = tts.synthesize(args.text, voice=args.voice, speed=args.speed, sentence_pause=args.pause,
-                            weights_dir=weights_dir())
+                            weights_dir=weights_dir(), max_characters=limit)
     tts.write_wav(speech, args.output)
     if args.srt is not None:
         tts.write_srt(speech.cues, args.srt)

@@ -96,6 +96,13 @@ class RunConfig:
 
 
 @dataclass
+class TextConfig:
+    subtitles: str = option("soft", "--subtitles", "a video made from text carries its cues: soft adds a subtitle track, burn draws them into the frames (soft when the font lacks the text's characters), none leaves them out (OUT.srt is written either way)",
+                            ("none", "soft", "burn"))
+    max_characters: int = option(5000, "--max-text-chars", "longest text spoken for one video, in characters (0: no limit)")
+
+
+@dataclass
 class Config:
     media: MediaConfig = field(default_factory=MediaConfig)
     face: FaceConfig = field(default_factory=FaceConfig)
@@ -103,6 +110,7 @@ class Config:
     restore: RestoreConfig = field(default_factory=RestoreConfig)
     blend: BlendConfig = field(default_factory=BlendConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    text: TextConfig = field(default_factory=TextConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -218,6 +226,8 @@ def validate(config: Config) -> None:
         from heygem.restore import require_gfpgan_checkpoint
 
         require_gfpgan_checkpoint()  # a missing file is the user's to fix before anything runs
+    if config.text.max_characters < 0:
+        raise HeygemError("--max-text-chars must be 0 (no limit) or more")
 
 
 # Options whose value names a file on the server. A remote client (REST) may give only the name of a

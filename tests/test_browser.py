@@ -144,6 +144,17 @@ def test_typed_text_becomes_a_talking_video_with_subtitles(page, tmp_path):
     assert kinds == ["audio", "subtitle", "video"] and 1.5 < seconds < 8 and probe(video).height == 256
 
 
+def test_listen_speaks_the_typed_text_and_names_the_voice(page):
+    page.locator("#text-accordion").click()
+    page.locator("#text-input textarea").fill("Hello there. 你好。")
+    page.click("#listen-button")
+    page.wait_for_selector("#listen-note :text('Spoken by')", timeout=60_000)
+    note = page.inner_text("#listen-note")
+    assert "espeak-zh" in note and "weights/voices/" in note  # Chinese text: the fallback, and how to do better
+    page.wait_for_selector("#listen-audio audio[src], #listen-audio [data-testid=waveform-Preview]", timeout=30_000,
+                           state="attached")
+
+
 def test_the_system_tab_shows_the_doctor_report_and_runs_the_benchmark_on_request(page):
     import torch
 
@@ -154,7 +165,9 @@ def test_the_system_tab_shows_the_doctor_report_and_runs_the_benchmark_on_reques
     for expected in (f"torch\t{torch.__version__}", "libx264\tencoder present", "aac\tencoder present",
                      "face_landmark.tflite", "--engine auto\tlandmark"):
         assert expected in text, text
-    assert page.locator("#system-report table").count() == 6  # one per section
+    from heygem.doctor import SECTIONS
+
+    assert page.locator("#system-report table").count() == len(SECTIONS)  # one per section
     assert page.inner_text("#system-benchmark").strip() == ""  # not run when the tab opens
     page.click("#benchmark-button")
     expected = "faces/s" if torch.cuda.is_available() else "skipped: no CUDA GPU"

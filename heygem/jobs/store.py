@@ -263,6 +263,7 @@ class JobLimits:
     max_audio_seconds: float | None = None  # longest speech, so the longest output
     max_output_height: int | None = None  # tallest output frame (the face's own, or media.output_height)
     min_free_bytes: int | None = None  # free disk space under outputs/ needed to take a job (HTTP 507)
+    max_text_characters: int | None = None  # longest text spoken for a job; None: the config's text.max_characters
 
 
 class QueueFull(HeygemError):
@@ -471,7 +472,11 @@ class JobStore:
                 from heygem import tts
                 from heygem.pipeline import weights_dir
 
-                speech = tts.synthesize(text, voice=voice or None, speed=speed, weights_dir=weights_dir())
+                max_characters = self.limits.max_text_characters
+                if max_characters is None:
+                    max_characters = config.text.max_characters
+                speech = tts.synthesize(text, voice=voice or None, speed=speed, weights_dir=weights_dir(),
+                                        max_characters=max_characters)
                 audio_name = tts.write_wav(speech, directory / SPEECH_NAME).name
                 tts.write_srt(speech.cues, directory / SUBTITLES_NAME)
             face_info, audio_info = probe_inputs(directory / face_name,

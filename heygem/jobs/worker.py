@@ -22,7 +22,8 @@ from heygem.device import pick_device, worker_devices
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
-from heygem.media import add_soft_subtitles
+from heygem.media import add_subtitles
+from heygem.tts import read_srt
 
 logger = logging.getLogger("heygem")
 
@@ -101,7 +102,11 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             subtitles = job.directory / SUBTITLES_NAME
             if job.result_path.is_file() and subtitles.is_file():  # made from text: the cues go along
                 try:
-                    add_soft_subtitles(job.result_path, subtitles)
+                    config = store.resolve_options(job.options)[1]
+                    mode = add_subtitles(job.result_path, subtitles, read_srt(subtitles), config.text.subtitles,
+                                         crf=config.media.crf, preset=config.media.preset)
+                    logger.info("job %s: subtitles %s", job.id, {"soft": "added as a track", "burn": "drawn into "
+                                "the frames", "none": "left out of the video"}[mode])
                     shutil.copyfile(subtitles, job.directory / RESULT_SUBTITLES_NAME)
                 except (HeygemError, OSError) as problem:
                     logger.error("job %s: %s", job.id, problem)

@@ -501,5 +501,5 @@ def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talki
     plain = BlendConfig(color_match=False)
     plain_expected = whole_frame_render(talking_sequence[:1], frames_i420, plain)
     assert not np.array_equal(plain_expected, expected)
-    plain_pooled = window_render(LandmarkEngine(EngineConfig(), FPS, workers=2), talking_sequence[:1], frames_i420, plain)
-    assert np.array_equal(plain_pooled[0], plain_expected)
+    pooled_engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_expected)

@@ -233,6 +233,38 @@ def write_region_i420(frame_i420: np.ndarray, frame_bgr: np.ndarray, box: tuple[
         frame_plane[y1 // scale: y2 // scale, x1 // scale: x2 // scale] = region_plane
 
 
+def even_box(box: tuple[int, int, int, int], width: int, height: int) -> tuple[int, int, int, int]:
+    """``box`` widened to even coordinates (whole 2x2 chroma blocks) and clipped to a ``width`` x ``height`` frame."""
+    x1, y1, x2, y2 = box
+    return (max(0, x1 - x1 % 2), max(0, y1 - y1 % 2), min(width, x2 + x2 % 2), min(height, y2 + y2 % 2))
+
+
+def cut_i420_window(frame_i420: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
+    """A copy of the even-aligned ``box`` of one (H * 3/2, W) I420 frame, packed as its own
+    ((y2 - y1) * 3/2, x2 - x1) I420 image: the box's Y rows, then its U and V half-size windows."""
+    x1, y1, x2, y2 = _checked_even(box)
+    window = np.empty(((y2 - y1) * 3 // 2, x2 - x1), dtype=np.uint8)
+    for window_plane, frame_plane, scale in zip(i420_planes(window), i420_planes(frame_i420), (1, 2, 2)):
+        window_plane[...] = frame_plane[y1 // scale: y2 // scale, x1 // scale: x2 // scale]
+    return window
+
+
+def paste_i420_window(frame_i420: np.ndarray, box: tuple[int, int, int, int], window_i420: np.ndarray) -> None:
+    """Write a packed I420 ``window_i420`` (see cut_i420_window) into the even-aligned ``box`` of
+    one (H * 3/2, W) I420 frame, in place: three plane slices."""
+    x1, y1, x2, y2 = _checked_even(box)
+    if window_i420.shape != ((y2 - y1) * 3 // 2, x2 - x1):
+        raise ValueError(f"an I420 window of shape {window_i420.shape} does not fit the box {box}")
+    for frame_plane, window_plane, scale in zip(i420_planes(frame_i420), i420_planes(window_i420), (1, 2, 2)):
+        frame_plane[y1 // scale: y2 // scale, x1 // scale: x2 // scale] = window_plane
+
+
+def _checked_even(box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    if any(value % 2 for value in box) or box[2] <= box[0] or box[3] <= box[1]:
+        raise ValueError(f"an I420 window needs a non-empty box with even coordinates, not {box}")
+    return box
+
+
 def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
     """Decode a video as (N, H * 3/2, W) uint8 I420 batches of at most ``batch_frames`` frames.
 

@@ -86,7 +86,10 @@ def choose_render(engine_name: str, prepared: Prepared, config: Config):
 
 
 class CpuRender:
-    """Steps 5b-5d on the CPU: the engine's patches, restored, blended into BGR frames."""
+    """Steps 5b-5d on the CPU: the engine's patches, restored, blended into BGR frames. An engine
+    with generate_i420 (the landmark engine) blends windows of the I420 frames itself, in its
+    rendering processes where it has them: no frame is converted to BGR, and the blend stage only
+    pastes the finished bytes."""
 
     bytes_per_pixel = 3  # batches are converted to BGR
     def __init__(self, prepared: Prepared, config: Config):
@@ -99,6 +102,12 @@ class CpuRender:
     def generate(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         for batch in batches:
             engine = self.prepared.engine
+            if hasattr(engine, "generate_i420"):  # it blends windows of the I420 frames itself: no BGR frames
+                batch.windows_i420 = engine.generate_i420(batch.frames_i420, batch.faces,
+                                                          self.prepared.mel_windows(batch.output_indices),
+                                                          self.config.blend)
+                yield batch
+                continue
             batch.frames_bgr = media.i420_batch_to_bgr(batch.frames_i420)
             batch.patches = engine.generate(EngineBatch(
                 frame_indices=batch.output_indices, frames_bgr=batch.frames_bgr, faces=batch.faces,
@@ -115,6 +124,9 @@ class CpuRender:
 
     def blend(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         for batch in batches:
+            for index, window in enumerate(batch.windows_i420):
+                if window is not None:  # finished by the engine: only its bytes to paste
+                    media.paste_i420_window(batch.frames_i420[index], window.box, window.planes)
             for index, patch in enumerate(batch.patches):
                 if patch is not None:  # frames without a patch keep their decoded I420 bytes
                     blend_patch(batch.frames_bgr[index], patch, self.config.blend)

@@ -93,6 +93,9 @@ class FrameBatch:
     faces: list[Face | None] = field(default_factory=list)  # one per frame, None where there is none
     frames_bgr: np.ndarray | None = None  # (N, H, W, 3) uint8 BGR, for engines that work on the CPU
     patches: list[FacePatch | None] = field(default_factory=list)  # what the engine made, one per frame
+    # finished pixels, one per frame, from an engine that blends them itself (see I420Window); frames
+    # without one keep their decoded bytes
+    windows_i420: list[I420Window | None] = field(default_factory=list)
 
 
 @dataclass
@@ -107,6 +110,18 @@ class FacePatch:
     image_bgr: np.ndarray  # (h, w, 3) uint8 BGR, h = y2 - y1, w = x2 - x1
     mask: np.ndarray | None = None  # (h, w) float32 in [0, 1]
     face: Face | None = None  # the face the patch was made for
+
+
+@dataclass
+class I420Window:
+    """Finished pixels for one frame, ready to paste: the I420 bytes of an even-aligned box of it.
+
+    An engine that blends its patches itself (the landmark engine) returns these instead of
+    FacePatch; writing them into the frame is three plane slices (media.paste_i420_window).
+    """
+
+    box: Box  # even x1, y1, x2, y2 (clipped to the frame, whose sides are even)
+    planes: np.ndarray  # ((y2 - y1) * 3/2, x2 - x1) uint8 I420: the box's Y rows, then its U, then its V
 
 
 @dataclass

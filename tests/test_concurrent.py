@@ -81,8 +81,10 @@ def fail_in(stage: str, monkeypatch) -> None:
     elif stage == "generate":
         from heygem.engines.landmark import LandmarkEngine
         monkeypatch.setattr(LandmarkEngine, "generate", failing(LandmarkEngine.generate))
+        monkeypatch.setattr(LandmarkEngine, "generate_i420", failing(LandmarkEngine.generate_i420))
     elif stage == "blend":
         monkeypatch.setattr(render, "blend_patch", failing(render.blend_patch))
+        monkeypatch.setattr(media, "paste_i420_window", failing(media.paste_i420_window))
     elif stage == "decode":
         monkeypatch.setattr(media, "iter_video_i420", _failing_decoder(media.iter_video_i420))
 

@@ -13,7 +13,9 @@ import cv2
 import numpy as np
 import pytest
 
-from heygem.config import EngineConfig
+from heygem import media
+from heygem.blend import blend_patch
+from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.landmark import LOWER_INNER_LIP, UPPER_INNER_LIP, LandmarkEngine
 from heygem.engines.mouth_shapes import MouthShapeTracker
 from heygem.types import EngineBatch, Face, FacePatch
@@ -361,7 +363,7 @@ def test_close_stops_every_rendering_process(talking_sequence):
 
 
 def test_a_failure_in_a_rendering_process_is_raised_by_generate(talking_sequence):
-    from heygem.engines.landmark import LandmarkWorkerError
+    from heygem.engines.landmark_pool import LandmarkWorkerError
 
     batch = talking_sequence[0]
     four_channels = EngineBatch(frame_indices=batch.frame_indices, faces=batch.faces, mel_windows=batch.mel_windows,
@@ -382,3 +384,122 @@ def test_a_failure_in_a_rendering_process_is_raised_by_generate(talking_sequence
         engine.generate(talking_sequence[0])
     engine.close()
     assert not child_pids() - before
+
+
+# ---------------------------------------------------------------------------- finished I420 windows
+
+
+def test_even_aligned_i420_windows_convert_as_the_whole_frame_does():
+    rng = np.random.default_rng(7)
+    frame_i420 = rng.integers(0, 256, (72 * 3 // 2, 96), dtype=np.uint8)  # a 96 x 72 frame of noise
+    frame_bgr = cv2.cvtColor(frame_i420, cv2.COLOR_YUV2BGR_I420)
+    noise_bgr = rng.integers(0, 256, (72, 96, 3), dtype=np.uint8)
+    whole_i420 = cv2.cvtColor(noise_bgr, cv2.COLOR_BGR2YUV_I420)
+    for box in [(0, 0, 96, 72), (0, 0, 10, 8), (2, 4, 30, 20), (40, 30, 96, 72), (86, 0, 96, 72), (18, 62, 64, 72)]:
+        x1, y1, x2, y2 = box
+        window = media.cut_i420_window(frame_i420, box)
+        assert window.shape == ((y2 - y1) * 3 // 2, x2 - x1)
+        assert np.array_equal(cv2.cvtColor(window, cv2.COLOR_YUV2BGR_I420), frame_bgr[y1:y2, x1:x2])
+        # and back: the window's I420 is the whole frame's I420 in that box
+        back = media.i420_planes(cv2.cvtColor(np.ascontiguousarray(noise_bgr[y1:y2, x1:x2]), cv2.COLOR_BGR2YUV_I420))
+        for window_plane, whole_plane, scale in zip(back, media.i420_planes(whole_i420), (1, 2, 2)):
+            assert np.array_equal(window_plane, whole_plane[y1 // scale:y2 // scale, x1 // scale:x2 // scale])
+    # An odd-aligned window splits 2x2 chroma blocks: its conversion is not the frame's.
+    odd = np.ascontiguousarray(noise_bgr[1:21, 1:31])
+    assert not np.array_equal(cv2.cvtColor(odd, cv2.COLOR_BGR2YUV_I420)[20:],
+                              media.cut_i420_window(whole_i420, (0, 0, 30, 20))[20:])
+
+
+def test_i420_windows_cut_and_paste_only_their_box():
+    rng = np.random.default_rng(3)
+    frame = rng.integers(0, 256, (48 * 3 // 2, 64), dtype=np.uint8)
+    other = rng.integers(0, 256, frame.shape, dtype=np.uint8)
+    box = (6, 10, 26, 40)
+    pasted = frame.copy()
+    media.paste_i420_window(pasted, box, media.cut_i420_window(other, box))
+    frame_bgr, pasted_bgr, other_bgr = (cv2.cvtColor(image, cv2.COLOR_YUV2BGR_I420) for image in (frame, pasted, other))
+    inside = np.zeros((48, 64), bool)
+    inside[10:40, 6:26] = True
+    assert np.array_equal(pasted_bgr[inside], other_bgr[inside])
+    assert np.array_equal(pasted_bgr[~inside], frame_bgr[~inside])
+    media.paste_i420_window(pasted, box, media.cut_i420_window(frame, box))
+    assert np.array_equal(pasted, frame)
+    assert media.even_box((5, 9, 25, 39), 64, 48) == (4, 8, 26, 40)
+    assert media.even_box((1, 1, 63, 47), 64, 48) == (0, 0, 64, 48)
+    with pytest.raises(ValueError, match="even"):
+        media.cut_i420_window(frame, (5, 10, 26, 40))
+    with pytest.raises(ValueError, match="does not fit"):
+        media.paste_i420_window(frame, box, np.zeros((30, 20), np.uint8))
+
+
+def whole_frame_render(batches: list[EngineBatch], frames_i420: np.ndarray, blend: BlendConfig) -> np.ndarray:
+    """What the CPU render path did before the engine blended windows itself: every frame to BGR,
+    the engine's patches blended into the whole frames, the patch boxes written back as I420."""
+    result = frames_i420.copy()
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    for batch in batches:
+        frames_bgr = media.i420_batch_to_bgr(result[batch.frame_indices])
+        for row, patch in enumerate(engine.generate(EngineBatch(
+                frame_indices=batch.frame_indices, frames_bgr=frames_bgr, faces=batch.faces,
+                mel_windows=batch.mel_windows, fps=FPS))):
+            if patch is not None:
+                blend_patch(frames_bgr[row], patch, blend)
+                media.write_region_i420(result[batch.frame_indices[row]], frames_bgr[row], patch.box)
+    return result
+
+
+def window_render(engine: LandmarkEngine, batches: list[EngineBatch], frames_i420: np.ndarray,
+                  blend: BlendConfig) -> tuple[np.ndarray, list]:
+    """The frames with the engine's finished I420 windows pasted in, as the blend stage does, and the windows."""
+    result, windows = frames_i420.copy(), []
+    try:
+        for batch in batches:
+            decoded = frames_i420[batch.frame_indices]
+            batch_windows = engine.generate_i420(decoded, batch.faces, batch.mel_windows, blend)
+            assert np.array_equal(decoded, frames_i420[batch.frame_indices])  # the input is left alone
+            for row, window in zip(batch.frame_indices, batch_windows):
+                if window is not None:
+                    media.paste_i420_window(result[row], window.box, window.planes)
+            windows.extend(batch_windows)
+    finally:
+        engine.close()
+    return result, windows
+
+
+def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talking_sequence):
+    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
+    blend = BlendConfig()
+    expected = whole_frame_render(talking_sequence, frames_i420, blend)
+    inline, windows = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence, frames_i420, blend)
+    assert np.array_equal(inline, expected)
+    pooled, pooled_windows = window_render(LandmarkEngine(EngineConfig(), FPS, workers=2), talking_sequence,
+                                           frames_i420, blend)
+    assert np.array_equal(pooled, expected)
+    # Windows too small for the warp are warped again with the whole frame, here or in the processes.
+    for workers in (0, 2):
+        engine = LandmarkEngine(EngineConfig(), FPS, workers=workers)
+        engine.region_margin = -0.3
+        assert np.array_equal(window_render(engine, talking_sequence, frames_i420, blend)[0], expected)
+
+    assert windows[9] is None and np.array_equal(inline[9], frames_i420[9])  # no face: decoded bytes kept
+    changed = [row for row in range(len(frames_i420)) if not np.array_equal(inline[row], frames_i420[row])]
+    assert len(changed) > 20
+    for window, pooled_window in zip(windows, pooled_windows):
+        assert (window is None) == (pooled_window is None)
+        if window is not None:
+            assert window.box == pooled_window.box and all(value % 2 == 0 for value in window.box)
+            assert window.planes.shape == ((window.box[3] - window.box[1]) * 3 // 2, window.box[2] - window.box[0])
+            assert np.array_equal(window.planes, pooled_window.planes)
+    # the frames outside the windows keep their decoded bytes
+    for row, window in enumerate(windows):
+        if window is not None:
+            outside = frames_i420[row].copy()
+            media.paste_i420_window(outside, window.box, window.planes)
+            assert np.array_equal(outside, inline[row])
+
+    # The blend options reach the processes: without colour matching the bytes differ, and still agree.
+    plain = BlendConfig(color_match=False)
+    plain_expected = whole_frame_render(talking_sequence[:1], frames_i420, plain)
+    assert not np.array_equal(plain_expected, expected)
+    pooled_engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_expected)

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from heygem.config import EngineConfig
+from heygem import media
+from heygem.blend import blend_patch
+from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.mouth_shapes import MouthShapeTracker, clip, smoothstep
-from heygem.types import Box, EngineBatch, Face, FacePatch
+from heygem.types import Box, EngineBatch, Face, FacePatch, I420Window
 
 logger = logging.getLogger("heygem")
 
@@ -697,169 +699,98 @@ def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float,
     return FacePatch(box=warped.box, image_bgr=image, mask=mask, face=face)
 
 
-# ---------------------------------------------------------------------------- rendering processes
+# ---------------------------------------------------------------------------- windows of a frame
 
-# The region of the frame sent to a rendering process: the patch box plus this fraction of the
-# mouth width on every side, for the warp to read from (it moves pixels by a fraction of the
-# mouth's size). A frame whose warp reaches further is warped in the calling process instead.
+# The window of the frame that the warp reads: the patch box plus this fraction of the mouth
+# width on every side (it moves pixels by a fraction of the mouth's size). A frame whose warp
+# reaches further is warped again with the whole frame as its window.
 REGION_MARGIN = 0.1
-POOL_MIN_FRAMES = 2  # a batch with fewer faces than this is drawn in the calling process
-STOP_SECONDS = 5.0  # how long close() waits for a rendering process before terminating it
 
 
-class LandmarkWorkerError(RuntimeError):
-    """A rendering process failed or died; the message carries its exception and traceback."""
-
-
-def source_region(frame_bgr: np.ndarray, landmarks: np.ndarray,
-                  margin: float = REGION_MARGIN) -> tuple[np.ndarray, tuple[int, int]] | None:
-    """The part of ``frame_bgr`` (H, W, 3) that warp_mouth reads for these landmarks, as
-    (region (h, w, 3) uint8, its top-left (x, y) in the frame); None when there is no patch."""
-    frame_height, frame_width = frame_bgr.shape[:2]
+def window_box(landmarks: np.ndarray, frame_width: int, frame_height: int, margin: float = REGION_MARGIN) -> Box | None:
+    """The box of the frame that warp_mouth reads for these landmarks: the patch box plus ``margin``
+    mouth widths (and 2 pixels) on every side, clipped to the frame; None when there is no patch."""
     geometry = MouthGeometry.from_landmarks(landmarks)
     box = patch_box(geometry, frame_width, frame_height)
     if box is None:
         return None
     pad = int(np.ceil(margin * geometry.mouth_width)) + 2
-    x1, y1 = max(box[0] - pad, 0), max(box[1] - pad, 0)
-    x2, y2 = min(box[2] + pad, frame_width), min(box[3] + pad, frame_height)
-    return np.ascontiguousarray(frame_bgr[y1:y2, x1:x2]), (x1, y1)
+    return (max(box[0] - pad, 0), max(box[1] - pad, 0), min(box[2] + pad, frame_width), min(box[3] + pad, frame_height))
 
 
-def _render_process(connection) -> None:
-    """A rendering process: warps the frames it is sent, reports what the teeth colour needs,
-    then finishes them with the teeth colours the engine sends back. Runs until told to stop."""
-    import traceback
-
-    cv2.setNumThreads(1)  # the processes are the parallelism
-    warped: dict[int, WarpedMouth] = {}
-    while True:
-        try:
-            message = connection.recv()
-        except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        kind, items = message
-        try:
-            if kind == "warp":
-                warped.clear()
-                observed = []
-                for key, region, origin, frame_size, landmarks, openness, width in items:
-                    try:
-                        result = warp_mouth(region, landmarks, openness, width, origin, frame_size)
-                    except RegionTooSmall:
-                        observed.append((key, "region too small", None))
-                        continue
-                    if result is None:
-                        observed.append((key, "no patch", None))
-                        continue
-                    warped[key] = result
-                    if result.interior is None:
-                        observed.append((key, "warp only", None))
-                    else:
-                        observed.append((key, "interior", result.interior.colours.seen_teeth))
-                connection.send(("observed", observed))
-            elif kind == "finish":
-                patches = []
-                for key, teeth_bgr in items:
-                    result = warped.pop(key)
-                    image, mask = finish_mouth(result, teeth_bgr)
-                    patches.append((key, result.box, image, mask))
-                connection.send(("patches", patches))
-            else:
-                raise ValueError(f"unknown message {kind!r}")
-        except Exception as error:  # noqa: BLE001 - every failure goes back to the engine, which raises it
-            warped.clear()
-            connection.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+def frame_size_of(frames: np.ndarray) -> tuple[int, int]:
+    """(width, height) of the frames of a (N, H, W, 3) BGR or (N, H * 3/2, W) I420 batch."""
+    if frames.ndim == 4:
+        return frames.shape[2], frames.shape[1]
+    return frames.shape[2], frames.shape[1] * 2 // 3
 
 
-def _stop_processes(processes: list, connections: list) -> None:
-    """Ask each rendering process to stop, wait a little, then terminate what is left."""
-    for connection in connections:
-        try:
-            connection.send(None)
-        except (OSError, ValueError):
-            pass
-    for process in processes:
-        process.join(STOP_SECONDS)
-        if process.is_alive():
-            process.terminate()
-            process.join(STOP_SECONDS)
-        if process.is_alive():
-            process.kill()
-            process.join()
-    for connection in connections:
-        connection.close()
+def cut_window(frame: np.ndarray, box: Box) -> tuple[np.ndarray, tuple[int, int]]:
+    """The ``box`` of one frame as (window, its top-left (x, y)): of a (H, W, 3) BGR frame a copy of
+    the region; of a (H * 3/2, W) I420 frame the box widened to even coordinates (whole 2x2 chroma
+    blocks), packed as a (h * 3/2, w) I420 image."""
+    if frame.ndim == 2:
+        box = media.even_box(box, frame.shape[1], frame.shape[0] * 2 // 3)
+        return media.cut_i420_window(frame, box), (box[0], box[1])
+    x1, y1, x2, y2 = box
+    return np.ascontiguousarray(frame[y1:y2, x1:x2]), (x1, y1)
 
 
-class RenderPool:
-    """Spawned processes that run warp_mouth and finish_mouth, one pipe each.
+@dataclass
+class WarpedWindow:
+    """A window of a frame after the warp (see warp_window)."""
 
-    Spawned, never forked: the parent has mediapipe (and maybe CUDA) loaded. Each process
-    imports only this module's dependencies (numpy, cv2). Closed by close(), by garbage
-    collection or at interpreter exit, whichever comes first.
-    """
+    window_bgr: np.ndarray  # (h, w, 3) uint8 BGR, the window as the frame shows it
+    origin: tuple[int, int]  # (x, y) of its top-left corner in the frame
+    frame_size: tuple[int, int]  # (width, height) of the frame
+    warped: WarpedMouth  # its box and pixels in frame coordinates
 
-    def __init__(self, size: int):
-        import multiprocessing
-        import weakref
 
-        context = multiprocessing.get_context("spawn")
-        self.processes, self.connections = [], []
-        self._finalizer = weakref.finalize(self, _stop_processes, self.processes, self.connections)
-        for index in range(size):
-            parent_end, child_end = context.Pipe()
-            process = context.Process(target=_render_process, args=(child_end,), daemon=True,
-                                      name=f"heygem-landmark-{index}")
-            process.start()
-            child_end.close()
-            self.processes.append(process)
-            self.connections.append(parent_end)
-        logger.debug("landmark engine: %d rendering processes started", size)
+def warp_window(window: np.ndarray, origin: tuple[int, int], frame_size: tuple[int, int], landmarks: np.ndarray,
+                openness: float, width: float) -> WarpedWindow | None:
+    """warp_mouth on a window of the frame at ``origin`` (x, y): a (h, w, 3) BGR region, or a
+    (h * 3/2, w) I420 window at an even origin, converted to BGR first (I420 chroma is per 2x2
+    block, so the window converts to the bytes the whole frame has there). None when there is
+    no patch; raises RegionTooSmall when the warp reads outside the window."""
+    window_bgr = cv2.cvtColor(window, cv2.COLOR_YUV2BGR_I420) if window.ndim == 2 else window  # (h, w, 3)
+    warped = warp_mouth(window_bgr, landmarks, openness, width, origin, frame_size)
+    if warped is None:
+        return None
+    return WarpedWindow(window_bgr=window_bgr, origin=origin, frame_size=frame_size, warped=warped)
 
-    @property
-    def size(self) -> int:
-        return len(self.processes)
 
-    def send(self, index: int, message: tuple) -> None:
-        try:
-            self.connections[index].send(message)
-        except OSError as error:
-            raise LandmarkWorkerError(f"landmark rendering process {index} is gone "
-                                      f"(exit code {self.processes[index].exitcode}): {error}") from error
+def blend_window(warped: WarpedWindow, teeth_bgr: np.ndarray | None, blend: BlendConfig) -> I420Window:
+    """Finish the mouth (finish_mouth), blend the patch into the window as blend.blend_patch does
+    into a frame, and convert the patch box, widened to even coordinates, back to I420 as
+    media.write_region_i420 does: the bytes the whole-frame path writes there. Changes the
+    window's pixels."""
+    image, mask = finish_mouth(warped.warped, teeth_bgr)
+    origin_x, origin_y = warped.origin
+    x1, y1, x2, y2 = warped.warped.box
+    local_box = (x1 - origin_x, y1 - origin_y, x2 - origin_x, y2 - origin_y)
+    blend_patch(warped.window_bgr, FacePatch(box=local_box, image_bgr=image, mask=mask), blend)
+    even_x1, even_y1, even_x2, even_y2 = media.even_box(warped.warped.box, *warped.frame_size)
+    region = warped.window_bgr[even_y1 - origin_y:even_y2 - origin_y, even_x1 - origin_x:even_x2 - origin_x]
+    planes = media.bgr_to_yuv420(np.ascontiguousarray(region))  # ((y2 - y1) * 3/2, x2 - x1) I420
+    return I420Window(box=(even_x1, even_y1, even_x2, even_y2), planes=planes)
 
-    def receive(self, index: int, expected: str) -> list:
-        """The next reply of process ``index``; raises LandmarkWorkerError if it failed or died."""
-        from multiprocessing.connection import wait
 
-        connection, process = self.connections[index], self.processes[index]
-        wait([connection, process.sentinel])
-        try:
-            if not connection.poll():
-                raise EOFError
-            kind, payload = connection.recv()
-        except (EOFError, OSError) as error:
-            process.join(1.0)
-            raise LandmarkWorkerError(f"landmark rendering process {index} exited unexpectedly "
-                                      f"(exit code {process.exitcode})") from error
-        if kind == "error":
-            raise LandmarkWorkerError(f"landmark rendering process {index} failed: {payload}")
-        if kind != expected:
-            raise LandmarkWorkerError(f"landmark rendering process {index} answered {kind!r}, not {expected!r}")
-        return payload
+# ---------------------------------------------------------------------------- the engine
 
-    def close(self) -> None:
-        self._finalizer()
+POOL_MIN_FRAMES = 2  # a batch with fewer faces than this is drawn in the calling process
 
 
 class LandmarkEngine:
     """Lip sync from landmarks and audio alone: a warp of the lower face plus a rendered mouth interior.
 
-    ``workers`` rendering processes draw the frames of a batch in parallel (0: all in the
-    calling thread). The result is the same, byte for byte, for every worker count: the only
-    state carried from frame to frame (the mouth shapes and the remembered teeth colour) is
-    computed here, in frame order, between the warp and the drawing of the interior.
+    generate() gives BGR patches for BGR frames (the blend stage pastes them); generate_i420()
+    gives finished I420 windows for I420 frames, blended here with the blend options, so that
+    the caller only pastes bytes. ``workers`` rendering processes (heygem.engines.landmark_pool)
+    draw the frames of a batch in parallel (0: all in the calling thread); the main process
+    then only cuts windows out of the frames and, for generate_i420, pastes the finished ones
+    back. The result is the same, byte for byte, for every worker count: the only state carried
+    from frame to frame (the mouth shapes and the remembered teeth colour) is computed here, in
+    frame order, between the warp and the drawing of the interior.
     """
 
     name = "landmark"
@@ -873,71 +804,115 @@ class LandmarkEngine:
         self.region_margin = REGION_MARGIN
         self.shapes = MouthShapeTracker(fps)
         self.teeth = TeethColour()
-        self._pool: RenderPool | None = None
+        self._pool = None  # a landmark_pool.RenderPool, started with the first batch that needs it
         logger.debug("landmark engine at %.3f fps, mouth strength %.2f, %d rendering processes",
                      self.fps, self.mouth_strength, self.workers)
 
+    def _jobs(self, faces: list[Face | None], mel_windows: np.ndarray) -> list[tuple]:
+        """(frame index, landmarks, openness, width) of the frames with landmarks, in frame order."""
+        shapes = self.shapes.update(mel_windows)  # advances with every frame, face or not
+        return [(index, face.landmarks, float(openness) * self.mouth_strength, float(width))
+                for index, (face, openness, width) in enumerate(zip(faces, shapes.openness, shapes.width))
+                if face is not None and face.landmarks is not None]
+
+    def _in_processes(self, jobs: list) -> bool:
+        return self.workers > 0 and len(jobs) >= POOL_MIN_FRAMES
+
     def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
         """One patch per frame; None where the frame has no face or no landmarks."""
-        shapes = self.shapes.update(batch.mel_windows)  # advances with every frame, face or not
-        jobs = [(index, face.landmarks, float(openness) * self.mouth_strength, float(width))
-                for index, (face, openness, width) in enumerate(zip(batch.faces, shapes.openness, shapes.width))
-                if face is not None and face.landmarks is not None]
-        if self.workers > 0 and len(jobs) >= POOL_MIN_FRAMES:
-            return self._generate_in_processes(batch, jobs)
+        jobs = self._jobs(batch.faces, batch.mel_windows)
+        if self._in_processes(jobs):
+            return self._generate_in_processes(batch.frames_bgr, batch.faces, jobs, blend=None)
         patches: list[FacePatch | None] = [None] * len(batch.faces)
         for index, landmarks, openness, width in jobs:
             patches[index] = animate_mouth(batch.frames_bgr[index], landmarks, openness, width,
                                            face=batch.faces[index], teeth_memory=self.teeth)
         return patches
 
-    def _generate_in_processes(self, batch: EngineBatch, jobs: list) -> list[FacePatch | None]:
-        """generate() with the frames split into one run of consecutive frames per process:
-        1. each process warps its frames and reports which draw an interior, with the teeth they show;
+    def generate_i420(self, frames_i420: np.ndarray, faces: list[Face | None], mel_windows: np.ndarray,
+                      blend: BlendConfig) -> list[I420Window | None]:
+        """The frames' finished pixels: one I420Window per frame, None where the frame has no face,
+        no landmarks or no patch. ``frames_i420`` (N, H * 3/2, W) uint8 are not changed; pasting
+        the windows into them (media.paste_i420_window) gives the bytes that generate(), then
+        blend.blend_patch and media.write_region_i420 on whole BGR frames give."""
+        jobs = self._jobs(faces, mel_windows)
+        if self._in_processes(jobs):
+            return self._generate_in_processes(frames_i420, faces, jobs, blend)
+        windows: list[I420Window | None] = [None] * len(faces)
+        frame_size = frame_size_of(frames_i420)
+        for index, landmarks, openness, width in jobs:
+            box = window_box(landmarks, *frame_size, self.region_margin)
+            if box is None:
+                continue
+            window, origin = cut_window(frames_i420[index], box)
+            try:
+                warped = warp_window(window, origin, frame_size, landmarks, openness, width)
+            except RegionTooSmall:  # rare: the whole frame is the window
+                warped = warp_window(frames_i420[index], (0, 0), frame_size, landmarks, openness, width)
+            if warped is not None:
+                windows[index] = blend_window(warped, remembered_teeth(warped.warped, self.teeth), blend)
+        return windows
+
+    def _generate_in_processes(self, frames: np.ndarray, faces: list[Face | None], jobs: list,
+                               blend: BlendConfig | None) -> list:
+        """generate() (``blend`` None: BGR ``frames``, FacePatch results) or generate_i420() (I420
+        ``frames``, I420Window results) with the frames split into one run of consecutive frames
+        per process, following the protocol in heygem.engines.landmark_pool:
+        1. each process warps its frames' windows and reports which draw an interior, with the teeth they show;
         2. here, in frame order, the remembered teeth colour advances over those reports;
-        3. each process draws its frames' interiors with the colours sent back, and returns the patches."""
+        3. each process draws its frames' interiors with the colours sent back (and blends them into
+           the windows), and returns the patches (or the finished windows)."""
+        from heygem.engines.landmark_pool import RenderPool
+
         if self._pool is not None and self._pool.size != self.workers:
             self.close()
         if self._pool is None:
             self._pool = RenderPool(self.workers)
         pool = self._pool
-        frame_height, frame_width = batch.frames_bgr.shape[1:3]
+        frame_size = frame_size_of(frames)
         runs = [run for run in np.array_split(np.arange(len(jobs)), min(pool.size, len(jobs))) if len(run)]
-        patches: list[FacePatch | None] = [None] * len(batch.faces)
-        warped_here: list[tuple[int, WarpedMouth, np.ndarray | None]] = []
+        results: list = [None] * len(faces)
+        warped_here: list[tuple[int, WarpedWindow, np.ndarray | None]] = []
         try:
             for worker, run in enumerate(runs):
                 items = []
                 for job in run:
                     index, landmarks, openness, width = jobs[job]
-                    region = source_region(batch.frames_bgr[index], landmarks, self.region_margin)
-                    if region is not None:
-                        items.append((index, region[0], region[1], (frame_width, frame_height), landmarks,
-                                      openness, width))
-                pool.send(worker, ("warp", items))
+                    box = window_box(landmarks, *frame_size, self.region_margin)
+                    if box is not None:
+                        window, origin = cut_window(frames[index], box)
+                        items.append((index, window, origin, frame_size, landmarks, openness, width))
+                pool.send(worker, ("warp", (blend, items)))
             for worker in range(len(runs)):
                 teeth_colours = []
                 for index, status, seen_teeth in pool.receive(worker, "observed"):
-                    if status == "region too small":  # rare: warp the whole frame here
+                    if status == "region too small":  # rare: warp with the whole frame as the window, here
                         _, landmarks, openness, width = next(job for job in jobs if job[0] == index)
-                        warped = warp_mouth(batch.frames_bgr[index], landmarks, openness, width)
+                        warped = warp_window(frames[index], (0, 0), frame_size, landmarks, openness, width)
                         if warped is not None:
-                            warped_here.append((index, warped, remembered_teeth(warped, self.teeth)))
+                            warped_here.append((index, warped, remembered_teeth(warped.warped, self.teeth)))
                     elif status == "interior":
                         teeth_colours.append((index, self.teeth.update(seen_teeth)))
                     elif status == "warp only":
                         teeth_colours.append((index, None))
                 pool.send(worker, ("finish", teeth_colours))
             for worker in range(len(runs)):
-                for index, box, image, mask in pool.receive(worker, "patches"):
-                    patches[index] = FacePatch(box=box, image_bgr=image, mask=mask, face=batch.faces[index])
+                if blend is None:
+                    for index, box, image, mask in pool.receive(worker, "patches"):
+                        results[index] = FacePatch(box=box, image_bgr=image, mask=mask, face=faces[index])
+                else:
+                    for index, box, planes in pool.receive(worker, "windows"):
+                        results[index] = I420Window(box=box, planes=planes)
         except BaseException:
             self.close()  # the processes' state is out of step with ours: start afresh next time
             raise
         for index, warped, teeth_bgr in warped_here:
-            image, mask = finish_mouth(warped, teeth_bgr)
-            patches[index] = FacePatch(box=warped.box, image_bgr=image, mask=mask, face=batch.faces[index])
-        return patches
+            if blend is None:
+                image, mask = finish_mouth(warped.warped, teeth_bgr)
+                results[index] = FacePatch(box=warped.warped.box, image_bgr=image, mask=mask, face=faces[index])
+            else:
+                results[index] = blend_window(warped, teeth_bgr, blend)
+        return results
 
     def close(self) -> None:
         """Stop the rendering processes, if any; safe to call more than once."""

@@ -1,0 +1,183 @@
+"""The landmark engine's rendering processes: the per-pixel work of its frames, away from the
+process that decodes, tracks and encodes.
+
+Protocol, one pipe per process, one batch at a time (LandmarkEngine._generate_in_processes):
+
+1. engine -> process ``("warp", (blend, items))``, items ``(key, window, origin, frame_size,
+   landmarks, openness, width)``: ``window`` is the part of the frame the warp reads, either
+   I420 bytes of an even-aligned box, packed as a (h * 3/2, w) image (converted to BGR here),
+   or a (h, w, 3) BGR region; ``origin`` is its top-left (x, y) in a frame of ``frame_size``
+   (width, height). The process warps each (warp_window) and keeps the result.
+   process -> engine ``("observed", [(key, status, seen_teeth)])``, status "interior" (with the
+   teeth this frame shows, or None), "warp only", "no patch" or "region too small" (the warp
+   reads outside the window: the engine warps that frame itself).
+2. The engine advances the remembered teeth colour over the reports, in frame order (the only
+   state carried from frame to frame), and sends ``("finish", [(key, teeth_bgr)])``.
+3. The process draws each interior (finish_mouth). With a ``blend`` (BlendConfig) it also
+   blends the patch into the window and answers ``("windows", [(key, even_box, planes_i420)])``,
+   the finished I420 bytes of the patch box widened to even coordinates (blend_window);
+   without one it answers ``("patches", [(key, box, image_bgr, mask)])``.
+
+Any exception goes back as ``("error", text)``; None stops the process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import cv2
+
+from heygem.engines.landmark import RegionTooSmall, WarpedWindow, blend_window, finish_mouth, warp_window
+
+logger = logging.getLogger("heygem")
+
+STOP_SECONDS = 5.0  # how long close() waits for a rendering process before terminating it
+
+
+class LandmarkWorkerError(RuntimeError):
+    """A rendering process failed or died; the message carries its exception and traceback."""
+
+
+def _warp_all(items: list, warped: dict[int, WarpedWindow]) -> list:
+    """Step 1 of the protocol: warp every item into ``warped``; the reports for the engine."""
+    observed = []
+    for key, window, origin, frame_size, landmarks, openness, width in items:
+        try:
+            result = warp_window(window, origin, frame_size, landmarks, openness, width)
+        except RegionTooSmall:
+            observed.append((key, "region too small", None))
+            continue
+        if result is None:
+            observed.append((key, "no patch", None))
+            continue
+        warped[key] = result
+        interior = result.warped.interior
+        if interior is None:
+            observed.append((key, "warp only", None))
+        else:
+            observed.append((key, "interior", interior.colours.seen_teeth))
+    return observed
+
+
+def _finish_all(items: list, warped: dict[int, WarpedWindow], blend) -> tuple[str, list]:
+    """Step 3 of the protocol: the reply for the frames warped in step 1."""
+    if blend is None:
+        patches = []
+        for key, teeth_bgr in items:
+            result = warped.pop(key).warped
+            image, mask = finish_mouth(result, teeth_bgr)
+            patches.append((key, result.box, image, mask))
+        return "patches", patches
+    windows = []
+    for key, teeth_bgr in items:
+        finished = blend_window(warped.pop(key), teeth_bgr, blend)
+        windows.append((key, finished.box, finished.planes))
+    return "windows", windows
+
+
+def _render_process(connection) -> None:
+    """A rendering process: runs the protocol above until told to stop."""
+    import traceback
+
+    cv2.setNumThreads(1)  # the processes are the parallelism
+    warped: dict[int, WarpedWindow] = {}
+    blend = None
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        kind, payload = message
+        try:
+            if kind == "warp":
+                warped.clear()
+                blend, items = payload
+                connection.send(("observed", _warp_all(items, warped)))
+            elif kind == "finish":
+                connection.send(_finish_all(payload, warped, blend))
+            else:
+                raise ValueError(f"unknown message {kind!r}")
+        except Exception as error:  # noqa: BLE001 - every failure goes back to the engine, which raises it
+            warped.clear()
+            connection.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def _stop_processes(processes: list, connections: list) -> None:
+    """Ask each rendering process to stop, wait a little, then terminate what is left."""
+    for connection in connections:
+        try:
+            connection.send(None)
+        except (OSError, ValueError):
+            pass
+    for process in processes:
+        process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.terminate()
+            process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for connection in connections:
+        connection.close()
+
+
+class RenderPool:
+    """Spawned processes that run the protocol above, one pipe each.
+
+    Spawned, never forked: the parent has mediapipe (and maybe CUDA) loaded. Each process
+    imports only the landmark engine's dependencies (numpy, cv2). Closed by close(), by
+    garbage collection or at interpreter exit, whichever comes first.
+    """
+
+    def __init__(self, size: int):
+        import multiprocessing
+        import weakref
+
+        context = multiprocessing.get_context("spawn")
+        self.processes, self.connections = [], []
+        self._finalizer = weakref.finalize(self, _stop_processes, self.processes, self.connections)
+        for index in range(size):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=_render_process, args=(child_end,), daemon=True,
+                                      name=f"heygem-landmark-{index}")
+            process.start()
+            child_end.close()
+            self.processes.append(process)
+            self.connections.append(parent_end)
+        logger.debug("landmark engine: %d rendering processes started", size)
+
+    @property
+    def size(self) -> int:
+        return len(self.processes)
+
+    def send(self, index: int, message: tuple) -> None:
+        try:
+            self.connections[index].send(message)
+        except OSError as error:
+            raise LandmarkWorkerError(f"landmark rendering process {index} is gone "
+                                      f"(exit code {self.processes[index].exitcode}): {error}") from error
+
+    def receive(self, index: int, expected: str) -> list:
+        """The next reply of process ``index``; raises LandmarkWorkerError if it failed or died."""
+        from multiprocessing.connection import wait
+
+        connection, process = self.connections[index], self.processes[index]
+        wait([connection, process.sentinel])
+        try:
+            if not connection.poll():
+                raise EOFError
+            kind, payload = connection.recv()
+        except (EOFError, OSError) as error:
+            process.join(1.0)
+            raise LandmarkWorkerError(f"landmark rendering process {index} exited unexpectedly "
+                                      f"(exit code {process.exitcode})") from error
+        if kind == "error":
+            raise LandmarkWorkerError(f"landmark rendering process {index} failed: {payload}")
+        if kind != expected:
+            raise LandmarkWorkerError(f"landmark rendering process {index} answered {kind!r}, not {expected!r}")
+        return payload
+
+    def close(self) -> None:
+        self._finalizer()

@@ -131,7 +131,7 @@ def generate(
                                       audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
                                       encoders=config.run.encoders)
         prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future)
-        render = choose_render(engine_name, prepared, config)
+        render = choose_render(engine_name, prepared, config, restorer.name)
         written = {"frames": 0, "without_face": 0}
 
         def encode_frames(batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:

@@ -71,9 +71,9 @@ class Prepared:
         return audio.mel_windows(self._mel, self._window_starts[output_indices])
 
 
-def choose_render(engine_name: str, prepared: Prepared, config: Config):
-    """The render stages for this engine and device (see the --render option); decided before the
-    engine has loaded, from the options and whether this machine has an NVIDIA GPU."""
+def choose_render(engine_name: str, prepared: Prepared, config: Config, restorer: str = "none"):
+    """The render stages for this engine, restorer and device (see the --render option); decided
+    before the networks have loaded, from the options and whether this machine has an NVIDIA GPU."""
     from heygem.device import gpu_present
 
     wanted = config.run.render
@@ -82,7 +82,7 @@ def choose_render(engine_name: str, prepared: Prepared, config: Config):
     on_gpu = config.engine.device != "cpu" and gpu_present()
     if wanted == "torch" or (wanted == "auto" and engine_name == "wav2lip" and on_gpu):
         return GpuRender(prepared, config)
-    return CpuRender(prepared, config)
+    return CpuRender(prepared, config, windows=engine_name == "landmark" and restorer == "none")
 
 
 class CpuRender:
@@ -91,10 +91,12 @@ class CpuRender:
     rendering processes where it has them: no frame is converted to BGR, and the blend stage only
     pastes the finished bytes."""
 
-    bytes_per_pixel = 3  # batches are converted to BGR
-    def __init__(self, prepared: Prepared, config: Config):
+    def __init__(self, prepared: Prepared, config: Config, windows: bool = False):
         self.prepared = prepared
         self.config = config
+        # windows: the engine blends I420 windows itself (the landmark engine with no restorer after it)
+        self.windows = windows
+        self.bytes_per_pixel = 1.5 if windows else 3  # batches stay I420, or are converted to BGR
 
     def stages(self) -> list[Stage]:
         return [Stage("generate", self.generate), Stage("restore", self.restore), Stage("blend", self.blend)]
@@ -102,7 +104,7 @@ class CpuRender:
     def generate(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         for batch in batches:
             engine = self.prepared.engine
-            if hasattr(engine, "generate_i420"):  # it blends windows of the I420 frames itself: no BGR frames
+            if self.windows and hasattr(engine, "generate_i420"):  # it blends I420 windows itself: no BGR frames
                 batch.windows_i420 = engine.generate_i420(batch.frames_i420, batch.faces,
                                                           self.prepared.mel_windows(batch.output_indices),
                                                           self.config.blend)

@@ -204,3 +204,21 @@ def test_several_faces_the_largest_or_the_chosen_one_speaks(tmp_path, face_photo
     left, right = motion[:, :400].max(), motion[:, 400:].max()
     speaking, still = (right, left) if moving == "right" else (left, right)
     assert speaking > 5 and still < 1.5, (left, right)
+
+
+def test_landmark_engine_with_a_restorer_after_it_takes_the_patch_path(photo_result, tmp_path, face_photo,
+                                                                       short_speech):
+    """The landmark engine blends its own I420 windows only when nothing restores after it; with
+    --restorer sharpen its patches go through the restore and blend stages, and the mouth still moves."""
+    output = tmp_path / "sharpened.mp4"
+    summary = generate(face_photo, short_speech, output,
+                       overrides={"restore.method": "sharpen", "engine.name": "landmark"})
+    assert summary.restorer == "sharpen" and summary.frames == photo_result[0].frames
+    frames = decode_frames(output)
+    plain = decode_frames(photo_result[1])
+    x1, y1, x2, y2, _ = mouth_box(face_photo)
+    speaking = [20, 30, 40]
+    moved = [np.abs(frames[i, y1:y2, x1:x2].astype(np.int16) - frames[0, y1:y2, x1:x2]).mean() for i in speaking]
+    assert min(moved) > 1.0, moved
+    sharpened_differs = np.abs(frames[speaking].astype(np.int16) - plain[speaking]).max()
+    assert sharpened_differs > 0  # the sharpening changed what the engine drew

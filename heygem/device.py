@@ -276,8 +276,10 @@ class FixedBatchRunner:
         module.eval()
         if self.cast_weights:
             module.to(dtype=self.compute_dtype)
-        if channels_last:
-            module.to(memory_format=torch.channels_last)
+        if channels_last:  # 4-D weights only: some networks (GFPGAN's modulated convolutions) hold 5-D ones
+            for parameter in module.parameters():
+                if parameter.dim() == 4:
+                    parameter.data = parameter.data.contiguous(memory_format=torch.channels_last)
         self.module = module
         self._batch: _FixedBatch | None = None
 

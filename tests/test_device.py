@@ -204,3 +204,32 @@ def test_the_runner_serves_callers_inside_and_outside_inference_mode_alike():
         inside = runner(items)
     outside = runner(items)
     torch.testing.assert_close(inside, outside)
+
+
+def test_channels_last_runner_takes_networks_with_five_dimensional_weights():
+    """GFPGAN's modulated convolutions hold (1, C_out, C_in, k, k) weights, which have no channels_last
+    form: the runner converts the 4-D weights only, and the output is the network's own."""
+    import torch
+
+    from heygem.device import FixedBatchRunner
+    from heygem.models.gfpgan import StyleConv
+
+    class Network(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.style = StyleConv(16, 16, upsample=True)
+
+        def forward(self, images):
+            return self.style(self.conv(images), torch.ones(images.shape[0], 512), None)
+
+    torch.manual_seed(0)
+    network = Network().eval()
+    images = torch.randn(3, 3, 8, 8)
+    with torch.inference_mode():
+        expected = network(images)
+    runner = FixedBatchRunner(network, torch.device("cpu"), 2, precision="fp32", channels_last=True)
+    produced = runner(images)
+    assert network.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert network.style.modulated_conv.weight.dim() == 5
+    torch.testing.assert_close(produced, expected, rtol=1e-5, atol=1e-5)

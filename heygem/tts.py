@@ -450,27 +450,10 @@ def _speak_in_order(voice: Voice, sentences: list[str], speed: float) -> Iterato
             with _SYNTHESIS_LOCK:
                 yield _espeak_sentence(voice, sentence, speed)
         return
-    workers = min(synthesis_workers(), len(sentences))
-    if workers <= 1:
-        for sentence in sentences:
-            yield _piper_sentence(voice, sentence, speed)
-        return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
+    from heygem.flow import ordered_map
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="heygem-speech") as pool:
-        pending: deque = deque()
-        upcoming = iter(sentences)
-        try:
-            for sentence in upcoming:
-                pending.append(pool.submit(_piper_sentence, voice, sentence, speed))
-                if len(pending) >= workers:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+    workers = min(synthesis_workers(), len(sentences))
+    yield from ordered_map(lambda sentence: _piper_sentence(voice, sentence, speed), sentences, workers, ahead=0)
 
 
 class _Espeak:

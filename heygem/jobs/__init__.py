@@ -5,7 +5,9 @@ and read jobs through :class:`JobStore` and run them on :class:`Worker` threads.
 
 - :mod:`heygem.jobs.store`: the SQLite store, the job states and who owns a running job;
 - :mod:`heygem.jobs.worker`: the worker threads and :func:`run_job`;
-- :mod:`heygem.jobs.files`: where a job's files live and the rules for their names.
+- :mod:`heygem.jobs.files`: where a job's files live and the rules for their names;
+- :mod:`heygem.jobs.ray_executor`: with ``--ray``, workers whose jobs run as Ray tasks on a cluster
+  (imported only then, and it imports ray only then).
 """
 
 from heygem.jobs.files import (DATABASE_NAME, DEFAULT_OUTPUTS, LOG_NAME, OPTIONS_NAME, RESERVED_NAMES, RESULT_NAME,

@@ -389,7 +389,7 @@ class FixedBatchRunner:
                 for _ in range(3):
                     self.module(*batch.inputs)
             torch.cuda.current_stream(self.device).wait_stream(side_stream)
-            with _CAPTURE_LOCK:
+            with _CAPTURE_LOCK, _no_cyclic_collection():
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: other stages may use the GPU from their own threads while this one captures
                 with torch.inference_mode(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
@@ -405,6 +405,21 @@ class FixedBatchRunner:
             return
         batch.graph, batch.output = graph, output
         logger.debug("%s: captured a CUDA graph for batches of %d", self.name, batch.batch_size)
+
+
+@contextlib.contextmanager
+def _no_cyclic_collection():
+    """Python's cycle collector off while a graph is captured: run from another thread, it could free a
+    tensor of the capturing device there, and freeing records an event on that tensor's stream."""
+    import gc
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def gpu_present() -> bool:

@@ -217,6 +217,43 @@ def test_decoder_forms_agree_through_the_first_sizes():
     assert relative_error(without_conditions, fused) > 1e-2  # the scale and shift reach the image
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_style_conv_equals_its_written_out_formula_with_and_without_autograd(fused, channels_last):
+    """Without autograd StyleConv folds gain, noise and bias into one in-place pass; with it, the plain
+    form runs: both equal leaky_relu(modulated_conv * sqrt(2) + noise strength * noise + bias)."""
+    torch.manual_seed(3)
+    style_conv = StyleConv(16, 8, upsample=True)
+    with torch.no_grad():
+        style_conv.weight.fill_(0.7)
+        style_conv.bias.normal_()
+    style_conv.modulated_conv.fused = fused
+    features, codes, noise = torch.randn(3, 16, 8, 8), torch.randn(3, 512), torch.randn(1, 1, 16, 16)
+    if channels_last:
+        features = features.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = torch.nn.functional.leaky_relu(
+            style_conv.modulated_conv(features, codes) * 2 ** 0.5 + 0.7 * noise + style_conv.bias, 0.2)
+        in_place = style_conv(features, codes, noise)
+    with_autograd = style_conv(features, codes, noise)
+    assert with_autograd.requires_grad
+    torch.testing.assert_close(in_place, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(with_autograd.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_gives_the_same_image_with_and_without_autograd():
+    """The spatial scale and shift go into the features in place only without autograd."""
+    torch.manual_seed(4)
+    decoder = StyleDecoder().eval()
+    style_codes = torch.randn(1, 16, 512)
+    conditions = [(torch.randn(1, DECODER_CHANNELS[size] // 2, size, size),
+                   torch.randn(1, DECODER_CHANNELS[size] // 2, size, size)) for size in (8, 16)]
+    with torch.no_grad():
+        in_place = decoder(style_codes, conditions, randomize_noise=False)
+    with_autograd = decoder(style_codes, conditions, randomize_noise=False)
+    torch.testing.assert_close(in_place, with_autograd.detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_encoder_gives_sixteen_style_codes_and_the_skip_maps(random_model):
     torch.manual_seed(3)
     faces = torch.rand(2, 3, 512, 512) * 2 - 1  # (B, 3, 512, 512) RGB in [-1, 1]

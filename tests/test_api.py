@@ -5,71 +5,29 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
-
 from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
+
 from heygem.media import probe
 
 OPTIONS = {"media.output_height": 256}
 
 
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return probe_socket.getsockname()[1]
+sys.path.insert(0, str(REPO / "bench"))
+from faults import Server  # the fault script's `python app.py` on a free port, reused here
 
 
-class LiveApp:
+class LiveApp(Server):
     """`python app.py` in a subprocess, on a free port, with its own outputs folder."""
 
     def __init__(self, outputs: Path, *extra_args: str):
-        self.outputs = outputs
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = outputs.parent / f"app-{self.port}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "app.py", "--port", str(self.port), "--outputs", str(outputs), *extra_args],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.client = httpx.Client(base_url=self.url, timeout=60)
-
-    def wait_ready(self, timeout: float = 120) -> LiveApp:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the app exited:\n{self.log_path.read_text(errors='replace')}")
-            try:
-                if self.client.get("/api/jobs").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"the app did not start in {timeout} s:\n{self.log_path.read_text(errors='replace')}")
-
-    def kill_hard(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        super().__init__(outputs, outputs.parent / f"app-{outputs.name}-{time.monotonic_ns()}.log",
+                         extra_args=extra_args)
 
     def submit(self, face: Path, audio: Path | None, options: dict | None = None, face_name: str | None = None):
         files = {"face": (face_name or face.name, face.read_bytes())}

@@ -188,6 +188,24 @@ def test_shared_weight_modulated_conv_equals_the_grouped_form(in_channels, out_c
     assert relative_error(grouped[1:2], grouped[:1]) > 1e-2
 
 
+@pytest.mark.parametrize("demodulate", [True, False])
+def test_shared_weight_form_stays_finite_in_fp16_with_large_styles(demodulate):
+    """Styles of 300: their squares (90,000) are past fp16's largest number, so the demodulation would
+    come out as zero and the output blank without the shared-weight form's scaling by the peak style."""
+    torch.manual_seed(5)
+    conv = ModulatedConv2d(64, 32, 3, demodulate=demodulate)
+    with torch.no_grad():
+        conv.modulation.bias.fill_(300.0)
+    features, codes = torch.randn(2, 64, 8, 8) * 30, torch.randn(2, 512)
+    with torch.no_grad():
+        conv.fused = False
+        reference = conv(features, codes)  # fp32, one weight per sample
+        conv.fused = True
+        half = conv.half()(features.half(), codes.half()).float()
+    assert torch.isfinite(half).all()
+    assert relative_error(half, reference) < 1e-2
+
+
 def test_decoder_forms_agree_through_the_first_sizes():
     torch.manual_seed(2)
     decoder = StyleDecoder().eval()

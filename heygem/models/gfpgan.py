@@ -156,16 +156,25 @@ class ModulatedConv2d(nn.Module):
             features = resize_bilinear(features, 2)
         if not self.fused:
             return self.forward_grouped(features, styles), None
-        weight = self.weight[0]  # (C_out, C_in, k, k)
-        out = F.conv2d(features * styles[:, :, None, None], weight, padding=self.padding)  # (B, C_out, H, W)
-        if not self.demodulate:
-            return out, None
-        return out, self.demodulation(styles)
+        return self._shared_weight(features, styles)
 
-    def demodulation(self, styles: torch.Tensor) -> torch.Tensor:
-        """(B, C_out): 1 / sqrt(sum_i s_i^2 * |W_o,i|^2 + eps), each output channel's factor in the shared-weight form."""
+    def _shared_weight(self, features: torch.Tensor, styles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared-weight convolution and its output factors, (B, C_out) or (B, 1).
+
+        The styles are divided by their largest magnitude first and that peak goes into the factors
+        (the demodulation does not change; without it the peak multiplies the output): the same
+        function, but in fp16 neither the scaled input nor the sum of squared styles can overflow
+        (a style of 300 squared is already past fp16's 65,504).
+        """
+        peak = styles.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(styles.dtype).tiny)  # (B, 1)
+        unit_styles = styles / peak  # (B, C_in), each at most 1 in magnitude
+        out = F.conv2d(features * unit_styles[:, :, None, None], self.weight[0], padding=self.padding)
+        if not self.demodulate:
+            return out, peak
         weight_energy = self.weight[0].pow(2).sum(dim=(2, 3))  # (C_out, C_in)
-        return torch.rsqrt(styles.pow(2) @ weight_energy.t() + DEMODULATION_EPS)
+        # 1 / sqrt(sum_i s_i^2 |W_o,i|^2 + eps) * peak = 1 / sqrt(sum_i u_i^2 |W_o,i|^2 + eps / peak^2)
+        eps = DEMODULATION_EPS / peak.float().square()  # in fp32: peak^2 may overflow fp16
+        return out, torch.rsqrt((unit_styles.pow(2) @ weight_energy.t()).float() + eps).to(out.dtype)
 
     def forward_grouped(self, features: torch.Tensor, styles: torch.Tensor) -> torch.Tensor:
         """One weight per sample, run as a convolution with B groups."""
@@ -185,11 +194,8 @@ class ModulatedConv2d(nn.Module):
         conv(x, W * s) = conv(x * s, W) because the style scales input channels, and the
         demodulation factor of output channel o is 1 / sqrt(sum_i s_i^2 * |W_o,i|^2 + eps).
         """
-        weight = self.weight[0]  # (C_out, C_in, k, k)
-        out = F.conv2d(features * styles[:, :, None, None], weight, padding=self.padding)  # (B, C_out, H, W)
-        if self.demodulate:
-            out = out * self.demodulation(styles)[:, :, None, None]
-        return out
+        out, factors = self._shared_weight(features, styles)  # (B, C_out, H, W), (B, C_out) or (B, 1)
+        return out * factors[:, :, None, None]
 
 
 class StyleConv(nn.Module):

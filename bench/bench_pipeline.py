@@ -72,6 +72,25 @@ def machine_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores; {gpu}; torch {torch.__version__}, Python {platform.python_version()}"
 
 
+def process_table() -> dict[int, tuple[int, str]]:
+    """Every process on this Linux machine: pid -> (parent pid, state letter, "Z" for a zombie), from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                table[int(entry.name)] = (int(fields[1]), fields[0])
+            except (OSError, IndexError, ValueError):
+                continue  # gone while being read
+    return table
+
+
+def child_pids(pid: int, living: bool = False) -> list[int]:
+    """The processes whose parent is ``pid`` (only those not yet exited when ``living``)."""
+    return [child for child, (parent, state) in process_table().items()
+            if parent == pid and not (living and state == "Z")]
+
+
 class MemorySampler:
     """Peak resident memory of this process plus its children (ffmpeg), sampled every 50 ms.
 
@@ -96,17 +115,7 @@ class MemorySampler:
 
     @staticmethod
     def _children() -> list[int]:
-        me = os.getpid()
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(fields[1]) == me:
-                    pids.append(int(entry.name))
-        return pids
+        return child_pids(os.getpid())
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):

@@ -54,6 +54,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from bench_pipeline import process_table
+
 from heygem.media import ffmpeg_binary, probe
 
 ASSETS = REPO / "assets"
@@ -358,11 +360,7 @@ def load_part(work: Path, inputs: Inputs, submissions: int, timeout: float) -> t
 
 def ffmpeg_children(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every ffmpeg below process ``pid``, read from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    parents = {child: parent for child, (parent, _) in process_table().items()}
     found = []
     for child, parent in parents.items():
         ancestor = parent

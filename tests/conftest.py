@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from heygem.media import ffmpeg_binary, probe
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "assets"
+sys.path.insert(0, str(REPO / "bench"))  # tests reuse the benchmarks' helpers (bench_pipeline, faults)
 
 
 def run_ffmpeg(*args: str) -> None:

@@ -5,21 +5,17 @@ from __future__ import annotations
 import base64
 import io
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
+from conftest import ASSETS, assert_playable_mp4, run_ffmpeg
+from faults import Server  # the fault script's `python app.py` on a free port
 
 from heygem.media import probe
 
 OPTIONS = {"media.output_height": 256}
-
-
-sys.path.insert(0, str(REPO / "bench"))
-from faults import Server  # the fault script's `python app.py` on a free port, reused here
 
 
 class LiveApp(Server):

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
+from bench_pipeline import child_pids
 from conftest import decode_frames
+
 from heygem import faces, media, pipeline, render
 from heygem.errors import HeygemError
 from heygem.models.wav2lip import Wav2Lip
@@ -52,16 +53,7 @@ def test_concurrent_output_equals_sequential_frame_for_frame(tmp_path, face_vide
 
 
 def children_of_this_process() -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                children.append(int(entry.name))
-    return children
+    return child_pids(os.getpid(), living=True)
 
 
 def fail_in(stage: str, monkeypatch) -> None:

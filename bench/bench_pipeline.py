@@ -42,6 +42,7 @@ CONFIGURATIONS: dict[str, tuple[str, dict, bool]] = {
     "wav2lip cold cache": ("wav2lip", {}, True),
     "wav2lip warm cache": ("wav2lip", {}, False),
     "wav2lip warm cache, second job": ("wav2lip", {}, False),
+    "wav2lip warm cache, second job, one decoder": ("wav2lip", {"run.decoders": 1}, False),
     "wav2lip fp32, no graph": ("wav2lip", {"engine.precision": "fp32", "engine.cuda_graph": False}, False),
     "wav2lip fp16 + channels_last, no graph": ("wav2lip", {"engine.cuda_graph": False}, False),
     "wav2lip cuDNN off": ("wav2lip", {"engine.cudnn": False}, False),
@@ -100,6 +101,7 @@ class MemorySampler:
 
     def __init__(self):
         self.peak_kib = 0
+        self.peak_parts: dict[str, tuple[int, int]] = {}  # at the peak: "main" / a child's name -> (count, KiB)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -117,10 +119,28 @@ class MemorySampler:
     def _children() -> list[int]:
         return child_pids(os.getpid())
 
+    @staticmethod
+    def _name(pid) -> str:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return "?"
+
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            total = self._rss_kib("self") + sum(self._rss_kib(pid) for pid in self._children())
-            self.peak_kib = max(self.peak_kib, total)
+            parts = {"main": (1, self._rss_kib("self"))}
+            for pid in self._children():
+                name = self._name(pid)
+                count, kib = parts.get(name, (0, 0))
+                parts[name] = (count + 1, kib + self._rss_kib(pid))
+            total = sum(kib for _, kib in parts.values())
+            if total > self.peak_kib:
+                self.peak_kib, self.peak_parts = total, parts
+
+    def describe_peak(self) -> str:
+        """The peak split by process, e.g. "main 2104, ffmpeg x4 812" (MiB)."""
+        return ", ".join(f"{name}{f' x{count}' if count > 1 else ''} {kib / 1024:.0f}"
+                         for name, (count, kib) in sorted(self.peak_parts.items(), key=lambda item: -item[1][1]))
 
     def __enter__(self):
         self._thread.start()
@@ -168,7 +188,8 @@ def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict
     if torch.cuda.is_available():
         peak_vram = torch.cuda.max_memory_reserved()
     return {"frames": summary.frames, "seconds": elapsed, "video_seconds": summary.video_seconds,
-            "peak_rss_mib": memory.peak_kib / 1024, "peak_vram_mib": peak_vram / 2**20,
+            "peak_rss_mib": memory.peak_kib / 1024, "peak_rss_parts": memory.describe_peak(),
+            "peak_vram_mib": peak_vram / 2**20,
             "stages": summary.seconds_per_stage, "avatar_cache": summary.avatar_cache}
 
 
@@ -226,8 +247,8 @@ def main() -> None:
         if common:
             print("every configuration with " + ", ".join(f"{key}={value}" for key, value in common.items()) + "\n")
         header = ("| configuration | frames | wall s | frames/s | x real time | peak RSS MiB | peak VRAM MiB "
-                  "| avatar cache | busy seconds per stage |")
-        rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+                  "| avatar cache | busy seconds per stage | peak RSS by process, MiB |")
+        rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
         print(header)
         for name in args.configs:
             engine, overrides, clear_cache = CONFIGURATIONS[name]
@@ -251,7 +272,8 @@ def main() -> None:
             label = name if seconds == args.seconds else f"{name} ({seconds:g} s input)"
             row = (f"| {label} | {result['frames']} | {result['seconds']:.1f} | "
                    f"{result['frames'] / result['seconds']:.1f} | {result['video_seconds'] / result['seconds']:.2f} | "
-                   f"{result['peak_rss_mib']:.0f} | {result['peak_vram_mib']:.0f} | {result['avatar_cache']} | {stages} |")
+                   f"{result['peak_rss_mib']:.0f} | {result['peak_vram_mib']:.0f} | {result['avatar_cache']} | {stages} | "
+                   f"{result['peak_rss_parts']} |")
             rows.append(row)
             print(row)
         if args.markdown:

@@ -89,6 +89,7 @@ class BlendConfig:
 class RunConfig:
     concurrent: bool = option(True, "--concurrent", "run decoding, face tracking, generation and encoding at the same time (--no-concurrent runs them one after another)")
     face_workers: int = option(0, "--face-workers", "threads that track faces in parallel, each on its own run of frames; 0 picks from the cores")
+    decoders: int = option(0, "--decoders", "ffmpeg processes decoding the face video together, each passing on its share of the frames; 0 picks from the cores and the frame size")
     encoders: int = option(0, "--encoders", "x264 encoders working on consecutive segments of the output; 0 picks from the cores")
     render: str = option("auto", "--render", "where cropping, restoring and blending run: auto picks torch when the wav2lip engine is on a GPU, else numpy; torch also runs on the CPU",
                          ("auto", "numpy", "torch"))
@@ -216,8 +217,8 @@ def validate(config: Config) -> None:
         raise HeygemError("--output-height must be between 16 and 4320")
     if media.batch_frames < 1 or config.engine.batch_size < 1:
         raise HeygemError("batch sizes must be at least 1")
-    if config.run.face_workers < 0 or config.run.encoders < 0:
-        raise HeygemError("--face-workers and --encoders must be 0 (automatic) or more")
+    if config.run.face_workers < 0 or config.run.encoders < 0 or config.run.decoders < 0:
+        raise HeygemError("--face-workers, --decoders and --encoders must be 0 (automatic) or more")
     if not 0 <= media.crf <= 51:
         raise HeygemError("--crf must be between 0 and 51")
     if not 0 <= config.restore.strength <= 2:

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -167,11 +168,17 @@ def working_geometry(info: MediaInfo, output_height: int | None) -> FrameGeometr
 # ---------------------------------------------------------------------------- decoding
 
 
-def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, source: MediaInfo) -> list[str]:
-    """ffmpeg arguments that decode ``path`` to raw I420 frames of ``geometry`` at a constant rate."""
+def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, source: MediaInfo,
+                      share: DecoderShare | None = None) -> list[str]:
+    """ffmpeg arguments that decode ``path`` to raw I420 frames of ``geometry`` at a constant rate.
+
+    With a ``share``, only that decoder's chunks of frames reach the pipe (see DecoderShare).
+    """
     import ffmpeg
 
     stream = ffmpeg.input(str(path)).video.filter("fps", fps=fps_fraction)
+    if share is not None:  # picked right after the rate is made constant: frame n is the same n for every share
+        stream = stream.filter("select", f"eq(mod(floor(n/{share.chunk_frames}),{share.count}),{share.index})")
     same_size = (geometry.width, geometry.height) == (source.width - source.width % 2, source.height - source.height % 2)
     if same_size and source.plain_yuv420:  # the decoder's own frames: no scaler (~5x faster at 1080p)
         if (geometry.width, geometry.height) != (source.width, source.height):
@@ -184,7 +191,8 @@ def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, so
     # would otherwise reach yuv420_to_bgr with the wrong black and white levels
     # raw yuv420p on the pipe: half the bytes of BGR, and OpenCV converts it several times
     # faster than ffmpeg's scaler does (and rounds exactly, see yuv420_to_bgr)
-    output = stream.output("pipe:", format="rawvideo", pix_fmt="yuv420p")
+    options = {"fps_mode": "passthrough"} if share is not None else {}  # the frames left out stay out
+    output = stream.output("pipe:", format="rawvideo", pix_fmt="yuv420p", **options)
     return ["-nostdin", "-v", "error", *output.get_args()]
 
 
@@ -265,36 +273,159 @@ def _checked_even(box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
     return box
 
 
-def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
+@dataclass(frozen=True)
+class DecoderShare:
+    """One of ``count`` decoders of the same video: frames are dealt out in chunks of
+    ``chunk_frames``, chunk c to decoder c % count, and this is decoder ``index``.
+
+    Every decoder decodes the whole video (cheap: ~1,300 1080p frames/s per process) but only
+    its chunks cross its pipe, and a pipe is what limits one decoder (~450 1080p frames/s
+    into Python); the reader takes the chunks back in turn, so the frames arrive in order.
+    """
+
+    index: int
+    count: int
+    chunk_frames: int
+
+
+MAX_AUTOMATIC_DECODERS = 3
+CORES_PER_DECODER = 5  # cores a machine needs per automatic decoder (the other stages need them too)
+SHARED_DECODE_PIXELS = 1280 * 720  # smaller frames cross one pipe fast enough
+
+
+def decoder_count(requested: int, geometry: FrameGeometry, cpu_count: int | None = None) -> int:
+    """How many ffmpeg processes decode the face video together: ``requested``, or when it is 0
+    one per :data:`CORES_PER_DECODER` cores (at most :data:`MAX_AUTOMATIC_DECODERS`) for frames of
+    at least 720p, else one."""
+    if requested > 0:
+        return requested
+    if geometry.width * geometry.height < SHARED_DECODE_PIXELS:
+        return 1
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(1, min(MAX_AUTOMATIC_DECODERS, cores // CORES_PER_DECODER))
+
+
+class _Decoder:
+    """One ffmpeg process decoding to its stdout, its messages kept in a temporary file."""
+
+    def __init__(self, info: MediaInfo, args: list[str]):
+        self.info = info
+        self.stderr_file = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([ffmpeg_binary(), *args], stdout=subprocess.PIPE, stderr=self.stderr_file,
+                                        stdin=subprocess.DEVNULL)
+        enlarge_pipe(self.process.stdout)
+
+    def read_batch(self, batch_frames: int, geometry: FrameGeometry) -> np.ndarray:
+        """The next (N <= batch_frames, H * 3/2, W) frames; N is 0 at the end."""
+        batch = np.empty((batch_frames, geometry.height * 3 // 2, geometry.width), dtype=np.uint8)
+        count = _read_into(self.process.stdout, batch.reshape(-1)) // (geometry.width * geometry.height * 3 // 2)
+        return batch[:count]
+
+    def finish(self) -> None:
+        """Stop the process (killed if it still runs) and raise HeygemError if it had failed."""
+        try:
+            self.process.stdout.close()
+            if self.process.poll() is None:
+                self.process.kill()
+            return_code = self.process.wait()
+            if return_code not in (0, -9):
+                self.stderr_file.seek(0)
+                message = self.stderr_file.read().decode(errors="replace").strip().splitlines()
+                raise HeygemError(f"could not decode {self.info.path.name}: {message[-1] if message else 'ffmpeg failed'}")
+        finally:
+            self.stderr_file.close()
+
+
+def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int,
+                    decoders: int = 1) -> Iterator[np.ndarray]:
     """Decode a video as (N, H * 3/2, W) uint8 I420 batches of at most ``batch_frames`` frames.
 
     Each frame is its Y plane's H rows followed by U and V (H/4 rows each), as OpenCV's
-    COLOR_BGR2YUV_I420 lays them out; the arrays are new and writable.
+    COLOR_BGR2YUV_I420 lays them out; the arrays are new and writable. With ``decoders``
+    above 1, that many ffmpeg processes share the work (DecoderShare): the same frames,
+    in the same batches.
     """
-    args = video_decode_args(info.path, info.fps_fraction, geometry, info)
-    width, height = geometry.width, geometry.height
-    frame_bytes = width * height * 3 // 2
-    with tempfile.TemporaryFile() as stderr_file:
-        process = subprocess.Popen([ffmpeg_binary(), *args], stdout=subprocess.PIPE, stderr=stderr_file,
-                                   stdin=subprocess.DEVNULL)
-        enlarge_pipe(process.stdout)
+    if decoders > 1:
+        yield from _iter_shared(info, geometry, batch_frames, decoders)
+        return
+    decoder = _Decoder(info, video_decode_args(info.path, info.fps_fraction, geometry, info))
+    try:
+        while True:
+            batch = decoder.read_batch(batch_frames, geometry)
+            if len(batch):
+                yield batch
+            if len(batch) < batch_frames:
+                break
+    finally:
+        decoder.finish()
+
+
+_END = object()  # a decoder's pipe is exhausted
+
+
+def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, count: int) -> Iterator[np.ndarray]:
+    """iter_video_i420 over ``count`` decoders, each read by its own thread into a short queue."""
+    import queue
+
+    decoders = [_Decoder(info, video_decode_args(info.path, info.fps_fraction, geometry, info,
+                                                 DecoderShare(index, count, batch_frames)))
+                for index in range(count)]
+    queues = [queue.Queue(maxsize=2) for _ in decoders]
+    stopping = threading.Event()
+
+    def offer(target: queue.Queue, item) -> bool:
+        while not stopping.is_set():
+            try:
+                target.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read(decoder: _Decoder, target: queue.Queue) -> None:
         try:
-            while True:
-                batch = np.empty((batch_frames, height * 3 // 2, width), dtype=np.uint8)
-                count = _read_into(process.stdout, batch.reshape(-1)) // frame_bytes
-                if count:
-                    yield batch[:count]
-                if count < batch_frames:
+            while not stopping.is_set():
+                batch = decoder.read_batch(batch_frames, geometry)
+                if len(batch) and not offer(target, batch):
+                    return
+                if len(batch) < batch_frames:
                     break
-        finally:
-            process.stdout.close()
-            if process.poll() is None:
-                process.kill()
-            return_code = process.wait()
-        if return_code not in (0, -9):
-            stderr_file.seek(0)
-            message = stderr_file.read().decode(errors="replace").strip().splitlines()
-            raise HeygemError(f"could not decode {info.path.name}: {message[-1] if message else 'ffmpeg failed'}")
+            decoder.process.wait()  # its pipe has ended: its exit status tells an error from the end
+            offer(target, _END)
+        except BaseException as error:  # noqa: BLE001 - handed to the reading thread
+            offer(target, error)
+
+    threads = [threading.Thread(target=read, args=(decoder, target), name=f"decode-{index}", daemon=True)
+               for index, (decoder, target) in enumerate(zip(decoders, queues))]
+    for thread in threads:
+        thread.start()
+    try:
+        chunk = 0
+        while True:
+            item = queues[chunk % count].get()
+            if item is _END:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if len(item) < batch_frames:
+                break
+            chunk += 1
+    finally:
+        stopping.set()
+        for decoder in decoders:
+            if decoder.process.poll() is None:
+                decoder.process.kill()
+        for thread in threads:
+            thread.join()
+        failures = []
+        for decoder in decoders:
+            try:
+                decoder.finish()
+            except HeygemError as error:
+                failures.append(error)
+        if failures and sys.exc_info()[0] is None:
+            raise failures[0]
 
 
 def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:

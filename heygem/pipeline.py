@@ -122,7 +122,8 @@ def generate(
     source = None
     try:
         # 4. faces: the tracking of this face video if it was tracked before, else tracked as it streams
-        source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir)
+        source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir,
+                                   media.decoder_count(config.run.decoders, geometry))
         face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir, detector_checkpoint)
 
         # 5. decode -> faces -> generate -> restore -> blend -> encode, in bounded batches

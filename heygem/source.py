@@ -53,8 +53,9 @@ class SourceFrames:
     """
 
     def __init__(self, info: MediaInfo, geometry: FrameGeometry, frames_needed: int,
-                 still_i420: np.ndarray | None, work_dir: Path, audio_seconds: float):
+                 still_i420: np.ndarray | None, work_dir: Path, audio_seconds: float, decoders: int = 1):
         self.info = info
+        self.decoders = decoders  # ffmpeg processes sharing the decoding (media.DecoderShare)
         self.geometry = geometry
         self.frames_needed = frames_needed
         self.still_i420 = still_i420  # (H * 3/2, W) uint8 for a photo
@@ -66,9 +67,9 @@ class SourceFrames:
 
     @classmethod
     def open(cls, info: MediaInfo, geometry: FrameGeometry, frames_needed: int, audio_seconds: float,
-             work_dir: Path) -> "SourceFrames":
+             work_dir: Path, decoders: int = 1) -> "SourceFrames":
         still = media.bgr_to_yuv420(media.load_image(info, geometry)) if info.kind == "image" else None
-        return cls(info, geometry, frames_needed, still, work_dir, audio_seconds)
+        return cls(info, geometry, frames_needed, still, work_dir, audio_seconds, decoders)
 
     @property
     def is_still(self) -> bool:
@@ -87,7 +88,7 @@ class SourceFrames:
                 yield FrameBatch(output_indices, np.zeros_like(output_indices), frames)
             return
         produced = 0
-        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames):
+        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
             frames = frames[: frame_count - produced]
             if self.frame_file is not None:
                 self.frame_file.append(frames)
@@ -111,7 +112,7 @@ class SourceFrames:
 
     def _fill_frame_file(self, batch_frames: int) -> None:
         self.frame_file = media.FrameFile(self.work_dir / "frames.yuv", self.geometry)
-        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames):
+        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
             self.frame_file.append(frames[: self.frame_count - self.frame_file.count])
             if self.frame_file.count >= self.frame_count:
                 break

@@ -41,7 +41,7 @@ def test_concurrent_output_equals_sequential_frame_for_frame(tmp_path, face_vide
     options = {"engine.name": engine, "media.batch_frames": 8}
     sequential = run(face_video, short_speech, tmp_path / "sequential.mp4", **options, **{"run.concurrent": False})
     concurrent = run(face_video, short_speech, tmp_path / "concurrent.mp4", **options,
-                     **{"run.concurrent": True, "run.face_workers": 3})
+                     **{"run.concurrent": True, "run.face_workers": 3, "run.decoders": 2})
     assert sequential.engine == concurrent.engine == engine
     first, second = decode_frames(tmp_path / "sequential.mp4"), decode_frames(tmp_path / "concurrent.mp4")
     assert len(first) == len(second) == sequential.frames == 102

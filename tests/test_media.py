@@ -1,5 +1,6 @@
 """Probing and decoding through ffmpeg."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -132,3 +133,64 @@ def test_writing_a_region_back_gives_the_bytes_a_whole_frame_conversion_gives():
         np.testing.assert_array_equal(ours[~inside], before[~inside])  # and every other byte as it was
     y, u, v = media.i420_planes(in_place)
     assert y.shape == (120, 160) and u.shape == v.shape == (60, 80) and np.shares_memory(y, in_place)
+
+
+def _decoded(info, geometry, batch_frames: int, decoders: int) -> list[np.ndarray]:
+    return list(media.iter_video_i420(info, geometry, batch_frames, decoders))
+
+
+@pytest.mark.parametrize("fps_fraction, height", [(None, None), ("25/1", None), ("25/1", 120)])
+def test_several_decoders_give_the_frames_and_batches_one_decoder_gives(face_video, fps_fraction, height):
+    import dataclasses
+
+    info = media.probe(face_video)  # 2 s at 29.97 fps, 320x240
+    if fps_fraction:  # the rate conversion happens before the frames are dealt out
+        info = dataclasses.replace(info, fps=25.0, fps_fraction=fps_fraction)
+    geometry = media.working_geometry(info, height)
+    alone = _decoded(info, geometry, 7, 1)
+    assert sum(len(batch) for batch in alone) > 40
+    for decoders in (2, 3):
+        shared = _decoded(info, geometry, 7, decoders)
+        assert [len(batch) for batch in shared] == [len(batch) for batch in alone]
+        np.testing.assert_array_equal(np.concatenate(shared), np.concatenate(alone))
+
+
+def test_a_shared_decode_stopped_early_leaves_no_ffmpeg_running(face_video):
+    from bench_pipeline import child_pids
+
+    info = media.probe(face_video)
+    geometry = media.working_geometry(info, None)
+    before = set(child_pids(os.getpid()))
+    batches = media.iter_video_i420(info, geometry, 4, decoders=3)
+    first = next(batches)
+    assert len(first) == 4 and len(set(child_pids(os.getpid(), living=True)) - before) == 3
+    batches.close()
+    assert not set(child_pids(os.getpid())) - before  # killed and reaped
+
+
+@pytest.mark.parametrize("decoders", [1, 3])
+def test_a_video_gone_after_probing_is_one_clear_error(tmp_path, face_video, decoders):
+    moved = tmp_path / "face.mp4"
+    moved.write_bytes(face_video.read_bytes())
+    info = media.probe(moved)
+    moved.unlink()
+    with pytest.raises(HeygemError, match="could not decode face.mp4: .*No such file"):
+        _decoded(info, media.working_geometry(info, None), 4, decoders)
+
+
+def test_decoder_count():
+    from heygem.types import FrameGeometry
+
+    full_hd, small = FrameGeometry(1920, 1080), FrameGeometry(640, 360)
+    assert media.decoder_count(2, small, cpu_count=2) == 2  # asked for
+    assert media.decoder_count(0, full_hd, cpu_count=2) == 1
+    assert media.decoder_count(0, full_hd, cpu_count=16) == 3
+    assert media.decoder_count(0, full_hd, cpu_count=10) == 2
+    assert media.decoder_count(0, small, cpu_count=32) == 1  # one pipe carries small frames fast enough
+    decode_args = media.video_decode_args(Path("v.mp4"), "25/1", full_hd,
+                                          MediaInfo(path=Path("v.mp4"), kind="video", width=1920, height=1080, fps=25.0,
+                                                    fps_fraction="25/1"),
+                                          media.DecoderShare(index=1, count=3, chunk_frames=32))
+    graph = decode_args[decode_args.index("-filter_complex") + 1]
+    assert graph.index("fps=") < graph.index("select=eq(mod(floor(n/32)\\,3)\\,1)")
+    assert decode_args[decode_args.index("-fps_mode") + 1] == "passthrough"

@@ -179,6 +179,8 @@ def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, so
     stream = ffmpeg.input(str(path)).video.filter("fps", fps=fps_fraction)
     if share is not None:  # picked right after the rate is made constant: frame n is the same n for every share
         stream = stream.filter("select", f"eq(mod(floor(n/{share.chunk_frames}),{share.count}),{share.index})")
+        # the frames kept, retimed back to back: a constant-rate output then neither repeats nor drops any
+        stream = stream.filter("setpts", "N/FRAME_RATE/TB")
     same_size = (geometry.width, geometry.height) == (source.width - source.width % 2, source.height - source.height % 2)
     if same_size and source.plain_yuv420:  # the decoder's own frames: no scaler (~5x faster at 1080p)
         if (geometry.width, geometry.height) != (source.width, source.height):
@@ -191,8 +193,7 @@ def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, so
     # would otherwise reach yuv420_to_bgr with the wrong black and white levels
     # raw yuv420p on the pipe: half the bytes of BGR, and OpenCV converts it several times
     # faster than ffmpeg's scaler does (and rounds exactly, see yuv420_to_bgr)
-    options = {"fps_mode": "passthrough"} if share is not None else {}  # the frames left out stay out
-    output = stream.output("pipe:", format="rawvideo", pix_fmt="yuv420p", **options)
+    output = stream.output("pipe:", format="rawvideo", pix_fmt="yuv420p")
     return ["-nostdin", "-v", "error", *output.get_args()]
 
 
@@ -651,8 +652,11 @@ def burn_encode_args(width: int, height: int, fps_fraction: str, source_path: Pa
 
 
 def burn_decode_args(source_path: Path) -> list[str]:
-    """ffmpeg arguments that decode ``source_path``'s video, frame for frame, to raw RGB on stdout."""
-    return ["-nostdin", "-v", "error", "-i", str(source_path), "-map", "0:v:0", "-fps_mode", "passthrough",
+    """ffmpeg arguments that decode ``source_path``'s video, frame for frame, to raw RGB on stdout.
+
+    (No -fps_mode: ffmpeg before 5.1 lacks it, 8 and later lack -vsync; the video is heygem's own
+    constant-rate output, which the default constant-rate output keeps frame for frame.)"""
+    return ["-nostdin", "-v", "error", "-i", str(source_path), "-map", "0:v:0",
             "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:"]
 
 

@@ -121,8 +121,12 @@ class MemorySampler:
 
     @staticmethod
     def _name(pid) -> str:
+        """ffmpeg children as "x264" or "ffmpeg" (decoding, joining), others by their command name."""
         try:
-            return Path(f"/proc/{pid}/comm").read_text().strip()
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            if "ffmpeg" in name:
+                return "x264" if b"libx264" in Path(f"/proc/{pid}/cmdline").read_bytes() else "ffmpeg"
+            return name
         except OSError:
             return "?"
 

@@ -139,14 +139,25 @@ def encode_args(
     return ["-nostdin", "-v", "error", "-y", *output.get_args()]
 
 
+def encoder_threads(encoders: int, cpu_count: int | None = None) -> int:
+    """x264 threads for each of ``encoders`` processes running at once: their share of x264's own
+    default (1.5 per core), at least 2. Every x264 thread holds frames of its own, so several
+    encoders with the default each would hold several times the memory for no more speed."""
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(2, round(1.5 * cores / max(encoders, 1)))
+
+
 def segment_args(geometry: FrameGeometry, fps_fraction: str, segment_path: Path, *,
-                 crf: int = 18, preset: str = "veryfast") -> list[str]:
-    """ffmpeg arguments that read raw I420 frames on stdin and write one video-only H.264 MP4 segment."""
+                 crf: int = 18, preset: str = "veryfast", threads: int = 0) -> list[str]:
+    """ffmpeg arguments that read raw I420 frames on stdin and write one video-only H.264 MP4 segment
+    (``threads`` x264 threads; 0: x264's default)."""
     import ffmpeg
 
+    options = {"threads": threads} if threads else {}
     output = ffmpeg.output(
         _raw_frames_input(geometry, fps_fraction), str(segment_path),
         **{"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf, "an": None, "f": "mp4"},
+        **options,
     )
     return ["-nostdin", "-v", "error", "-y", *output.get_args()]
 
@@ -454,7 +465,7 @@ class SegmentedEncoder:
                 self._changed.wait()
         self._raise_failure()
         args = segment_args(self._geometry, self._fps_fraction, self.segment_path(index),
-                            crf=self._crf, preset=self._preset)
+                            crf=self._crf, preset=self._preset, threads=encoder_threads(self._encoders))
         self._segments.append(_FfmpegFeed(args, f"heygem-encoder-{index}", on_written=self._release,
                                           on_finished=self._notify))
 

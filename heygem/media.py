@@ -176,7 +176,9 @@ def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, so
     """
     import ffmpeg
 
-    stream = ffmpeg.input(str(path)).video.filter("fps", fps=fps_fraction)
+    # shared decoders each decode the whole video: their share of the cores each, not all of them
+    threads = {"threads": max(2, (os.cpu_count() or 1) // share.count)} if share is not None else {}
+    stream = ffmpeg.input(str(path), **threads).video.filter("fps", fps=fps_fraction)
     if share is not None:  # picked right after the rate is made constant: frame n is the same n for every share
         stream = stream.filter("select", f"eq(mod(floor(n/{share.chunk_frames}),{share.count}),{share.index})")
         # the frames kept, retimed back to back: a constant-rate output then neither repeats nor drops any

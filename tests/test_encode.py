@@ -353,3 +353,13 @@ def test_a_full_disk_is_named_in_the_encoder_message():
     with tempfile.TemporaryFile() as stderr_file:
         stderr_file.write(b"some other failure\n")
         assert _ffmpeg_message(stderr_file, 1) == "some other failure"
+
+
+def test_each_of_several_encoders_gets_its_share_of_the_threads():
+    assert encode.encoder_threads(5, cpu_count=16) == 5
+    assert encode.encoder_threads(3, cpu_count=16) == 8
+    assert encode.encoder_threads(8, cpu_count=2) == 2  # never fewer than 2
+    geometry = FrameGeometry(64, 48)
+    args = encode.segment_args(geometry, "25/1", Path("s.mp4"), threads=5)
+    assert args[args.index("-threads") + 1] == "5"
+    assert "-threads" not in encode.segment_args(geometry, "25/1", Path("s.mp4"))

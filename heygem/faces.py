@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -238,7 +238,7 @@ class FaceFinder:
         points *= np.array([x2 - x1, y2 - y1], dtype=np.float32)  # (468, 2) relative -> crop pixels
         return points + np.array([x1, y1], dtype=np.float32)
 
-    def track(self, frames_bgr: list[np.ndarray]) -> list[np.ndarray | None]:
+    def track(self, frames_bgr: Sequence[np.ndarray]) -> list[np.ndarray | None]:
         """Landmarks (or None) for each of the next frames of the stream, as :meth:`find` gives them;
         the frames where detection is due are detected together first, in one batched call."""
         redetect_every = self.config.redetect_every
@@ -279,12 +279,13 @@ class FinderPool:
         for finder in self._finders:
             self._idle.put(finder)
 
-    def track_run(self, frames: Iterable[np.ndarray]) -> list[np.ndarray | None]:
-        """Landmarks (or None) for each (H, W, 3) uint8 BGR frame of a run, tracked from a fresh start."""
+    def track_run(self, frames: Sequence[np.ndarray]) -> list[np.ndarray | None]:
+        """Landmarks (or None) for each (H, W, 3) uint8 BGR frame of a run, tracked from a fresh start
+        (any sequence: media.BgrFrames converts each frame as it is read)."""
         finder = self._idle.get()
         try:
             finder.reset()
-            return finder.track(list(frames))
+            return finder.track(frames)
         finally:
             self._idle.put(finder)
 

@@ -373,7 +373,7 @@ def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, co
     decoders = [_Decoder(info, video_decode_args(info.path, info.fps_fraction, geometry, info,
                                                  DecoderShare(index, count, batch_frames)))
                 for index in range(count)]
-    queues = [queue.Queue(maxsize=2) for _ in decoders]
+    queues = [queue.Queue(maxsize=1) for _ in decoders]  # with the batch each is reading: two per decoder
     stopping = threading.Event()
 
     def offer(target: queue.Queue, item) -> bool:
@@ -435,6 +435,25 @@ def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: i
     """Decode a video as (N, H, W, 3) uint8 BGR batches of at most ``batch_frames`` frames."""
     for planes in iter_video_i420(info, geometry, batch_frames):
         yield i420_batch_to_bgr(planes)
+
+
+class BgrFrames:
+    """(N, H * 3/2, W) I420 frames seen as a sequence of (H, W, 3) BGR frames, each converted when
+    it is read: a face tracker holds one BGR frame at a time instead of its whole batch (at 1080p
+    a batch of 21 frames is 130 MiB of BGR, and several trackers run at once)."""
+
+    def __init__(self, planes: np.ndarray):
+        self.planes = planes
+
+    def __len__(self) -> int:
+        return len(self.planes)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        rows, width = self.planes.shape[1:]
+        return yuv420_to_bgr(self.planes[index], width, rows * 2 // 3)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[index] for index in range(len(self)))
 
 
 def i420_batch_to_bgr(planes: np.ndarray) -> np.ndarray:

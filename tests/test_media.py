@@ -193,3 +193,13 @@ def test_decoder_count():
                                           media.DecoderShare(index=1, count=3, chunk_frames=32))
     graph = decode_args[decode_args.index("-filter_complex") + 1]
     assert graph.index("fps=") < graph.index("select=eq(mod(floor(n/32)\\,3)\\,1)") < graph.index("setpts=N/FRAME_RATE/TB")
+
+
+def test_bgr_frames_convert_each_frame_as_the_whole_batch_conversion_does(face_video):
+    info = media.probe(face_video)
+    planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 5))
+    frames = media.BgrFrames(planes)
+    whole = media.i420_batch_to_bgr(planes)
+    assert len(frames) == 5
+    np.testing.assert_array_equal(np.stack(list(frames)), whole)
+    np.testing.assert_array_equal(frames[3], whole[3])

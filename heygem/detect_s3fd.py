@@ -197,9 +197,12 @@ def box_overlaps(boxes_a, boxes_b):
     (..., K, M). Leading dimensions (a batch of images) pair up one to one."""
     import torch
 
-    top_left = torch.maximum(boxes_a[..., :, None, :2], boxes_b[..., None, :, :2])  # (..., K, M, 2)
-    bottom_right = torch.minimum(boxes_a[..., :, None, 2:], boxes_b[..., None, :, 2:])  # (..., K, M, 2)
-    intersection = (bottom_right - top_left).clamp(min=0).prod(dim=-1)  # (..., K, M)
+    def overlap_along(low: int, high: int):  # the overlap of the two boxes' extents along x (0, 2) or y (1, 3)
+        start = torch.maximum(boxes_a[..., :, None, low], boxes_b[..., None, :, low])  # (..., K, M)
+        end = torch.minimum(boxes_a[..., :, None, high], boxes_b[..., None, :, high])  # (..., K, M)
+        return (end - start).clamp(min=0)
+
+    intersection = overlap_along(0, 2) * overlap_along(1, 3)  # (..., K, M)
     area_a = (boxes_a[..., 2:] - boxes_a[..., :2]).clamp(min=0).prod(dim=-1)  # (..., K)
     area_b = (boxes_b[..., 2:] - boxes_b[..., :2]).clamp(min=0).prod(dim=-1)  # (..., M)
     union = area_a[..., :, None] + area_b[..., None, :] - intersection  # (..., K, M)
@@ -399,7 +402,13 @@ def select_boxes_batch(offsets, face_scores, anchors, to_frame, score_threshold:
     top_indices, top_scores = top_indices[:, :candidate_count], top_scores[:, :candidate_count]  # (B, C)
     boxes = decode_boxes(offsets.gather(1, top_indices[..., None].expand(-1, -1, 4)),
                          anchors[top_indices])  # (B, C, 4) input pixels
-    overlapping = (box_overlaps(boxes, boxes) > nms_threshold).cpu().numpy()  # (B, C, C) bool
+    if boxes.device.type == "cuda":  # one set of kernels for the whole batch
+        overlapping = box_overlaps(boxes, boxes) > nms_threshold  # (B, C, C) bool
+    else:  # image by image: each image's (C, C) intermediates stay in the cache, and no padding rows
+        overlapping = torch.zeros((batch, candidate_count, candidate_count), dtype=torch.bool)  # (B, C, C)
+        for item, count in enumerate(counts):
+            overlapping[item, :count, :count] = box_overlaps(boxes[item, :count], boxes[item, :count]) > nms_threshold
+    overlapping = overlapping.cpu().numpy()  # (B, C, C) bool
     detections = torch.cat([boxes * to_frame, top_scores[..., None]], dim=2).cpu().numpy()  # (B, C, 5) frame pixels
     results = []
     for item, count in enumerate(counts):

@@ -378,13 +378,15 @@ def cached_anchors(map_sizes: tuple, device):
 
 
 def select_boxes_batch(offsets, face_scores, anchors, to_frame, score_threshold: float, nms_threshold: float,
-                       max_candidates: int) -> list[np.ndarray]:
+                       max_candidates: int, per_image_overlaps: bool | None = None) -> list[np.ndarray]:
     """Each image's detections (K, 5) float32 in frame pixels from offsets (B, A, 4) and face scores (B, A).
 
     The whole batch is thresholded, sorted, decoded and compared box against box on
     the device, with two transfers to the host per batch (the candidate counts, then
     the overlaps and boxes); only the greedy suppression runs per image, on the host.
-    Per image it gives what :func:`select_boxes` gives.
+    Per image it gives what :func:`select_boxes` gives. ``per_image_overlaps``: the
+    overlaps image by image rather than for the batch at once (None: on the CPU, where
+    a batch's (B, C, C) intermediates fall out of the cache; same values either way).
     """
     import torch
 
@@ -402,10 +404,13 @@ def select_boxes_batch(offsets, face_scores, anchors, to_frame, score_threshold:
     top_indices, top_scores = top_indices[:, :candidate_count], top_scores[:, :candidate_count]  # (B, C)
     boxes = decode_boxes(offsets.gather(1, top_indices[..., None].expand(-1, -1, 4)),
                          anchors[top_indices])  # (B, C, 4) input pixels
-    if boxes.device.type == "cuda":  # one set of kernels for the whole batch
+    if per_image_overlaps is None:
+        per_image_overlaps = boxes.device.type == "cpu"
+    if not per_image_overlaps:  # one set of kernels for the whole batch
         overlapping = box_overlaps(boxes, boxes) > nms_threshold  # (B, C, C) bool
     else:  # image by image: each image's (C, C) intermediates stay in the cache, and no padding rows
-        overlapping = torch.zeros((batch, candidate_count, candidate_count), dtype=torch.bool)  # (B, C, C)
+        overlapping = torch.zeros((batch, candidate_count, candidate_count), dtype=torch.bool,
+                                  device=boxes.device)  # (B, C, C)
         for item, count in enumerate(counts):
             overlapping[item, :count, :count] = box_overlaps(boxes[item, :count], boxes[item, :count]) > nms_threshold
     overlapping = overlapping.cpu().numpy()  # (B, C, C) bool

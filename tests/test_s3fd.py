@@ -548,10 +548,8 @@ def astronaut_frames(face_photo: Path) -> np.ndarray:
     return np.ascontiguousarray(np.stack([portrait, portrait[:, ::-1]]))
 
 
-def per_image_detections(model, frames, max_side, score_threshold, max_candidates) -> list[np.ndarray]:
-    """What detect_faces gives, written out image by image through select_boxes (the plain form)."""
-    from heygem.detect_s3fd import select_boxes
-
+def network_outputs(model, frames, max_side) -> tuple:
+    """(offsets (B, A, 4), face scores (B, A), anchors (A, 4), input -> frame factors (4,)) as detect_faces has them."""
     size = resized_size(*frames.shape[1:3], None, max_side)
     with torch.inference_mode():
         levels = model(prepare_images(frames, size, torch.device("cpu")))
@@ -559,6 +557,14 @@ def per_image_detections(model, frames, max_side, score_threshold, max_candidate
     face_scores = torch.cat([logits.softmax(dim=1)[:, 1].flatten(1) for logits, _ in levels], dim=1)  # (B, A)
     offsets = torch.cat([offsets.flatten(2).transpose(1, 2) for _, offsets in levels], dim=1)  # (B, A, 4)
     to_frame = torch.tensor([frames.shape[2] / size[1], frames.shape[1] / size[0]] * 2)
+    return offsets, face_scores, anchors, to_frame
+
+
+def per_image_detections(model, frames, max_side, score_threshold, max_candidates) -> list[np.ndarray]:
+    """What detect_faces gives, written out image by image through select_boxes (the plain form)."""
+    from heygem.detect_s3fd import select_boxes
+
+    offsets, face_scores, anchors, to_frame = network_outputs(model, frames, max_side)
     return [select_boxes(offsets[item], face_scores[item], anchors, to_frame, score_threshold, 0.3, max_candidates)
             for item in range(len(frames))]
 
@@ -576,6 +582,13 @@ def test_batched_selection_gives_the_per_image_boxes_bit_for_bit(random_model, f
         assert all(len(boxes) < max_candidates for boxes in found)
     for boxes, reference in zip(found, expected):
         assert boxes.dtype == np.float32
+        np.testing.assert_array_equal(boxes, reference)
+    # the overlaps for the whole batch at once (the CUDA form) give the same boxes
+    from heygem.detect_s3fd import select_boxes_batch
+
+    batched = select_boxes_batch(*network_outputs(random_model, frames, 128), score_threshold, 0.3, max_candidates,
+                                 per_image_overlaps=False)
+    for boxes, reference in zip(batched, expected):
         np.testing.assert_array_equal(boxes, reference)
 
 

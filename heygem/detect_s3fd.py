@@ -382,8 +382,8 @@ def select_boxes_batch(offsets, face_scores, anchors, to_frame, score_threshold:
     """Each image's detections (K, 5) float32 in frame pixels from offsets (B, A, 4) and face scores (B, A).
 
     The whole batch is thresholded, sorted, decoded and compared box against box on
-    the device, with two transfers to the host per batch (the candidate counts, then
-    the overlaps and boxes); only the greedy suppression runs per image, on the host.
+    the device, with three transfers to the host per batch (the candidate counts, the
+    overlaps, the boxes); only the greedy suppression runs per image, on the host.
     Per image it gives what :func:`select_boxes` gives. ``per_image_overlaps``: the
     overlaps image by image rather than for the batch at once (None: on the CPU, where
     a batch's (B, C, C) intermediates fall out of the cache; same values either way).

@@ -4,7 +4,12 @@
 network in batches on the device the model is on (halving the batch when that
 device runs out of memory), and returns each frame's face boxes in the frame's
 own pixels. Everything after the frames are uploaded (resizing, decoding,
-NMS) is torch, on the same device.
+the box overlaps for NMS) is torch, on the same device, for a whole batch at
+once; only the greedy suppression itself runs on the host, per image, on the
+overlap matrices of the batch brought back in one transfer. On CUDA the
+detector's model is a copy with its weights in the compute precision and laid
+out channels-last (:func:`prepare_s3fd`), so no convolution casts or re-lays
+out its weights on each call.
 
 Box conventions: boxes are ``x1, y1, x2, y2`` in pixels (float), width
 ``x2 - x1``; anchors are ``cx, cy, w, h``. Boxes are not clipped to the frame:
@@ -76,7 +81,7 @@ class S3FDDetector:
     name = "s3fd"
 
     def __init__(self, model, precision: str = "auto", max_side: int = DEFAULT_MAX_SIDE, batch_size: int = 8):
-        self.model = model
+        self.model = prepare_s3fd(model, precision)  # on CUDA a copy in the compute precision, channels-last
         self.precision = precision
         self.max_side = max_side  # frames are shrunk to this; tiles of small-face searches are enlarged to it
         self.input_side = max_side
@@ -173,7 +178,8 @@ def make_anchors(map_sizes: list[tuple[int, int]], device=None):
 
 
 def decode_boxes(offsets, anchors):
-    """Boxes x1, y1, x2, y2 from regression ``offsets`` (..., A, 4) dx, dy, dw, dh and ``anchors`` (A, 4).
+    """Boxes x1, y1, x2, y2 from regression ``offsets`` (..., A, 4) dx, dy, dw, dh and ``anchors`` (A, 4)
+    or (..., A, 4), one per offset row.
 
     The centre moves by ``dx * 0.1 * anchor width`` (likewise y) and the size is
     ``anchor size * exp(dw * 0.2)``: zero offsets give the anchor itself.
@@ -181,41 +187,53 @@ def decode_boxes(offsets, anchors):
     import torch
 
     centre_variance, size_variance = OFFSET_VARIANCES
-    centres = anchors[:, :2] + offsets[..., :2] * centre_variance * anchors[:, 2:]  # (..., A, 2)
-    sizes = anchors[:, 2:] * torch.exp(offsets[..., 2:] * size_variance)  # (..., A, 2)
+    centres = anchors[..., :2] + offsets[..., :2] * centre_variance * anchors[..., 2:]  # (..., A, 2)
+    sizes = anchors[..., 2:] * torch.exp(offsets[..., 2:] * size_variance)  # (..., A, 2)
     return torch.cat([centres - sizes / 2, centres + sizes / 2], dim=-1)  # (..., A, 4)
 
 
 def box_overlaps(boxes_a, boxes_b):
-    """Intersection over union of every box in ``boxes_a`` (K, 4) with every box in ``boxes_b`` (M, 4): (K, M)."""
+    """Intersection over union of every box in ``boxes_a`` (..., K, 4) with every box in ``boxes_b`` (..., M, 4):
+    (..., K, M). Leading dimensions (a batch of images) pair up one to one."""
     import torch
 
-    top_left = torch.maximum(boxes_a[:, None, :2], boxes_b[None, :, :2])  # (K, M, 2)
-    bottom_right = torch.minimum(boxes_a[:, None, 2:], boxes_b[None, :, 2:])  # (K, M, 2)
-    intersection = (bottom_right - top_left).clamp(min=0).prod(dim=-1)  # (K, M)
-    area_a = (boxes_a[:, 2:] - boxes_a[:, :2]).clamp(min=0).prod(dim=-1)  # (K,)
-    area_b = (boxes_b[:, 2:] - boxes_b[:, :2]).clamp(min=0).prod(dim=-1)  # (M,)
-    union = area_a[:, None] + area_b[None, :] - intersection  # (K, M)
+    def overlap_along(low: int, high: int):  # the overlap of the two boxes' extents along x (0, 2) or y (1, 3)
+        start = torch.maximum(boxes_a[..., :, None, low], boxes_b[..., None, :, low])  # (..., K, M)
+        end = torch.minimum(boxes_a[..., :, None, high], boxes_b[..., None, :, high])  # (..., K, M)
+        return (end - start).clamp(min=0)
+
+    intersection = overlap_along(0, 2) * overlap_along(1, 3)  # (..., K, M)
+    area_a = (boxes_a[..., 2:] - boxes_a[..., :2]).clamp(min=0).prod(dim=-1)  # (..., K)
+    area_b = (boxes_b[..., 2:] - boxes_b[..., :2]).clamp(min=0).prod(dim=-1)  # (..., M)
+    union = area_a[..., :, None] + area_b[..., None, :] - intersection  # (..., K, M)
     return intersection / union.clamp(min=1e-9)
+
+
+def greedy_keep(overlapping: np.ndarray) -> list[int]:
+    """Positions kept by greedy suppression of boxes already sorted best first: each kept box drops every
+    later box it overlaps. ``overlapping``: (K, K) bool, True where two boxes overlap too much."""
+    suppressed = np.zeros(len(overlapping), dtype=bool)
+    kept = []
+    for position in range(len(overlapping)):
+        if suppressed[position]:
+            continue
+        kept.append(position)
+        suppressed |= overlapping[position]
+    return kept
 
 
 def non_maximum_suppression(boxes, scores, iou_threshold: float):
     """Indices of the boxes to keep, best score first: greedily, each kept box drops every
     lower-scored box that overlaps it by more than ``iou_threshold`` (intersection over union).
+    Equal scores keep the boxes' order.
 
     boxes: (K, 4) x1, y1, x2, y2; scores: (K,). Returns a (kept,) int64 tensor on the boxes' device.
     """
     import torch
 
     order = torch.argsort(scores, descending=True, stable=True)  # (K,)
-    overlapping = (box_overlaps(boxes[order], boxes[order]) > iou_threshold).cpu()  # (K, K) bool
-    suppressed = torch.zeros(len(order), dtype=torch.bool)
-    kept = []
-    for position in range(len(order)):
-        if suppressed[position]:
-            continue
-        kept.append(position)
-        suppressed |= overlapping[position]
+    overlapping = (box_overlaps(boxes[order], boxes[order]) > iou_threshold).cpu().numpy()  # (K, K) bool
+    kept = greedy_keep(overlapping)
     return order[torch.tensor(kept, dtype=torch.int64, device=order.device)]
 
 
@@ -229,8 +247,12 @@ def resized_size(height: int, width: int, scale: float | None, max_side: int) ->
     return max(1, round(height * scale)), max(1, round(width * scale))
 
 
-def prepare_images(frames_bgr: np.ndarray, size: tuple[int, int], device):
-    """Frames (N, H, W, 3) uint8 BGR as the network's input (N, 3, h, w): resized, means subtracted."""
+def prepare_images(frames_bgr: np.ndarray, size: tuple[int, int], device, dtype=None, channels_last: bool = False):
+    """Frames (N, H, W, 3) uint8 BGR as the network's input (N, 3, h, w): resized, means subtracted.
+
+    The arithmetic is fp32; the result is cast to ``dtype`` when given (the dtype of the
+    model's weights) and laid out channels-last when asked, in one copy.
+    """
     import torch
     from torch.nn import functional
 
@@ -239,7 +261,54 @@ def prepare_images(frames_bgr: np.ndarray, size: tuple[int, int], device):
     if tuple(images.shape[2:]) != tuple(size):
         images = functional.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
     means = torch.tensor(BGR_MEANS, dtype=torch.float32, device=device).view(1, 3, 1, 1)
-    return images - means  # (N, 3, h, w)
+    images = images - means  # (N, 3, h, w) fp32
+    if dtype is not None or channels_last:
+        memory_format = torch.channels_last if channels_last else torch.preserve_format
+        images = images.to(dtype=dtype or images.dtype, memory_format=memory_format)
+    return images
+
+
+def prepare_s3fd(model, precision: str = "auto", *, cast_weights: bool | None = None,
+                 channels_last: bool | None = None):
+    """The S3FD ``model`` as :func:`detect_faces` runs it fastest on its device.
+
+    ``cast_weights``: the weights in the dtype of ``precision`` (fp16 or bf16), so
+    the convolutions run without autocast's per-call weight casts; None does it on
+    CUDA only (the CPU keeps fp32 weights, autocast does the rest there).
+    ``channels_last``: the 4-D weights laid out channels-last, matching the input
+    (see :func:`prepare_images`), so no convolution re-lays out its weights on each
+    call; None does it on CUDA only. Returns a converted copy when anything changes
+    (the given model stays as it was, since a caller may share it), else ``model``.
+    """
+    import copy
+
+    import torch
+
+    from heygem.device import autocast_dtype
+
+    device = next(model.parameters()).device
+    on_cuda = device.type == "cuda"
+    dtype = autocast_dtype(device, precision)  # None: fp32
+    cast = dtype is not None and (on_cuda if cast_weights is None else cast_weights)
+    to_channels_last = on_cuda if channels_last is None else channels_last
+    if not cast and not to_channels_last:
+        return model
+    prepared = copy.deepcopy(model).eval()
+    if cast:
+        prepared.to(dtype=dtype)
+    if to_channels_last:
+        for parameter in prepared.parameters():
+            if parameter.dim() == 4:
+                parameter.data = parameter.data.contiguous(memory_format=torch.channels_last)
+    return prepared
+
+
+def model_layout(model) -> tuple:
+    """(dtype of the weights, whether the first convolution's weights are channels-last) of an S3FD."""
+    import torch
+
+    weight = model.conv1_1.weight
+    return weight.dtype, weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
 
 
 def detect_faces(model, frames_bgr: np.ndarray, *, scale: float | None = None, max_side: int = DEFAULT_MAX_SIDE,
@@ -254,6 +323,8 @@ def detect_faces(model, frames_bgr: np.ndarray, *, scale: float | None = None, m
     of the best go through NMS at ``nms_threshold``. Rows are sorted by score,
     best first; a frame without a face gives a (0, 5) array. The model runs on
     its own device, ``batch_size`` frames at a time, halved on out-of-memory.
+    A model whose weights are fp16 or bf16 (see :func:`prepare_s3fd`) gets its
+    input in that dtype and runs without autocast; ``precision`` then has no effect.
     """
     import torch
 
@@ -263,26 +334,27 @@ def detect_faces(model, frames_bgr: np.ndarray, *, scale: float | None = None, m
     if len(frames_bgr) == 0:
         return []
     device = next(model.parameters()).device
+    weights_dtype, channels_last = model_layout(model)
+    input_dtype = None if weights_dtype == torch.float32 else weights_dtype
+    run_precision = precision if input_dtype is None else "fp32"  # cast weights: no autocast on top
     frame_height, frame_width = frames_bgr.shape[1:3]
     input_height, input_width = resized_size(frame_height, frame_width, scale, max_side)
     # input pixels -> frame pixels, for x1, y1, x2, y2
     to_frame = torch.tensor([frame_width / input_width, frame_height / input_height] * 2, device=device)
-    anchors_by_sizes: dict[tuple, torch.Tensor] = {}
 
     def detect_batch(chunk: np.ndarray) -> list[np.ndarray]:
-        images = prepare_images(chunk, (input_height, input_width), device)  # (B, 3, h, w)
-        with inference_context(device, precision):
+        images = prepare_images(chunk, (input_height, input_width), device, dtype=input_dtype,
+                                channels_last=channels_last)  # (B, 3, h, w)
+        with inference_context(device, run_precision):
             levels = model(images)
         map_sizes = tuple(tuple(logits.shape[2:]) for logits, _ in levels)
-        if map_sizes not in anchors_by_sizes:
-            anchors_by_sizes[map_sizes] = make_anchors(list(map_sizes), device)
-        anchors = anchors_by_sizes[map_sizes]  # (A, 4)
+        anchors = cached_anchors(map_sizes, device)  # (A, 4)
         face_scores = torch.cat([logits.float().softmax(dim=1)[:, 1].flatten(1) for logits, _ in levels],
                                 dim=1)  # (B, A)
         offsets = torch.cat([offsets.float().flatten(2).transpose(1, 2) for _, offsets in levels],
                             dim=1)  # (B, A, 4)
-        return [select_boxes(offsets[item], face_scores[item], anchors, to_frame, score_threshold,
-                             nms_threshold, max_candidates) for item in range(len(chunk))]
+        return select_boxes_batch(offsets, face_scores, anchors, to_frame, score_threshold, nms_threshold,
+                                  max_candidates)
 
     outputs, final_batch_size = run_in_batches(detect_batch, frames_bgr, batch_size)
     if final_batch_size < batch_size:
@@ -290,9 +362,72 @@ def detect_faces(model, frames_bgr: np.ndarray, *, scale: float | None = None, m
     return [boxes for batch in outputs for boxes in batch]
 
 
+_ANCHORS: dict[tuple, object] = {}
+MAX_CACHED_ANCHORS = 8  # input sizes whose anchors are kept (a run uses one or two)
+
+
+def cached_anchors(map_sizes: tuple, device):
+    """:func:`make_anchors` for these map sizes on ``device``, made once per process (read-only)."""
+    key = (map_sizes, str(device))
+    anchors = _ANCHORS.get(key)
+    if anchors is None:
+        while len(_ANCHORS) >= MAX_CACHED_ANCHORS:
+            del _ANCHORS[next(iter(_ANCHORS))]  # the oldest
+        anchors = _ANCHORS[key] = make_anchors(list(map_sizes), device)
+    return anchors
+
+
+def select_boxes_batch(offsets, face_scores, anchors, to_frame, score_threshold: float, nms_threshold: float,
+                       max_candidates: int, per_image_overlaps: bool | None = None) -> list[np.ndarray]:
+    """Each image's detections (K, 5) float32 in frame pixels from offsets (B, A, 4) and face scores (B, A).
+
+    The whole batch is thresholded, sorted, decoded and compared box against box on
+    the device, with three transfers to the host per batch (the candidate counts, the
+    overlaps, the boxes); only the greedy suppression runs per image, on the host.
+    Per image it gives what :func:`select_boxes` gives. ``per_image_overlaps``: the
+    overlaps image by image rather than for the batch at once (None: on the CPU, where
+    a batch's (B, C, C) intermediates fall out of the cache; same values either way).
+    """
+    import torch
+
+    batch, anchor_count = face_scores.shape
+    top_scores, top_indices = face_scores.topk(min(max_candidates, anchor_count), dim=1)  # (B, k) each
+    # equal scores in anchor order, as non_maximum_suppression's stable sort of the candidates has them
+    top_indices = top_indices.sort(dim=1).values  # (B, k) anchor order
+    top_scores = face_scores.gather(1, top_indices)  # (B, k)
+    order = torch.argsort(top_scores, dim=1, descending=True, stable=True)  # (B, k)
+    top_indices, top_scores = top_indices.gather(1, order), top_scores.gather(1, order)  # (B, k) best first
+    counts = (top_scores > score_threshold).sum(dim=1).tolist()  # candidates per image: a prefix of each row
+    candidate_count = max(counts)
+    if candidate_count == 0:
+        return [np.zeros((0, 5), dtype=np.float32) for _ in range(batch)]
+    top_indices, top_scores = top_indices[:, :candidate_count], top_scores[:, :candidate_count]  # (B, C)
+    boxes = decode_boxes(offsets.gather(1, top_indices[..., None].expand(-1, -1, 4)),
+                         anchors[top_indices])  # (B, C, 4) input pixels
+    if per_image_overlaps is None:
+        per_image_overlaps = boxes.device.type == "cpu"
+    if not per_image_overlaps:  # one set of kernels for the whole batch
+        overlapping = box_overlaps(boxes, boxes) > nms_threshold  # (B, C, C) bool
+    else:  # image by image: each image's (C, C) intermediates stay in the cache, and no padding rows
+        overlapping = torch.zeros((batch, candidate_count, candidate_count), dtype=torch.bool,
+                                  device=boxes.device)  # (B, C, C)
+        for item, count in enumerate(counts):
+            overlapping[item, :count, :count] = box_overlaps(boxes[item, :count], boxes[item, :count]) > nms_threshold
+    overlapping = overlapping.cpu().numpy()  # (B, C, C) bool
+    detections = torch.cat([boxes * to_frame, top_scores[..., None]], dim=2).cpu().numpy()  # (B, C, 5) frame pixels
+    results = []
+    for item, count in enumerate(counts):
+        kept = greedy_keep(overlapping[item, :count, :count])  # positions, best first
+        results.append(detections[item, kept].astype(np.float32))  # (K, 5)
+    return results
+
+
 def select_boxes(offsets, face_scores, anchors, to_frame, score_threshold: float, nms_threshold: float,
                  max_candidates: int) -> np.ndarray:
-    """One image's detections (K, 5) float32 in frame pixels from offsets (A, 4) and face scores (A,)."""
+    """One image's detections (K, 5) float32 in frame pixels from offsets (A, 4) and face scores (A,).
+
+    The plain per-image form of :func:`select_boxes_batch` (several host round trips per image).
+    """
     import torch
 
     candidates = torch.nonzero(face_scores > score_threshold).flatten()  # (C,)

@@ -535,3 +535,97 @@ def test_s3fd_tracks_a_clip_through_the_pipeline_and_the_mesh_follows_its_box(tm
     s3fd_left, s3fd_right = motion["s3fd"]
     assert mediapipe_left > 5 and mediapipe_right < 1.5, motion  # mediapipe: the larger face speaks
     assert s3fd_right > 5 and s3fd_left < 1.5, motion  # S3FD's box: the face under the marker speaks
+
+
+# --------------------------------------------------------------------------- the batched post-processing
+
+
+def astronaut_frames(face_photo: Path) -> np.ndarray:
+    """(2, 144, 192, 3) uint8: the portrait and its mirror image."""
+    import cv2
+
+    portrait = cv2.resize(cv2.imread(str(face_photo)), (192, 144), interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(np.stack([portrait, portrait[:, ::-1]]))
+
+
+def network_outputs(model, frames, max_side) -> tuple:
+    """(offsets (B, A, 4), face scores (B, A), anchors (A, 4), input -> frame factors (4,)) as detect_faces has them."""
+    size = resized_size(*frames.shape[1:3], None, max_side)
+    with torch.inference_mode():
+        levels = model(prepare_images(frames, size, torch.device("cpu")))
+    anchors = make_anchors([tuple(logits.shape[2:]) for logits, _ in levels])
+    face_scores = torch.cat([logits.softmax(dim=1)[:, 1].flatten(1) for logits, _ in levels], dim=1)  # (B, A)
+    offsets = torch.cat([offsets.flatten(2).transpose(1, 2) for _, offsets in levels], dim=1)  # (B, A, 4)
+    to_frame = torch.tensor([frames.shape[2] / size[1], frames.shape[1] / size[0]] * 2)
+    return offsets, face_scores, anchors, to_frame
+
+
+def per_image_detections(model, frames, max_side, score_threshold, max_candidates) -> list[np.ndarray]:
+    """What detect_faces gives, written out image by image through select_boxes (the plain form)."""
+    from heygem.detect_s3fd import select_boxes
+
+    offsets, face_scores, anchors, to_frame = network_outputs(model, frames, max_side)
+    return [select_boxes(offsets[item], face_scores[item], anchors, to_frame, score_threshold, 0.3, max_candidates)
+            for item in range(len(frames))]
+
+
+@pytest.mark.parametrize("score_threshold, max_candidates", [(0.5, 1000), (0.5, 40), (0.3, 1000)])
+def test_batched_selection_gives_the_per_image_boxes_bit_for_bit(random_model, face_photo, score_threshold,
+                                                                 max_candidates):
+    frames = astronaut_frames(face_photo)
+    expected = per_image_detections(random_model, frames, 128, score_threshold, max_candidates)
+    found = detect_faces(random_model, frames, max_side=128, score_threshold=score_threshold,
+                         max_candidates=max_candidates, batch_size=2)
+    assert [len(boxes) for boxes in expected] == [len(boxes) for boxes in found]
+    assert all(len(boxes) > 10 for boxes in found)  # many candidates overlap: NMS has work to do
+    if max_candidates < 1000:
+        assert all(len(boxes) < max_candidates for boxes in found)
+    for boxes, reference in zip(found, expected):
+        assert boxes.dtype == np.float32
+        np.testing.assert_array_equal(boxes, reference)
+    # the overlaps for the whole batch at once (the CUDA form) give the same boxes
+    from heygem.detect_s3fd import select_boxes_batch
+
+    batched = select_boxes_batch(*network_outputs(random_model, frames, 128), score_threshold, 0.3, max_candidates,
+                                 per_image_overlaps=False)
+    for boxes, reference in zip(batched, expected):
+        np.testing.assert_array_equal(boxes, reference)
+
+
+def test_equal_scores_keep_the_first_anchor_and_an_empty_frame_gives_no_rows():
+    # the square covers two stride-4 cells side by side: equal scores, overlapping boxes; the first one is kept
+    frames = frames_with_a_bright_square(2, 64, 96, top=20, left=36, side=8)
+    frames[1] = 0
+    with_square, empty = detect_faces(bright_square_model(), frames, score_threshold=0.6, batch_size=2)
+    assert empty.shape == (0, 5) and empty.dtype == np.float32
+    np.testing.assert_allclose(with_square[:, :4], [[30.0, 14.0, 46.0, 30.0]], atol=1e-4)  # row 5, column 9
+
+
+def test_prepared_models_leave_the_given_one_alone_and_find_the_same_faces(random_model, face_photo):
+    from heygem.detect_s3fd import model_layout, prepare_s3fd
+
+    assert prepare_s3fd(random_model, "auto") is random_model  # on the CPU nothing changes by default
+    frames = astronaut_frames(face_photo)
+    reference = detect_faces(random_model, frames, max_side=128)
+
+    channels_last = prepare_s3fd(random_model, "fp32", channels_last=True)
+    assert model_layout(channels_last) == (torch.float32, True)
+    assert model_layout(random_model) == (torch.float32, False)
+    for boxes, expected in zip(detect_faces(channels_last, frames, max_side=128), reference):
+        np.testing.assert_array_equal(boxes, expected)
+
+    half = prepare_s3fd(bright_square_model(), "fp16", cast_weights=True, channels_last=True)
+    assert model_layout(half) == (torch.float16, True)
+    seen = []
+
+    def record_input(module, inputs):
+        images = inputs[0]
+        layout_is_channels_last = images.is_contiguous(memory_format=torch.channels_last)
+        seen.append((images.dtype, torch.is_autocast_enabled("cpu"), layout_is_channels_last))
+
+    half.register_forward_pre_hook(record_input)
+    frames = frames_with_a_bright_square(1, 128, 192, top=40, left=72, side=8)
+    (boxes,) = detect_faces(half, frames, max_side=96, score_threshold=0.6, precision="fp16")
+    assert seen == [(torch.float16, False, True)]  # the weights' dtype, no autocast on top, the weights' layout
+    np.testing.assert_allclose(boxes[:, :4], [[60.0, 28.0, 92.0, 60.0]], atol=0.1)
+    assert boxes[0, 4] == pytest.approx(BRIGHT_CELL_SCORE, abs=2e-3)

@@ -300,6 +300,14 @@ def _polygon_mask(shape: tuple[int, int], polygons: list[np.ndarray], holes: lis
     return mask
 
 
+def _mask_window(mask: np.ndarray) -> tuple[slice, slice] | None:
+    """The bounding rows and columns of the non-zero pixels of a (h, w) uint8 mask, or None."""
+    x, y, width, height = cv2.boundingRect(mask)
+    if width == 0:
+        return None
+    return slice(y, y + height), slice(x, x + width)
+
+
 class TeethColour:
     """The colour of the teeth over a video: what the source showed, smoothed over the frames
     that show them, so that it does not jump when the source mouth closes and opens."""
@@ -344,6 +352,7 @@ def source_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: n
     v = lower_lip_bottom + np.array([0.2, 0.2, 0.75, 0.75]) * chin_height
     chin_x, chin_y = frame.to_frame(u, v)
     chin = np.stack([chin_x, chin_y], axis=1) - patch_origin
+    # The means stay over the whole patch: cv2.mean over a smaller window can round differently.
     lips_mask = _polygon_mask(shape, [outer], [inner])
     chin_mask = _polygon_mask(shape, [chin])
     skin = np.array(cv2.mean(patch_bgr, chin_mask if chin_mask.any() else None)[:3], np.float32)
@@ -355,8 +364,9 @@ def source_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: n
 
     seen_teeth = None
     opening = _polygon_mask(shape, [inner])
-    if int(opening.sum()) >= 12:
-        inside = patch_bgr[opening > 0].astype(np.float32)  # (n, 3)
+    if cv2.countNonZero(opening) >= 12:
+        opening_window = _mask_window(opening)  # the same pixels in the same order as over the whole patch
+        inside = patch_bgr[opening_window][opening[opening_window] > 0].astype(np.float32)  # (n, 3)
         inside_luma = inside @ luma_weights
         bright = inside[inside_luma >= np.percentile(inside_luma, 70)]
         if len(bright) and float(bright.mean(axis=0) @ luma_weights) > 0.85 * skin_luma:

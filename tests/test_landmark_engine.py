@@ -503,3 +503,26 @@ def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talki
     assert not np.array_equal(plain_expected, expected)
     pooled_engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
     assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_expected)
+
+
+def test_remap_bgr_gives_the_bytes_of_a_three_channel_remap():
+    """The BGRA remap of the part the maps read equals cv2.remap on the whole BGR image, inside
+    the image, across its edges (replicated border) and entirely outside it."""
+    from heygem.engines.landmark import remap_bgr
+
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (90, 140, 3), np.uint8)
+    rows, columns = np.mgrid[0:40, 0:60].astype(np.float32)
+    maps = [
+        (columns + 30 + rng.normal(0, 3, rows.shape), rows + 20 + rng.normal(0, 3, rows.shape)),  # inside, smooth
+        (columns * 2.5 - 8, rows * 2.4 - 6),  # across every edge
+        (np.round((columns + 100.3) * 4) / 4, np.round((rows + 60.7) * 4) / 4),  # right and bottom edges, quarters
+        (rng.uniform(-10, 150, rows.shape), rng.uniform(-10, 100, rows.shape)),  # scattered
+        (columns - 200.5, rows - 100.25),  # only the border
+    ]
+    for map_x, map_y in maps:
+        map_x, map_y = map_x.astype(np.float32), map_y.astype(np.float32)
+        expected = cv2.remap(image, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        warped = remap_bgr(image, map_x, map_y)
+        assert warped.shape == (40, 60, 3) and warped.dtype == np.uint8
+        assert np.array_equal(warped, expected)

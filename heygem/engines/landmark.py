@@ -604,6 +604,30 @@ def _map_to_region(map_values: np.ndarray, start: int, size: int, frame_size: in
     return map_values - np.float32(start) if start else map_values
 
 
+def remap_bgr(source_bgr: np.ndarray, map_x: np.ndarray, map_y: np.ndarray) -> np.ndarray:
+    """cv2.remap(source_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE) of a
+    (H, W, 3) uint8 BGR image with (h, w) float32 maps: (h, w, 3) uint8, the same bytes, faster.
+
+    OpenCV's bilinear remap of 4-channel 8-bit images is about 2.5x faster than of 3-channel
+    ones and computes each channel the same way, so the part of the source the maps read (plus
+    2 pixels, or up to the image's edge, where the border is replicated as before) is converted
+    to BGRA, warped, and converted back. Subtracting the integer corner of that part from
+    float32 coordinates at or beyond it is exact.
+    """
+    height, width = source_bgr.shape[:2]
+    x1, x2 = max(int(np.floor(map_x.min())) - 2, 0), min(int(np.floor(map_x.max())) + 4, width)
+    y1, y2 = max(int(np.floor(map_y.min())) - 2, 0), min(int(np.floor(map_y.max())) + 4, height)
+    if x1 >= x2 or y1 >= y2:  # the maps read only the replicated border: nothing to gain
+        return cv2.remap(source_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    region_bgra = cv2.cvtColor(source_bgr[y1:y2, x1:x2], cv2.COLOR_BGR2BGRA)  # (y2 - y1, x2 - x1, 4)
+    if x1:
+        map_x = map_x - np.float32(x1)
+    if y1:
+        map_y = map_y - np.float32(y1)
+    warped_bgra = cv2.remap(region_bgra, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    return cv2.cvtColor(warped_bgra, cv2.COLOR_BGRA2BGR)  # (h, w, 3)
+
+
 def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
                source_origin: tuple[int, int] = (0, 0),
                frame_size: tuple[int, int] | None = None) -> WarpedMouth | None:
@@ -647,7 +671,7 @@ def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, w
     map_y = np.arange(y1, y2, dtype=np.float32)[:, None] + shift_u * uy + shift_v * vy
     map_x = _map_to_region(map_x, origin_x, source_bgr.shape[1], frame_width)
     map_y = _map_to_region(map_y, origin_y, source_bgr.shape[0], frame_height)
-    image = cv2.remap(source_bgr, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)  # (h, w, 3)
+    image = remap_bgr(source_bgr, map_x, map_y)  # (h, w, 3)
     mask = clip(np.sqrt(shift_u**2 + shift_v**2) * 2.0, 0.0, 1.0)  # (h, w): ours from half a pixel of movement on
 
     # 2. Where the lips parted (or closed lips meet), the interior will be drawn.

@@ -526,3 +526,42 @@ def test_remap_bgr_gives_the_bytes_of_a_three_channel_remap():
         warped = remap_bgr(image, map_x, map_y)
         assert warped.shape == (40, 60, 3) and warped.dtype == np.uint8
         assert np.array_equal(warped, expected)
+
+
+def _blend_as_written(frame_bgr: np.ndarray, patch: FacePatch, color_match: bool) -> np.ndarray:
+    """blend_patch's formula on (h, w, 3) arrays, numpy's float32 means of the edge pixels included."""
+    x1, y1, x2, y2 = patch.box
+    frame = frame_bgr.copy()
+    region = frame[y1:y2, x1:x2]
+    new_pixels = patch.image_bgr.astype(np.float32)
+    edge = (patch.mask > 0.02) & (patch.mask < 0.7)
+    if color_match and edge.sum() >= 16:
+        new_pixels = new_pixels + (region[edge].astype(np.float32).mean(axis=0) - new_pixels[edge].mean(axis=0))
+    alpha = patch.mask[:, :, None]
+    region[...] = np.clip(np.rint(region.astype(np.float32) * (1.0 - alpha) + new_pixels * alpha), 0, 255).astype(np.uint8)
+    return frame
+
+
+@pytest.mark.parametrize("color_match", [True, False])
+def test_blend_patch_gives_the_bytes_of_its_formula_on_whole_arrays(color_match):
+    """Blending plane by plane with the edge means from exact sums changes no byte: soft masks,
+    a float64 mask, an edge too small to match colours, and sums too large for exact float32
+    (where the pixels are averaged as numpy does)."""
+    rng = np.random.default_rng(5)
+    frame = rng.integers(0, 256, (120, 160, 3), np.uint8)
+    rows, columns = np.mgrid[0:60, 0:80]
+    soft = np.clip(1.2 - np.hypot(rows - 30, columns - 40) / 30, 0, 1).astype(np.float32)
+    cases = [
+        ((10, 20, 90, 80), rng.integers(0, 256, (60, 80, 3), np.uint8), soft),
+        ((10, 20, 90, 80), rng.integers(0, 256, (60, 80, 3), np.uint8), rng.random((60, 80))),  # float64
+        ((10, 20, 90, 80), rng.integers(0, 256, (60, 80, 3), np.uint8), (soft > 0.99).astype(np.float32)),  # no edge
+    ]
+    bright = np.full((120, 160, 3), 250, np.uint8)  # edge sums of 250 * 19200 > 2^24
+    cases.append(((0, 0, 160, 120), bright, np.full((120, 160), 0.5, np.float32)))
+    for box, image, mask in cases:
+        patch = FacePatch(box=box, image_bgr=image, mask=mask)
+        blended = frame.copy()
+        blend_patch(blended, patch, BlendConfig(color_match=color_match))
+        expected = _blend_as_written(frame, patch, color_match)
+        assert np.array_equal(blended, expected)
+        assert not np.array_equal(blended, frame)

@@ -100,6 +100,8 @@ def blend_patch(frame_bgr: np.ndarray, patch: FacePatch, config: BlendConfig) ->
 
     x1, y1, x2, y2 = patch.box
     region = frame_bgr[y1:y2, x1:x2]
+    if region.size == 0:  # nothing to blend (cv2.split does not take empty images)
+        return
     mask = patch.mask if patch.mask is not None else lower_face_mask(patch, config.feather)
     shift = colour_shift(patch.image_bgr, region, mask) if config.color_match else None
     keep = 1.0 - mask

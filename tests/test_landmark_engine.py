@@ -565,3 +565,10 @@ def test_blend_patch_gives_the_bytes_of_its_formula_on_whole_arrays(color_match)
         expected = _blend_as_written(frame, patch, color_match)
         assert np.array_equal(blended, expected)
         assert not np.array_equal(blended, frame)
+
+
+def test_blend_patch_of_an_empty_box_changes_nothing():
+    frame = np.full((10, 12, 3), 7, np.uint8)
+    patch = FacePatch(box=(3, 2, 3, 8), image_bgr=np.zeros((6, 0, 3), np.uint8), mask=np.zeros((6, 0), np.float32))
+    blend_patch(frame, patch, BlendConfig())
+    assert np.array_equal(frame, np.full((10, 12, 3), 7, np.uint8))

@@ -1,14 +1,15 @@
 """Milliseconds per frame of the built-in landmark engine alone, per worker count.
 
     python bench/bench_landmark.py [--sizes 1280x720 1920x1080] [--frames 200] [--workers 0 1 2]
-                                   [--save-reference FILE | --check-reference FILE] [--profile]
+                                   [--save-reference FILE | --check-reference FILE] [--profile] [--i420]
 
 The input is the one bench_pipeline.py makes (the bundled portrait scaled to cover
 the frame, drifting slowly) with the bundled English speech: a few distinct frames
 whose landmarks come from mediapipe's face mesh once each, then cycled. Every worker
 count must give the same bytes as ``--workers 0``; the script checks that, and
 ``--save-reference`` / ``--check-reference`` compare against a digest saved by an
-earlier version of the engine.
+earlier version of the engine. ``--i420`` times generate_i420 instead, the path the
+pipeline takes: I420 frames in, blended I420 windows out (digests under "WxH i420").
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def make_batches(frames: np.ndarray, landmarks: list[np.ndarray], windows: np.nd
     return batches
 
 
+def i420_batches(batches) -> list[tuple[np.ndarray, list, np.ndarray]]:
+    """(frames_i420 (N, H * 3/2, W) uint8, faces, mel_windows) of each batch, for generate_i420."""
+    from heygem import media
+
+    return [(np.stack([media.bgr_to_yuv420(frame) for frame in batch.frames_bgr]), batch.faces, batch.mel_windows)
+            for batch in batches]
+
+
 def run_engine(batches, workers: int):
     """(patches, seconds per frame after the first batch, seconds of the first batch, CPU seconds
     per frame of this process after the first batch, CPU seconds per frame of the rendering
@@ -88,14 +97,23 @@ def run_engine(batches, workers: int):
     from heygem.engines.landmark import LandmarkEngine
 
     engine = LandmarkEngine(EngineConfig(), FPS, workers=workers)
+    if isinstance(batches[0], tuple):  # from i420_batches
+        from heygem.config import BlendConfig
+
+        blend = BlendConfig()
+
+        def generate(batch):
+            return engine.generate_i420(*batch, blend)
+    else:
+        generate = engine.generate
     try:
         started = time.perf_counter()
-        patches = list(engine.generate(batches[0]))
+        patches = list(generate(batches[0]))
         first_seconds = time.perf_counter() - started
         started, started_cpu = time.perf_counter(), time.process_time()
         for batch in batches[1:]:
-            patches.extend(engine.generate(batch))
-        steady_frames = sum(len(batch.faces) for batch in batches[1:])
+            patches.extend(generate(batch))
+        steady_frames = sum(len(batch[1] if isinstance(batch, tuple) else batch.faces) for batch in batches[1:])
         per_frame = (time.perf_counter() - started) / steady_frames
         cpu_per_frame = (time.process_time() - started_cpu) / steady_frames
     finally:
@@ -133,6 +151,9 @@ def digest(patches) -> str:
             hasher.update(b"none")
             continue
         hasher.update(np.array(patch.box, np.int64).tobytes())
+        if hasattr(patch, "planes"):  # an I420Window
+            hasher.update(patch.planes.tobytes())
+            continue
         hasher.update(patch.image_bgr.tobytes())
         hasher.update(patch.mask.tobytes())
     return hasher.hexdigest()
@@ -153,6 +174,8 @@ def main() -> None:
                         "to this .npz, for a machine without mediapipe and librosa")
     parser.add_argument("--inputs", type=Path, help="read them from such a file")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the workers=0 run")
+    parser.add_argument("--i420", action="store_true", help="time generate_i420 (I420 frames in, blended I420 "
+                        "windows out, as the pipeline runs the engine) instead of generate (BGR patches)")
     args = parser.parse_args()
 
     inputs = dict(np.load(args.inputs)) if args.inputs else {}
@@ -170,11 +193,14 @@ def main() -> None:
         saved_inputs[f"landmarks_{size}"] = np.stack(landmarks)
         saved_inputs["windows"] = windows
         batches = make_batches(frames, landmarks, windows, args.batch_frames)
+        if args.i420:
+            batches = i420_batches(batches)
+        label = f"{size} i420" if args.i420 else size
         baseline = run_engine(batches, 0)[0]
         expected = digest(baseline)
-        saved[size] = expected
-        if size in reference:
-            print(f"{size}: {'same bytes as' if reference[size] == expected else 'DIFFERENT from'} the reference")
+        saved[label] = expected
+        if label in reference:
+            print(f"{label}: {'same bytes as' if reference[label] == expected else 'DIFFERENT from'} the reference")
         if args.profile:
             import cProfile
             import pstats
@@ -189,7 +215,7 @@ def main() -> None:
                 assert digest(patches) == expected, f"workers={workers} changed the output"
                 best, first = min(best, per_frame), min(first, first_seconds)
                 own_cpu, workers_cpu = min(own_cpu, cpu), min(workers_cpu, children_cpu)
-            print(f"{size} workers={workers}: {1000 * best:.2f} ms/frame ({1 / best:.1f} frames/s); "
+            print(f"{label} workers={workers}: {1000 * best:.2f} ms/frame ({1 / best:.1f} frames/s); "
                   f"first batch {first:.2f} s; CPU ms/frame: this process {1000 * own_cpu:.2f}, "
                   f"rendering processes {1000 * workers_cpu:.2f}")
         for threads in args.threads:
@@ -200,7 +226,9 @@ def main() -> None:
         from heygem.engines.mouth_shapes import mel_bands
 
         np.savez_compressed(args.save_inputs, band_centres_hz=mel_bands().centres_hz, **saved_inputs)
-    if args.save_reference:
+    if args.save_reference:  # added to what the file holds already
+        if args.save_reference.exists():
+            saved = {**json.loads(args.save_reference.read_text()), **saved}
         args.save_reference.write_text(json.dumps(saved, indent=1))
 
 

@@ -503,3 +503,72 @@ def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talki
     assert not np.array_equal(plain_expected, expected)
     pooled_engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
     assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_expected)
+
+
+def test_remap_bgr_gives_the_bytes_of_a_three_channel_remap():
+    """The BGRA remap of the part the maps read equals cv2.remap on the whole BGR image, inside
+    the image, across its edges (replicated border) and entirely outside it."""
+    from heygem.engines.landmark import remap_bgr
+
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (90, 140, 3), np.uint8)
+    rows, columns = np.mgrid[0:40, 0:60].astype(np.float32)
+    maps = [
+        (columns + 30 + rng.normal(0, 3, rows.shape), rows + 20 + rng.normal(0, 3, rows.shape)),  # inside, smooth
+        (columns * 2.5 - 8, rows * 2.4 - 6),  # across every edge
+        (np.round((columns + 100.3) * 4) / 4, np.round((rows + 60.7) * 4) / 4),  # right and bottom edges, quarters
+        (rng.uniform(-10, 150, rows.shape), rng.uniform(-10, 100, rows.shape)),  # scattered
+        (columns - 200.5, rows - 100.25),  # only the border
+    ]
+    for map_x, map_y in maps:
+        map_x, map_y = map_x.astype(np.float32), map_y.astype(np.float32)
+        expected = cv2.remap(image, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        warped = remap_bgr(image, map_x, map_y)
+        assert warped.shape == (40, 60, 3) and warped.dtype == np.uint8
+        assert np.array_equal(warped, expected)
+
+
+def _blend_as_written(frame_bgr: np.ndarray, patch: FacePatch, color_match: bool) -> np.ndarray:
+    """blend_patch's formula on (h, w, 3) arrays, numpy's float32 means of the edge pixels included."""
+    x1, y1, x2, y2 = patch.box
+    frame = frame_bgr.copy()
+    region = frame[y1:y2, x1:x2]
+    new_pixels = patch.image_bgr.astype(np.float32)
+    edge = (patch.mask > 0.02) & (patch.mask < 0.7)
+    if color_match and edge.sum() >= 16:
+        new_pixels = new_pixels + (region[edge].astype(np.float32).mean(axis=0) - new_pixels[edge].mean(axis=0))
+    alpha = patch.mask[:, :, None]
+    region[...] = np.clip(np.rint(region.astype(np.float32) * (1.0 - alpha) + new_pixels * alpha), 0, 255).astype(np.uint8)
+    return frame
+
+
+@pytest.mark.parametrize("color_match", [True, False])
+def test_blend_patch_gives_the_bytes_of_its_formula_on_whole_arrays(color_match):
+    """Blending plane by plane with the edge means from exact sums changes no byte: soft masks,
+    a float64 mask, an edge too small to match colours, and sums too large for exact float32
+    (where the pixels are averaged as numpy does)."""
+    rng = np.random.default_rng(5)
+    frame = rng.integers(0, 256, (120, 160, 3), np.uint8)
+    rows, columns = np.mgrid[0:60, 0:80]
+    soft = np.clip(1.2 - np.hypot(rows - 30, columns - 40) / 30, 0, 1).astype(np.float32)
+    cases = [
+        ((10, 20, 90, 80), rng.integers(0, 256, (60, 80, 3), np.uint8), soft),
+        ((10, 20, 90, 80), rng.integers(0, 256, (60, 80, 3), np.uint8), rng.random((60, 80))),  # float64
+        ((10, 20, 90, 80), rng.integers(0, 256, (60, 80, 3), np.uint8), (soft > 0.99).astype(np.float32)),  # no edge
+    ]
+    bright = np.full((120, 160, 3), 250, np.uint8)  # edge sums of 250 * 19200 > 2^24
+    cases.append(((0, 0, 160, 120), bright, np.full((120, 160), 0.5, np.float32)))
+    for box, image, mask in cases:
+        patch = FacePatch(box=box, image_bgr=image, mask=mask)
+        blended = frame.copy()
+        blend_patch(blended, patch, BlendConfig(color_match=color_match))
+        expected = _blend_as_written(frame, patch, color_match)
+        assert np.array_equal(blended, expected)
+        assert not np.array_equal(blended, frame)
+
+
+def test_blend_patch_of_an_empty_box_changes_nothing():
+    frame = np.full((10, 12, 3), 7, np.uint8)
+    patch = FacePatch(box=(3, 2, 3, 8), image_bgr=np.zeros((6, 0, 3), np.uint8), mask=np.zeros((6, 0), np.float32))
+    blend_patch(frame, patch, BlendConfig())
+    assert np.array_equal(frame, np.full((10, 12, 3), 7, np.uint8))

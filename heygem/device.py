@@ -244,11 +244,12 @@ class _FixedBatch:
 class FixedBatchRunner:
     """Runs a network on any number of items in batches of exactly ``batch_size``.
 
-    The last batch is padded by repeating its last item, and the padding is
-    dropped from the result, so the network only ever sees one input shape:
-    cuDNN's autotuner searches once, and on CUDA the forward pass can be
-    captured once as a CUDA graph (static input and output buffers) and replayed
-    for every batch. When the device runs out of memory the batch size is
+    On CUDA the last batch is padded by repeating its last item, and the padding
+    is dropped from the result, so the network only ever sees one input shape:
+    cuDNN's autotuner searches once, and the forward pass can be captured once
+    as a CUDA graph (static input and output buffers) and replayed for every
+    batch. On the CPU, where one shape buys nothing, the last batch runs at its
+    own size (``pad_last_batch`` chooses either way). When the device runs out of memory the batch size is
     halved (a new graph is captured) and the batch retried, down to 1.
 
     The runner takes the module over: it is put in eval mode, its weights are
@@ -259,7 +260,7 @@ class FixedBatchRunner:
     """
 
     def __init__(self, module, device, batch_size: int, precision: str = "auto", channels_last: bool = False,
-                 use_cuda_graph: bool = False, name: str = "network"):
+                 use_cuda_graph: bool = False, name: str = "network", pad_last_batch: bool | None = None):
         import torch
 
         if batch_size < 1:
@@ -272,6 +273,8 @@ class FixedBatchRunner:
         self.cast_weights = self.compute_dtype is not None and self.device.type == "cuda"
         self.channels_last = channels_last
         self.use_cuda_graph = use_cuda_graph and self.device.type == "cuda"
+        # padding costs whole extra items; only cuDNN's search and CUDA graphs need one shape
+        self.pad_last_batch = self.device.type == "cuda" if pad_last_batch is None else pad_last_batch
         self.name = name
         module.eval()
         if self.cast_weights:
@@ -340,12 +343,16 @@ class FixedBatchRunner:
         return count
 
     def _run_batch(self, inputs, start: int, size: int):
-        """Run items start..start+size, padded to the batch size; returns the (batch_size, ...) output."""
+        """Run items start..start+size, padded to the batch size when padding; returns the
+        (batch_size, ...) output, or (size, ...) for an unpadded short batch."""
         batch = self._batch_for(inputs)
         for buffer, tensor in zip(batch.inputs, inputs):
             buffer[:size].copy_(tensor[start:start + size])  # casts and changes layout in the same copy
-            if size < batch.batch_size:
+            if size < batch.batch_size and self.pad_last_batch:
                 buffer[size:].copy_(tensor[start + size - 1])  # repeat the last item into the padding rows
+        if size < batch.batch_size and not self.pad_last_batch:
+            with inference_context(self.device, "fp32" if self.cast_weights else self.precision):
+                return self.module(*(buffer[:size] for buffer in batch.inputs))
         if self.use_cuda_graph and batch.graph is None:
             self._capture(batch)
         if batch.graph is not None:

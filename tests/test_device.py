@@ -57,7 +57,8 @@ def test_runner_pads_the_last_batch_and_drops_the_padding(channels_last):
     expected = plain_forward(net, images, codes)
     net.batch_sizes.clear()
 
-    runner = FixedBatchRunner(net, CPU, batch_size=4, precision="fp32", channels_last=channels_last)
+    runner = FixedBatchRunner(net, CPU, batch_size=4, precision="fp32", channels_last=channels_last,
+                              pad_last_batch=True)  # as on CUDA
     generated = runner(images, codes)
     assert net.batch_sizes == [4, 4, 4]  # 11 items: two full batches and one padded from 3 to 4
     assert generated.shape == (11, 2, 8, 8)
@@ -78,9 +79,22 @@ def test_runner_pads_with_copies_of_the_last_item():
             seen.append(values.clone())
             return values * 2
 
-    runner = FixedBatchRunner(Remember(), CPU, batch_size=4)
+    runner = FixedBatchRunner(Remember(), CPU, batch_size=4, pad_last_batch=True)
     assert torch.equal(runner(torch.arange(6.0)), torch.arange(6.0) * 2)
     assert torch.equal(seen[1], torch.tensor([4.0, 5.0, 5.0, 5.0]))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_on_the_cpu_the_last_batch_runs_at_its_own_size(channels_last):
+    net = RecordingNet()
+    images, codes = random_items(11)
+    expected = plain_forward(net, images, codes)
+    net.batch_sizes.clear()
+    runner = FixedBatchRunner(net, CPU, batch_size=4, precision="fp32", channels_last=channels_last)
+    assert not runner.pad_last_batch
+    generated = runner(images, codes)
+    assert net.batch_sizes == [4, 4, 3]  # no padding: 3 items computed, not 4
+    torch.testing.assert_close(generated, expected, atol=1e-6, rtol=1e-5)
 
 
 def test_runner_bf16_autocast_on_the_cpu_stays_close_and_returns_float32():
@@ -99,7 +113,7 @@ def test_runner_halves_the_batch_on_out_of_memory_and_keeps_order(error, caplog)
     images, codes = random_items(11)
     expected = plain_forward(RecordingNet(), images, codes)
     net = RecordingNet(fail_above=2, error=error)
-    runner = FixedBatchRunner(net, CPU, batch_size=8, name="test net")
+    runner = FixedBatchRunner(net, CPU, batch_size=8, name="test net", pad_last_batch=True)
     with caplog.at_level(logging.WARNING, logger="heygem"):
         generated = runner(images, codes)
     assert net.batch_sizes == [8, 4, 2, 2, 2, 2, 2, 2]  # 11 items at 2: five full batches, one padded
@@ -112,13 +126,13 @@ def test_runner_halves_the_batch_on_out_of_memory_and_keeps_order(error, caplog)
 
 def test_runner_gives_up_at_one_and_passes_other_errors_through():
     net = RecordingNet(fail_above=0, error=torch.cuda.OutOfMemoryError("CUDA out of memory"))
-    runner = FixedBatchRunner(net, CPU, batch_size=4, name="test net")
+    runner = FixedBatchRunner(net, CPU, batch_size=4, name="test net", pad_last_batch=True)
     with pytest.raises(HeygemError, match="test net ran out of memory even with a batch of 1.*--device cpu"):
         runner(*random_items(3))
     assert net.batch_sizes == [4, 2, 1]
 
     broken = RecordingNet(fail_above=0, error=RuntimeError("shape mismatch"))
-    runner = FixedBatchRunner(broken, CPU, batch_size=4)
+    runner = FixedBatchRunner(broken, CPU, batch_size=4, pad_last_batch=True)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         runner(*random_items(3))
     assert broken.batch_sizes == [4] and runner.batch_size == 4

@@ -51,23 +51,26 @@ def plain_forward(module: nn.Module, images: torch.Tensor, codes: torch.Tensor) 
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_runner_pads_the_last_batch_and_drops_the_padding(channels_last):
+@pytest.mark.parametrize("pad, sizes, short_sizes", [(True, [4, 4, 4], [4]),  # as on CUDA: one shape
+                                                      (None, [4, 4, 3], [2])])  # the CPU's default: no padding
+def test_runner_batches_the_items_and_pads_the_last_batch_only_when_padding(channels_last, pad, sizes, short_sizes):
     net = RecordingNet()
     images, codes = random_items(11)
     expected = plain_forward(net, images, codes)
     net.batch_sizes.clear()
 
     runner = FixedBatchRunner(net, CPU, batch_size=4, precision="fp32", channels_last=channels_last,
-                              pad_last_batch=True)  # as on CUDA
+                              pad_last_batch=pad)
+    assert runner.pad_last_batch is (pad is True)
     generated = runner(images, codes)
-    assert net.batch_sizes == [4, 4, 4]  # 11 items: two full batches and one padded from 3 to 4
+    assert net.batch_sizes == sizes  # 11 items: two full batches, then 3 items (padded to 4 when padding)
     assert generated.shape == (11, 2, 8, 8)
     assert generated.dtype == torch.float32
     assert not generated.is_inference()  # callers may change it in place
     torch.testing.assert_close(generated, expected, atol=1e-6, rtol=1e-5)
 
-    generated = runner(images[:2], codes[:2])  # fewer items than one batch: still a batch of 4
-    assert net.batch_sizes[3:] == [4]
+    generated = runner(images[:2], codes[:2])  # fewer items than one batch
+    assert net.batch_sizes[3:] == short_sizes
     torch.testing.assert_close(generated, expected[:2], atol=1e-6, rtol=1e-5)
 
 
@@ -82,19 +85,6 @@ def test_runner_pads_with_copies_of_the_last_item():
     runner = FixedBatchRunner(Remember(), CPU, batch_size=4, pad_last_batch=True)
     assert torch.equal(runner(torch.arange(6.0)), torch.arange(6.0) * 2)
     assert torch.equal(seen[1], torch.tensor([4.0, 5.0, 5.0, 5.0]))
-
-
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_on_the_cpu_the_last_batch_runs_at_its_own_size(channels_last):
-    net = RecordingNet()
-    images, codes = random_items(11)
-    expected = plain_forward(net, images, codes)
-    net.batch_sizes.clear()
-    runner = FixedBatchRunner(net, CPU, batch_size=4, precision="fp32", channels_last=channels_last)
-    assert not runner.pad_last_batch
-    generated = runner(images, codes)
-    assert net.batch_sizes == [4, 4, 3]  # no padding: 3 items computed, not 4
-    torch.testing.assert_close(generated, expected, atol=1e-6, rtol=1e-5)
 
 
 def test_runner_bf16_autocast_on_the_cpu_stays_close_and_returns_float32():

@@ -121,10 +121,25 @@ def stft_magnitude(samples: np.ndarray) -> np.ndarray:
     return np.abs(np.fft.rfft(frames * _hann_window(), axis=1)).astype(np.float32).T
 
 
+# STFT frames transformed at once: the windowed frames, their spectrum and its magnitude are each
+# several times the audio's size, so a 10-minute input done whole held ~0.7 GiB for a moment
+MEL_CHUNK_FRAMES = 1024
+
+
 def melspectrogram(samples_16k: np.ndarray) -> np.ndarray:
-    """Wav2Lip's normalised log-mel spectrogram: (80, T) float32 in [-4, 4], T = 1 + S // 200."""
+    """Wav2Lip's normalised log-mel spectrogram: (80, T) float32 in [-4, 4], T = 1 + S // 200.
+
+    Computed MEL_CHUNK_FRAMES frames at a time (each frame on its own samples, so the chunks
+    join to the whole-input result), keeping memory flat in the audio's length."""
     samples = preemphasis(samples_16k)
-    mel = _mel_basis() @ stft_magnitude(samples)  # (80, T) linear amplitude
+    padded = np.pad(samples, N_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH]  # (T, 800) views
+    basis = _mel_basis()  # (80, 401)
+    mel = np.empty((basis.shape[0], len(frames)), dtype=np.float32)  # (80, T) linear amplitude
+    for start in range(0, len(frames), MEL_CHUNK_FRAMES):
+        chunk = frames[start:start + MEL_CHUNK_FRAMES]  # (t, 800)
+        magnitude = np.abs(np.fft.rfft(chunk * _hann_window(), axis=1)).astype(np.float32).T  # (401, t)
+        mel[:, start:start + len(chunk)] = basis @ magnitude
     decibels = 20.0 * np.log10(np.maximum(1e-5, mel)) - REF_LEVEL_DB
     normalised = 2 * MAX_ABS_VALUE * ((decibels - MIN_LEVEL_DB) / -MIN_LEVEL_DB) - MAX_ABS_VALUE
     return np.clip(normalised, -MAX_ABS_VALUE, MAX_ABS_VALUE).astype(np.float32)

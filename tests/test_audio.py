@@ -29,6 +29,17 @@ def test_mel_matches_the_formula_on_a_chirp():
     np.testing.assert_allclose(ours, reference_mel(chirp.astype(np.float64)), atol=2e-3)
 
 
+def test_mel_in_chunks_equals_the_whole_input_at_once(monkeypatch):
+    time = np.arange(3 * 16000 + 77) / 16000  # 241 frames: chunks of 64 leave a short last one
+    chirp = (0.5 * np.sin(2 * np.pi * (100 + 1500 * time) * time)).astype(np.float32)
+    whole = audio.melspectrogram(chirp)  # one chunk: 241 frames < MEL_CHUNK_FRAMES
+    monkeypatch.setattr(audio, "MEL_CHUNK_FRAMES", 64)
+    chunked = audio.melspectrogram(chirp)
+    assert chunked.shape == whole.shape == (80, 241)
+    np.testing.assert_allclose(chunked, whole, atol=1e-5)  # only the matrix product's summation order may differ
+    np.testing.assert_allclose(chunked, reference_mel(chirp.astype(np.float64)), atol=2e-3)
+
+
 def test_silence_is_minus_four_and_a_tone_peaks_in_its_band():
     assert np.all(audio.melspectrogram(np.zeros(8000, dtype=np.float32)) == -4.0)
     tone = (0.8 * np.sin(2 * np.pi * 1000 * np.arange(16000) / 16000)).astype(np.float32)
@@ -102,3 +113,19 @@ def test_stft_equals_librosas_centred_reflect_padded_stft():
     ours = audio.stft_magnitude(samples)
     assert ours.shape == expected.shape == (401, 1 + len(samples) // 200)
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_mel_memory_does_not_grow_with_the_audio_beyond_its_own_size():
+    import tracemalloc
+
+    samples = np.random.default_rng(5).normal(0, 0.1, 16000 * 120).astype(np.float32)  # 2 minutes, 7.7 MB
+    tracemalloc.start()
+    try:
+        mel = audio.melspectrogram(samples)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert mel.shape == (80, 9601)
+    # copies of the audio (pre-emphasis, padding) plus one chunk's spectra: whole-input spectra would be
+    # ~10x the audio (the windowed frames alone are 4x its size)
+    assert peak < 4 * samples.nbytes + 64 * 2**20, peak / 2**20  # the whole-input form peaked at 26x the audio

@@ -84,7 +84,8 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True, device=N
     else:
         backend.benchmark = True
         backend.deterministic = False
-        torch.use_deterministic_algorithms(False)
+        if torch.are_deterministic_algorithms_enabled():  # the call imports torch's compiler: ~1 s, so only when needed
+            torch.use_deterministic_algorithms(False)
     runs_on_gpu = device is None or torch.device(device).type == "cuda"
     problem = cudnn_problem(device) if cudnn and runs_on_gpu else None
     if problem is not None:

@@ -177,6 +177,18 @@ def test_configure_backends_sets_the_flags_of_each_mode(restore_backend_flags):
     assert cudnn.enabled
 
 
+def test_the_fast_mode_does_not_import_torchs_compiler():
+    # torch.use_deterministic_algorithms imports torch._inductor (about a second of every job's start);
+    # the default mode only calls it when the deterministic mode is on
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from heygem.device import configure_backends; configure_backends(device='cpu'); "
+            "print('torch._inductor' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
 def test_cudnn_problem_is_none_here():
     assert cudnn_problem() is None
 

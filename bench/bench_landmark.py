@@ -86,7 +86,7 @@ def i420_batches(batches) -> list[tuple[np.ndarray, list, np.ndarray]]:
             for batch in batches]
 
 
-def run_engine(batches, workers: int):
+def run_engine(batches, workers: int, stream: bool = False):
     """(patches, seconds per frame after the first batch, seconds of the first batch, CPU seconds
     per frame of this process after the first batch, CPU seconds per frame of the rendering
     processes, their start included): the first batch starts the engine's rendering processes,
@@ -111,8 +111,12 @@ def run_engine(batches, workers: int):
         patches = list(generate(batches[0]))
         first_seconds = time.perf_counter() - started
         started, started_cpu = time.perf_counter(), time.process_time()
-        for batch in batches[1:]:
-            patches.extend(generate(batch))
+        if stream:  # generate_i420_stream: the next batch is warped while one is handed on
+            for windows in engine.generate_i420_stream(iter(batches[1:]), blend):
+                patches.extend(windows)
+        else:
+            for batch in batches[1:]:
+                patches.extend(generate(batch))
         steady_frames = sum(len(batch[1] if isinstance(batch, tuple) else batch.faces) for batch in batches[1:])
         per_frame = (time.perf_counter() - started) / steady_frames
         cpu_per_frame = (time.process_time() - started_cpu) / steady_frames
@@ -165,6 +169,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=200, help="frames per run (the first batch is timed apart)")
     parser.add_argument("--batch-frames", type=int, default=32, help="frames per generate() call")
     parser.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2], help="worker counts to time")
+    parser.add_argument("--stream", action="store_true", help="with --i420: the batches after the first through "
+                        "generate_i420_stream (overlapping in the rendering processes), as the pipeline runs them")
     parser.add_argument("--threads", nargs="*", type=int, default=[],
                         help="also time a pool of this many threads drawing frames without the engine's state")
     parser.add_argument("--repeats", type=int, default=2, help="runs per worker count; the fastest is reported")
@@ -211,7 +217,8 @@ def main() -> None:
         for workers in args.workers:
             best, first, own_cpu, workers_cpu = (float("inf"),) * 4
             for _ in range(args.repeats):
-                patches, per_frame, first_seconds, cpu, children_cpu = run_engine(batches, workers)
+                patches, per_frame, first_seconds, cpu, children_cpu = run_engine(batches, workers,
+                                                                                  args.stream and args.i420)
                 assert digest(patches) == expected, f"workers={workers} changed the output"
                 best, first = min(best, per_frame), min(first, first_seconds)
                 own_cpu, workers_cpu = min(own_cpu, cpu), min(workers_cpu, children_cpu)

@@ -8,7 +8,10 @@ batch stays on the device from upload to download (heygem.gpu_blend), GFPGAN res
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 
@@ -102,19 +105,37 @@ class CpuRender:
         return [Stage("generate", self.generate), Stage("restore", self.restore), Stage("blend", self.blend)]
 
     def generate(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
+        if self.windows:
+            yield from self._generate_windows(batches)
+            return
         for batch in batches:
             engine = self.prepared.engine
-            if self.windows and hasattr(engine, "generate_i420"):  # it blends I420 windows itself: no BGR frames
-                batch.windows_i420 = engine.generate_i420(batch.frames_i420, batch.faces,
-                                                          self.prepared.mel_windows(batch.output_indices),
-                                                          self.config.blend)
-                yield batch
-                continue
             batch.frames_bgr = media.i420_batch_to_bgr(batch.frames_i420)
             batch.patches = engine.generate(EngineBatch(
                 frame_indices=batch.output_indices, frames_bgr=batch.frames_bgr, faces=batch.faces,
                 mel_windows=self.prepared.mel_windows(batch.output_indices), fps=self.prepared.fps))
             yield batch
+
+    def _generate_windows(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
+        """The engine blends I420 windows itself (no BGR frames), over the stream of batches, so that
+        its rendering processes work on the next batch while this one is handed on."""
+        batches = iter(batches)
+        first = next(batches, None)
+        if first is None:
+            return
+        engine = self.prepared.engine  # asked for once the first batch is here (it may still be loading)
+        handed: deque[FrameBatch] = deque()  # batches given to the engine, their windows not back yet
+
+        def inputs():
+            for batch in itertools.chain([first], batches):
+                handed.append(batch)
+                yield batch.frames_i420, batch.faces, self.prepared.mel_windows(batch.output_indices)
+
+        with contextlib.closing(engine.generate_i420_stream(inputs(), self.config.blend)) as stream:
+            for windows in stream:
+                batch = handed.popleft()
+                batch.windows_i420 = windows
+                yield batch
 
     def restore(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         """Restore the patches with the chosen restorer (heygem.restore.choose_restorer)."""

@@ -7,6 +7,7 @@ re-detected by the face mesh) is left exactly as it is.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import cv2
@@ -464,6 +465,65 @@ def window_render(engine: LandmarkEngine, batches: list[EngineBatch], frames_i42
     finally:
         engine.close()
     return result, windows
+
+
+def stream_render(engine: LandmarkEngine, batches: list[EngineBatch], frames_i420: np.ndarray,
+                  blend: BlendConfig) -> np.ndarray:
+    """window_render through generate_i420_stream: the batches overlapping in the processes."""
+    result = frames_i420.copy()
+    inputs = ((frames_i420[batch.frame_indices], batch.faces, batch.mel_windows) for batch in batches)
+    try:
+        stream = engine.generate_i420_stream(inputs, blend)
+        for batch, batch_windows in zip(batches, stream, strict=True):
+            for row, window in zip(batch.frame_indices, batch_windows):
+                if window is not None:
+                    media.paste_i420_window(result[row], window.box, window.planes)
+    finally:
+        engine.close()
+    return result
+
+
+def rebatched(batches: list[EngineBatch], size: int) -> list[EngineBatch]:
+    """The same frames in batches of ``size``."""
+    frames = np.concatenate([batch.frames_bgr for batch in batches])
+    faces = [face for batch in batches for face in batch.faces]
+    windows = np.concatenate([batch.mel_windows for batch in batches])
+    return [EngineBatch(frame_indices=np.arange(start, min(start + size, len(faces)), dtype=np.int64),
+                        frames_bgr=frames[start:start + size], faces=faces[start:start + size],
+                        mel_windows=windows[start:start + size], fps=FPS)
+            for start in range(0, len(faces), size)]
+
+
+def test_a_stream_of_batches_gives_the_bytes_of_one_batch_at_a_time(talking_sequence):
+    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
+    talking_sequence = rebatched(talking_sequence, 7)  # 6 batches: the stream's steady state, and a short last one
+    blend = BlendConfig()
+    expected, _ = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence, frames_i420, blend)
+    for workers in (0, 2, 3):
+        assert np.array_equal(stream_render(LandmarkEngine(EngineConfig(), FPS, workers=workers), talking_sequence,
+                                            frames_i420, blend), expected), workers
+    # a batch with too few faces for the processes lands the one in flight first, then is drawn here
+    few = [dataclasses.replace(batch, faces=[batch.faces[0]] + [None] * (len(batch.faces) - 1))
+           if position == 2 else batch for position, batch in enumerate(talking_sequence)]
+    few_expected, _ = window_render(LandmarkEngine(EngineConfig(), FPS), few, frames_i420, blend)
+    assert np.array_equal(stream_render(LandmarkEngine(EngineConfig(), FPS, workers=2), few, frames_i420, blend),
+                          few_expected)
+    # windows too small for the warp: warped again with the whole frame, here
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    engine.region_margin = -0.3
+    assert np.array_equal(stream_render(engine, talking_sequence, frames_i420, blend), expected)
+
+
+def test_a_stream_stopped_early_stops_its_processes(talking_sequence):
+    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
+    engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
+    inputs = ((frames_i420[batch.frame_indices], batch.faces, batch.mel_windows)
+              for batch in rebatched(talking_sequence, 7))
+    stream = engine.generate_i420_stream(inputs, BlendConfig())
+    next(stream)  # the second batch is in the processes now
+    processes = list(engine._pool.processes)
+    stream.close()
+    assert engine._pool is None and not any(process.is_alive() for process in processes)
 
 
 def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talking_sequence):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import cv2
@@ -818,6 +819,18 @@ def blend_window(warped: WarpedWindow, teeth_bgr: np.ndarray | None, blend: Blen
 
 # ---------------------------------------------------------------------------- the engine
 
+@dataclass
+class _InFlight:
+    """A batch handed to the rendering processes: its inputs and each process's warp items."""
+
+    frames: np.ndarray  # (N, H * 3/2, W) I420 or (N, H, W, 3) BGR
+    faces: list
+    jobs: list  # (frame index, landmarks, openness, width), see LandmarkEngine._jobs
+    blend: BlendConfig | None  # None: patches back (generate), else finished I420 windows
+    items_by_worker: list  # per process, its ("warp") items
+
+
+
 POOL_MIN_FRAMES = 2  # a batch with fewer faces than this is drawn in the calling process
 
 
@@ -879,6 +892,47 @@ class LandmarkEngine:
         jobs = self._jobs(faces, mel_windows)
         if self._in_processes(jobs):
             return self._generate_in_processes(frames_i420, faces, jobs, blend)
+        return self._generate_i420_here(frames_i420, faces, jobs, blend)
+
+    def generate_i420_stream(self, batches: Iterator[tuple[np.ndarray, list[Face | None], np.ndarray]],
+                             blend: BlendConfig) -> Iterator[list[I420Window | None]]:
+        """generate_i420 over a stream of ``(frames_i420, faces, mel_windows)`` batches: one list of
+        windows per batch, in order, the same bytes as calling generate_i420 batch after batch.
+
+        With rendering processes the batches overlap: one message per process carries the
+        finishing of batch b and the warp of batch b + 1, so the processes warp b + 1 while this
+        thread hands b on and waits for the next batch (the teeth colour still advances over the
+        frames in order: b's reports are read before b + 1's). A batch too small for the
+        processes first lands the one in flight.
+        """
+        in_flight: _InFlight | None = None
+        try:
+            for frames, faces, mel_windows in batches:
+                if self.workers <= 0:
+                    yield self.generate_i420(frames, faces, mel_windows, blend)
+                    continue
+                jobs = self._jobs(faces, mel_windows)
+                if not self._in_processes(jobs):
+                    if in_flight is not None:
+                        yield self._land(in_flight)
+                        in_flight = None
+                    yield self._generate_i420_here(frames, faces, jobs, blend)
+                    continue
+                arriving = self._plan(frames, faces, jobs, blend)
+                if in_flight is None:
+                    self._take_off(arriving)
+                else:
+                    yield self._land(in_flight, then=arriving)
+                in_flight = arriving
+            if in_flight is not None:
+                yield self._land(in_flight)
+        except BaseException:  # an error, or the caller stopped early: the processes are out of step
+            self.close()
+            raise
+
+    def _generate_i420_here(self, frames_i420: np.ndarray, faces: list[Face | None], jobs: list,
+                            blend: BlendConfig) -> list[I420Window | None]:
+        """generate_i420's work in this thread, for jobs already made (_jobs)."""
         windows: list[I420Window | None] = [None] * len(faces)
         frame_size = frame_size_of(frames_i420)
         for index, landmarks, openness, width in jobs:
@@ -903,56 +957,78 @@ class LandmarkEngine:
         2. here, in frame order, the remembered teeth colour advances over those reports;
         3. each process draws its frames' interiors with the colours sent back (and blends them into
            the windows), and returns the patches (or the finished windows)."""
+        flight = self._plan(frames, faces, jobs, blend)
+        try:
+            self._take_off(flight)
+            return self._land(flight)
+        except BaseException:
+            self.close()  # the processes' state is out of step with ours: start afresh next time
+            raise
+
+    def _plan(self, frames: np.ndarray, faces: list[Face | None], jobs: list, blend: BlendConfig | None) -> _InFlight:
+        """The batch's warp items for each rendering process (started here if need be): consecutive runs
+        of its frames, one per process (some empty when there are fewer frames than processes)."""
         from heygem.engines.landmark_pool import RenderPool
 
         if self._pool is not None and self._pool.size != self.workers:
             self.close()
         if self._pool is None:
             self._pool = RenderPool(self.workers)
-        pool = self._pool
         frame_size = frame_size_of(frames)
-        runs = [run for run in np.array_split(np.arange(len(jobs)), min(pool.size, len(jobs))) if len(run)]
-        results: list = [None] * len(faces)
+        items_by_worker = []
+        for run in np.array_split(np.arange(len(jobs)), self._pool.size):
+            items = []
+            for job in run:
+                index, landmarks, openness, width = jobs[job]
+                box = window_box(landmarks, *frame_size, self.region_margin)
+                if box is not None:
+                    window, origin = cut_window(frames[index], box)
+                    items.append((index, window, origin, frame_size, landmarks, openness, width))
+            items_by_worker.append(items)
+        return _InFlight(frames=frames, faces=faces, jobs=jobs, blend=blend, items_by_worker=items_by_worker)
+
+    def _take_off(self, flight: _InFlight) -> None:
+        """Step 1 for ``flight``: every process starts warping its items."""
+        for worker, items in enumerate(flight.items_by_worker):
+            self._pool.send(worker, ("warp", (flight.blend, items)))
+
+    def _land(self, flight: _InFlight, then: _InFlight | None = None) -> list:
+        """Steps 2 and 3 for ``flight`` (whose warp was sent): the teeth colours in frame order, the
+        finished results back. With ``then``, each process's finishing message also starts
+        ``then``'s warp (its reports are read by the next _land)."""
+        pool = self._pool
+        frame_size = frame_size_of(flight.frames)
+        results: list = [None] * len(flight.faces)
         warped_here: list[tuple[int, WarpedWindow, np.ndarray | None]] = []
-        try:
-            for worker, run in enumerate(runs):
-                items = []
-                for job in run:
-                    index, landmarks, openness, width = jobs[job]
-                    box = window_box(landmarks, *frame_size, self.region_margin)
-                    if box is not None:
-                        window, origin = cut_window(frames[index], box)
-                        items.append((index, window, origin, frame_size, landmarks, openness, width))
-                pool.send(worker, ("warp", (blend, items)))
-            for worker in range(len(runs)):
-                teeth_colours = []
-                for index, status, seen_teeth in pool.receive(worker, "observed"):
-                    if status == "region too small":  # rare: warp with the whole frame as the window, here
-                        _, landmarks, openness, width = next(job for job in jobs if job[0] == index)
-                        warped = warp_window(frames[index], (0, 0), frame_size, landmarks, openness, width)
-                        if warped is not None:
-                            warped_here.append((index, warped, remembered_teeth(warped.warped, self.teeth)))
-                    elif status == "interior":
-                        teeth_colours.append((index, self.teeth.update(seen_teeth)))
-                    elif status == "warp only":
-                        teeth_colours.append((index, None))
+        for worker in range(len(flight.items_by_worker)):
+            teeth_colours = []
+            for index, status, seen_teeth in pool.receive(worker, "observed"):
+                if status == "region too small":  # rare: warp with the whole frame as the window, here
+                    _, landmarks, openness, width = next(job for job in flight.jobs if job[0] == index)
+                    warped = warp_window(flight.frames[index], (0, 0), frame_size, landmarks, openness, width)
+                    if warped is not None:
+                        warped_here.append((index, warped, remembered_teeth(warped.warped, self.teeth)))
+                elif status == "interior":
+                    teeth_colours.append((index, self.teeth.update(seen_teeth)))
+                elif status == "warp only":
+                    teeth_colours.append((index, None))
+            if then is None:
                 pool.send(worker, ("finish", teeth_colours))
-            for worker in range(len(runs)):
-                if blend is None:
-                    for index, box, image, mask in pool.receive(worker, "patches"):
-                        results[index] = FacePatch(box=box, image_bgr=image, mask=mask, face=faces[index])
-                else:
-                    for index, box, planes in pool.receive(worker, "windows"):
-                        results[index] = I420Window(box=box, planes=planes)
-        except BaseException:
-            self.close()  # the processes' state is out of step with ours: start afresh next time
-            raise
-        for index, warped, teeth_bgr in warped_here:
-            if blend is None:
-                image, mask = finish_mouth(warped.warped, teeth_bgr)
-                results[index] = FacePatch(box=warped.warped.box, image_bgr=image, mask=mask, face=faces[index])
             else:
-                results[index] = blend_window(warped, teeth_bgr, blend)
+                pool.send(worker, ("finish+warp", (teeth_colours, then.blend, then.items_by_worker[worker])))
+        for worker in range(len(flight.items_by_worker)):
+            if flight.blend is None:
+                for index, box, image, mask in pool.receive(worker, "patches"):
+                    results[index] = FacePatch(box=box, image_bgr=image, mask=mask, face=flight.faces[index])
+            else:
+                for index, box, planes in pool.receive(worker, "windows"):
+                    results[index] = I420Window(box=box, planes=planes)
+        for index, warped, teeth_bgr in warped_here:
+            if flight.blend is None:
+                image, mask = finish_mouth(warped.warped, teeth_bgr)
+                results[index] = FacePatch(box=warped.warped.box, image_bgr=image, mask=mask, face=flight.faces[index])
+            else:
+                results[index] = blend_window(warped, teeth_bgr, flight.blend)
         return results
 
     def close(self) -> None:

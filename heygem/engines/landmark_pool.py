@@ -1,7 +1,8 @@
 """The landmark engine's rendering processes: the per-pixel work of its frames, away from the
 process that decodes, tracks and encodes.
 
-Protocol, one pipe per process, one batch at a time (LandmarkEngine._generate_in_processes):
+Protocol, one pipe per process, one batch at a time (LandmarkEngine._generate_in_processes), or two
+overlapping in a stream (4.):
 
 1. engine -> process ``("warp", (blend, items))``, items ``(key, window, origin, frame_size,
    landmarks, openness, width)``: ``window`` is the part of the frame the warp reads, either
@@ -17,6 +18,11 @@ Protocol, one pipe per process, one batch at a time (LandmarkEngine._generate_in
    blends the patch into the window and answers ``("windows", [(key, even_box, planes_i420)])``,
    the finished I420 bytes of the patch box widened to even coordinates (blend_window);
    without one it answers ``("patches", [(key, box, image_bgr, mask)])``.
+4. In a stream of batches (LandmarkEngine.generate_i420_stream) step 3 of one batch and step 1 of
+   the next come as one message, ``("finish+warp", (teeth, blend, items))``: the process answers
+   the finished windows, then warps the next batch's items and answers ``("observed", ...)``, so
+   it warps the next batch while the engine hands the finished one on. Every message is small but
+   a warp's windows, and a process sends its large answers only while the engine reads them.
 
 Any exception goes back as ``("error", text)``; None stops the process.
 """
@@ -97,6 +103,12 @@ def _render_process(connection) -> None:
                 connection.send(("observed", _warp_all(items, warped)))
             elif kind == "finish":
                 connection.send(_finish_all(payload, warped, blend))
+            elif kind == "finish+warp":  # the next batch's warp, sent with this one's finishing (a stream)
+                teeth_colours, next_blend, items = payload
+                connection.send(_finish_all(teeth_colours, warped, blend))
+                warped.clear()
+                blend = next_blend
+                connection.send(("observed", _warp_all(items, warped)))
             else:
                 raise ValueError(f"unknown message {kind!r}")
         except Exception as error:  # noqa: BLE001 - every failure goes back to the engine, which raises it

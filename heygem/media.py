@@ -313,28 +313,43 @@ class _Decoder:
 
     def __init__(self, info: MediaInfo, args: list[str]):
         self.info = info
+        self.ended = False  # its output ended (a short read): it exits by itself, with its own status
+        self.killed = False  # stopped by kill() before its output ended: an early stop, not an error
         self.stderr_file = tempfile.TemporaryFile()
         self.process = subprocess.Popen([ffmpeg_binary(), *args], stdout=subprocess.PIPE, stderr=self.stderr_file,
                                         stdin=subprocess.DEVNULL)
         enlarge_pipe(self.process.stdout)
 
     def read_batch(self, batch_frames: int, geometry: FrameGeometry) -> np.ndarray:
-        """The next (N <= batch_frames, H * 3/2, W) frames; N is 0 at the end."""
+        """The next (N <= batch_frames, H * 3/2, W) frames; N is below batch_frames only at the end."""
         batch = np.empty((batch_frames, geometry.height * 3 // 2, geometry.width), dtype=np.uint8)
         count = _read_into(self.process.stdout, batch.reshape(-1)) // (geometry.width * geometry.height * 3 // 2)
+        if count < batch_frames:
+            self.ended = True
         return batch[:count]
 
+    def kill(self) -> None:
+        """Stop the process before its output ended (its frames are not needed any more)."""
+        if not self.ended and self.process.returncode is None:
+            self.killed = True
+            self.process.kill()
+
     def finish(self) -> None:
-        """Stop the process (killed if it still runs) and raise HeygemError if it had failed."""
+        """Stop the process (killed if its output had not ended) and raise HeygemError if it failed.
+
+        A process whose output ended must exit with 0: one stopped by a signal then was killed
+        by someone else (the out-of-memory killer, say), and its frames stopped short of the video's end.
+        """
         try:
+            self.kill()
             self.process.stdout.close()
-            if self.process.poll() is None:
-                self.process.kill()
             return_code = self.process.wait()
-            if return_code not in (0, -9):
+            if return_code != 0 and not self.killed:
                 self.stderr_file.seek(0)
-                message = self.stderr_file.read().decode(errors="replace").strip().splitlines()
-                raise HeygemError(f"could not decode {self.info.path.name}: {message[-1] if message else 'ffmpeg failed'}")
+                lines = self.stderr_file.read().decode(errors="replace").strip().splitlines()
+                reason = lines[-1] if lines else (f"ffmpeg was stopped by signal {-return_code}" if return_code < 0
+                                                  else f"ffmpeg exited with status {return_code}")
+                raise HeygemError(f"could not decode {self.info.path.name}: {reason}")
         finally:
             self.stderr_file.close()
 
@@ -393,8 +408,7 @@ def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, co
                     return
                 if len(batch) < batch_frames:
                     break
-            decoder.process.wait()  # its pipe has ended: its exit status tells an error from the end
-            offer(target, _END)
+            offer(target, _END)  # its exit status is read by finish(), in the reading thread only
         except BaseException as error:  # noqa: BLE001 - handed to the reading thread
             offer(target, error)
 
@@ -417,8 +431,7 @@ def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, co
     finally:
         stopping.set()
         for decoder in decoders:
-            if decoder.process.poll() is None:
-                decoder.process.kill()
+            decoder.kill()
         for thread in threads:
             thread.join()
         failures = []

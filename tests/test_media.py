@@ -203,3 +203,31 @@ def test_bgr_frames_convert_each_frame_as_the_whole_batch_conversion_does(face_v
     assert len(frames) == 5
     np.testing.assert_array_equal(np.stack(list(frames)), whole)
     np.testing.assert_array_equal(frames[3], whole[3])
+
+
+@pytest.fixture(scope="module")
+def long_video(tmp_path_factory) -> Path:
+    """20 s of 320x240 test pattern (600 frames, 69 MB decoded): more than the pipes and queues hold."""
+    path = tmp_path_factory.mktemp("long") / "long video.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", "testsrc=size=320x240:rate=30", "-t", "20", "-c:v", "libx264",
+               "-preset", "ultrafast", "-pix_fmt", "yuv420p", str(path))
+    return path
+
+
+@pytest.mark.parametrize("decoders", [1, 3])
+def test_a_decoder_killed_mid_video_is_an_error_not_the_end_of_the_video(long_video, decoders):
+    import signal
+
+    from bench_pipeline import child_pids
+
+    info = media.probe(long_video)
+    before = set(child_pids(os.getpid()))
+    batches = media.iter_video_i420(info, media.working_geometry(info, None), 4, decoders=decoders)
+    next(batches)
+    started = set(child_pids(os.getpid(), living=True)) - before
+    assert len(started) == decoders
+    for pid in started:
+        os.kill(pid, signal.SIGKILL)  # as the out-of-memory killer would
+    with pytest.raises(HeygemError, match="could not decode long video.mp4: ffmpeg was stopped by signal 9"):
+        for _ in batches:
+            pass

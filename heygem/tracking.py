@@ -67,7 +67,9 @@ class FaceStage:
                                       detector=self._shared_detector())
         try:
             waiting: deque[FrameBatch] = deque()
-            for batch, start, landmarks in ordered_map(self._track, self._new_runs(batches), self.workers):
+            # one batch waiting beyond the workers' (not one per worker): at 1080p each batch is 65 MiB, and
+            # tracking is not what limits the pipeline (24 s 1080p, 8 trackers, 2 cores: same speed, 0.46 GiB less)
+            for batch, start, landmarks in ordered_map(self._track, self._new_runs(batches), self.workers, ahead=1):
                 if landmarks is not None:
                     builder.add(start, landmarks)
                 elif not builder.ended:  # the first batch shown again: the video has ended

@@ -147,6 +147,15 @@ def warp_images(images: torch.Tensor, output_to_source: np.ndarray, height: int,
 # The network
 
 
+def even_batch_size(count: int, limit: int) -> int:
+    """The batch size at most ``limit`` that splits ``count`` items into the fewest, most equal passes,
+    so that a fixed batch shape (padded on a GPU) computes as few padding items as it can."""
+    if count <= 0:
+        return limit
+    passes = -(-count // limit)
+    return -(-count // passes)
+
+
 class GfpganRestorer:
     """A loaded GFPGAN on its device: restores aligned faces, or faces in I420 regions in place.
 
@@ -166,13 +175,16 @@ class GfpganRestorer:
         self._threads = threading.local()
         self._lock = threading.Lock()
 
-    def _runner(self):
+    def _runner(self, face_count: int):
+        """This thread's runner; made on its first call with batches that split ``face_count`` faces (the
+        pipeline's batch) evenly: 21 faces in 3 passes of 7, not 8 + 8 + 5 padded to 24 on a GPU."""
         from heygem.device import FixedBatchRunner
 
         runner = getattr(self._threads, "runner", None)
         if runner is None:
+            batch_size = even_batch_size(face_count, self.batch_size)
             with self._lock:  # the runner casts the shared weights once; not while another thread does
-                runner = FixedBatchRunner(self.model, self.device, self.batch_size, precision=self.precision,
+                runner = FixedBatchRunner(self.model, self.device, batch_size, precision=self.precision,
                                           channels_last=self.device.type == "cuda", use_cuda_graph=self.cuda_graph,
                                           name="GFPGAN restorer")
             self._threads.runner = runner
@@ -183,7 +195,7 @@ class GfpganRestorer:
         if len(faces_bgr) == 0:
             return faces_bgr.float()
         faces_rgb = faces_bgr.float().flip(1).div_(127.5).sub_(1.0)  # (F, 3, 512, 512) RGB in [-1, 1]
-        restored = self._runner()(faces_rgb).clamp_(-1.0, 1.0)  # (F, 3, 512, 512) RGB
+        restored = self._runner(len(faces_rgb))(faces_rgb).clamp_(-1.0, 1.0)  # (F, 3, 512, 512) RGB
         return restored.add_(1.0).mul_(127.5).flip(1)  # (F, 3, 512, 512) BGR in 0..255
 
     def restore_regions(self, planes: torch.Tensor, boxes: np.ndarray, landmarks: np.ndarray, strength: float,

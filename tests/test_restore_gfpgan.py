@@ -24,7 +24,8 @@ from heygem.errors import HeygemError
 from heygem.models.gfpgan import GFPGANClean
 from heygem.restore import Restoration, choose_restorer, restore_patches
 from heygem.restore_gfpgan import (FFHQ_TEMPLATE_512, GfpganRestorer, alignment_matrices, crop_footprints,
-                                   five_points, invert_affine, restore_masks, restore_patches_gfpgan, warp_images)
+                                   even_batch_size, five_points, invert_affine, restore_masks, restore_patches_gfpgan,
+                                   warp_images)
 from heygem.types import Face, FacePatch
 
 BLEND = BlendConfig()
@@ -80,6 +81,23 @@ def pasted(frame: np.ndarray, patch: FacePatch) -> np.ndarray:
 
 
 # --- alignment ------------------------------------------------------------------------------------
+
+
+def test_the_restorer_splits_the_pipelines_batch_into_equal_passes():
+    # at 1080p the pipeline's batches are 21 frames: passes of 7, not 8 + 8 + 5 padded to 24 on a GPU
+    assert [even_batch_size(count, 8) for count in (21, 32, 5, 17, 8, 9, 0)] == [7, 8, 5, 6, 8, 5, 8]
+    seen = []
+
+    class Recording(ColourNegative):
+        def forward(self, faces):
+            seen.append(len(faces))
+            return super().forward(faces)
+
+    restorer = GfpganRestorer(Recording(), "cpu", batch_size=8)
+    faces = torch.rand(21, 3, 16, 16) * 255
+    restored = restorer.restore_faces(faces)
+    assert seen == [7, 7, 7]
+    torch.testing.assert_close(restored, 255.0 - faces, atol=1e-3, rtol=0)  # the negative, in 0..255
 
 
 def test_alignment_maps_the_five_points_onto_the_template():

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from heygem.errors import HeygemError
-from heygem.media import bgr_to_yuv420, enlarge_pipe, ffmpeg_binary
+from heygem.media import bgr_to_yuv420, enlarge_pipe, ffmpeg_binary, ffmpeg_message
 from heygem.types import FrameGeometry, MediaInfo
 
 logger = logging.getLogger("heygem")
@@ -261,7 +261,7 @@ class _FfmpegFeed:
                 return_code = self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 return_code = None
-        return _ffmpeg_message(self._stderr, return_code, self.error)
+        return ffmpeg_message(self._stderr, return_code, self.error)
 
     def wait(self) -> str | None:
         """Wait for ffmpeg to finish; None when it succeeded, else what went wrong (one line)."""
@@ -292,20 +292,7 @@ def _run_ffmpeg(args: list[str], register: Callable[[subprocess.Popen], None]) -
                                    stdout=subprocess.DEVNULL, stderr=stderr_file)
         register(process)
         return_code = process.wait()
-        return None if return_code == 0 else _ffmpeg_message(stderr_file, return_code)
-
-
-def _ffmpeg_message(stderr_file, return_code: int | None, error: BaseException | None = None) -> str:
-    """ffmpeg's last stderr line, or how it ended when it said nothing (killed, say)."""
-    stderr_file.seek(0)
-    lines = stderr_file.read().decode(errors="replace").strip().splitlines()
-    if any("No space left on device" in line for line in lines):
-        return "the disk holding the output is full (no space left on device): free some space and try again"
-    if lines:
-        return lines[-1]
-    if return_code is not None and return_code < 0:
-        return f"ffmpeg was stopped by signal {-return_code}"
-    return str(error) if error is not None else f"ffmpeg exited with status {return_code}"
+        return None if return_code == 0 else ffmpeg_message(stderr_file, return_code)
 
 
 def _count_video_frames(path: Path) -> int:

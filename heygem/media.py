@@ -65,6 +65,20 @@ def ffmpeg_binary() -> str:
     )
 
 
+def ffmpeg_message(stderr_file, return_code: int | None, error: BaseException | None = None) -> str:
+    """ffmpeg's last stderr line, or how it ended when it said nothing (killed, say)."""
+    stderr_file.seek(0)
+    lines = stderr_file.read().decode(errors="replace").strip().splitlines()
+    if any("No space left on device" in line for line in lines):
+        return "the disk holding the output is full (no space left on device): free some space and try again"
+    if lines:
+        return lines[-1]
+    if return_code is not None and return_code < 0:
+        return f"ffmpeg was stopped by signal {-return_code}"
+    return str(error) if error is not None else f"ffmpeg exited with status {return_code}"
+
+
+
 # ---------------------------------------------------------------------------- probing
 
 
@@ -328,6 +342,13 @@ class _Decoder:
             self.ended = True
         return batch[:count]
 
+    def batches(self, batch_frames: int, geometry: FrameGeometry) -> Iterator[np.ndarray]:
+        """read_batch until the output ends: full batches, then the last one if it has frames."""
+        while not self.ended:
+            batch = self.read_batch(batch_frames, geometry)
+            if len(batch):
+                yield batch
+
     def kill(self) -> None:
         """Stop the process before its output ended (its frames are not needed any more)."""
         if not self.ended and self.process.returncode is None:
@@ -345,11 +366,8 @@ class _Decoder:
             self.process.stdout.close()
             return_code = self.process.wait()
             if return_code != 0 and not self.killed:
-                self.stderr_file.seek(0)
-                lines = self.stderr_file.read().decode(errors="replace").strip().splitlines()
-                reason = lines[-1] if lines else (f"ffmpeg was stopped by signal {-return_code}" if return_code < 0
-                                                  else f"ffmpeg exited with status {return_code}")
-                raise HeygemError(f"could not decode {self.info.path.name}: {reason}")
+                raise HeygemError(f"could not decode {self.info.path.name}: "
+                                  f"{ffmpeg_message(self.stderr_file, return_code)}")
         finally:
             self.stderr_file.close()
 
@@ -368,12 +386,7 @@ def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int,
         return
     decoder = _Decoder(info, video_decode_args(info.path, info.fps_fraction, geometry, info))
     try:
-        while True:
-            batch = decoder.read_batch(batch_frames, geometry)
-            if len(batch):
-                yield batch
-            if len(batch) < batch_frames:
-                break
+        yield from decoder.batches(batch_frames, geometry)
     finally:
         decoder.finish()
 
@@ -402,12 +415,9 @@ def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, co
 
     def read(decoder: _Decoder, target: queue.Queue) -> None:
         try:
-            while not stopping.is_set():
-                batch = decoder.read_batch(batch_frames, geometry)
-                if len(batch) and not offer(target, batch):
+            for batch in decoder.batches(batch_frames, geometry):
+                if not offer(target, batch):
                     return
-                if len(batch) < batch_frames:
-                    break
             offer(target, _END)  # its exit status is read by finish(), in the reading thread only
         except BaseException as error:  # noqa: BLE001 - handed to the reading thread
             offer(target, error)

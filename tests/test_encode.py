@@ -344,15 +344,15 @@ def test_ffmpeg_message_reaches_the_error(tmp_path, wav_speech, encoders):
 def test_a_full_disk_is_named_in_the_encoder_message():
     import tempfile
 
-    from heygem.encode import _ffmpeg_message
+    from heygem.media import ffmpeg_message
 
     with tempfile.TemporaryFile() as stderr_file:
         stderr_file.write(b"frame=  10\n[out#0/mp4 @ 0x1234] Error closing file: No space left on device\n")
-        message = _ffmpeg_message(stderr_file, 1)
+        message = ffmpeg_message(stderr_file, 1)
     assert message.startswith("the disk holding the output is full") and "\n" not in message
     with tempfile.TemporaryFile() as stderr_file:
         stderr_file.write(b"some other failure\n")
-        assert _ffmpeg_message(stderr_file, 1) == "some other failure"
+        assert ffmpeg_message(stderr_file, 1) == "some other failure"
 
 
 def test_each_of_several_encoders_gets_its_share_of_the_threads():

@@ -114,11 +114,20 @@ def preemphasis(samples: np.ndarray, coefficient: float = PREEMPHASIS) -> np.nda
     return emphasised
 
 
+def _stft_frames(samples: np.ndarray) -> np.ndarray:
+    """(T, 800) views of the centred STFT's frames: reflect-padded by N_FFT/2, hop 200."""
+    padded = np.pad(samples.astype(np.float32, copy=False), N_FFT // 2, mode="reflect")
+    return np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH]
+
+
+def _magnitude(frames: np.ndarray) -> np.ndarray:
+    """(401, t) float32 magnitude spectra of (t, 800) frames under the Hann window."""
+    return np.abs(np.fft.rfft(frames * _hann_window(), axis=1)).astype(np.float32).T
+
+
 def stft_magnitude(samples: np.ndarray) -> np.ndarray:
     """(401, T) float32 magnitude of the centred STFT: reflect-padded by N_FFT/2, Hann window, hop 200."""
-    padded = np.pad(samples.astype(np.float32), N_FFT // 2, mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH]  # (T, 800) views
-    return np.abs(np.fft.rfft(frames * _hann_window(), axis=1)).astype(np.float32).T
+    return _magnitude(_stft_frames(samples))
 
 
 # STFT frames transformed at once: the windowed frames, their spectrum and its magnitude are each
@@ -131,15 +140,12 @@ def melspectrogram(samples_16k: np.ndarray) -> np.ndarray:
 
     Computed MEL_CHUNK_FRAMES frames at a time (each frame on its own samples, so the chunks
     join to the whole-input result), keeping memory flat in the audio's length."""
-    samples = preemphasis(samples_16k)
-    padded = np.pad(samples, N_FFT // 2, mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH]  # (T, 800) views
+    frames = _stft_frames(preemphasis(samples_16k))  # (T, 800) views
     basis = _mel_basis()  # (80, 401)
     mel = np.empty((basis.shape[0], len(frames)), dtype=np.float32)  # (80, T) linear amplitude
     for start in range(0, len(frames), MEL_CHUNK_FRAMES):
         chunk = frames[start:start + MEL_CHUNK_FRAMES]  # (t, 800)
-        magnitude = np.abs(np.fft.rfft(chunk * _hann_window(), axis=1)).astype(np.float32).T  # (401, t)
-        mel[:, start:start + len(chunk)] = basis @ magnitude
+        mel[:, start:start + len(chunk)] = basis @ _magnitude(chunk)
     decibels = 20.0 * np.log10(np.maximum(1e-5, mel)) - REF_LEVEL_DB
     normalised = 2 * MAX_ABS_VALUE * ((decibels - MIN_LEVEL_DB) / -MIN_LEVEL_DB) - MAX_ABS_VALUE
     return np.clip(normalised, -MAX_ABS_VALUE, MAX_ABS_VALUE).astype(np.float32)

@@ -351,16 +351,16 @@ class FixedBatchRunner:
             buffer[:size].copy_(tensor[start:start + size])  # casts and changes layout in the same copy
             if size < batch.batch_size and self.pad_last_batch:
                 buffer[size:].copy_(tensor[start + size - 1])  # repeat the last item into the padding rows
-        if size < batch.batch_size and not self.pad_last_batch:
-            with inference_context(self.device, "fp32" if self.cast_weights else self.precision):
-                return self.module(*(buffer[:size] for buffer in batch.inputs))
-        if self.use_cuda_graph and batch.graph is None:
-            self._capture(batch)
-        if batch.graph is not None:
-            batch.graph.replay()
-            return batch.output
+        unpadded = size < batch.batch_size and not self.pad_last_batch  # a short batch at its own size
+        if not unpadded:
+            if self.use_cuda_graph and batch.graph is None:
+                self._capture(batch)
+            if batch.graph is not None:
+                batch.graph.replay()
+                return batch.output
+        inputs = [buffer[:size] for buffer in batch.inputs] if unpadded else batch.inputs
         with inference_context(self.device, "fp32" if self.cast_weights else self.precision):
-            return self.module(*batch.inputs)
+            return self.module(*inputs)
 
     def _batch_for(self, inputs) -> _FixedBatch:
         """The buffers for the current batch size and these inputs' item shapes, made when they change."""

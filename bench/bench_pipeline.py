@@ -7,8 +7,10 @@ Makes a synthetic talking-head input (the bundled portrait drifting slowly, 25 f
 bundled speech looped to the same length), then runs :func:`heygem.pipeline.generate` once per
 configuration in a child process (so each pays its own imports and start-up, and its peak
 memory is its own), and prints frames per second end to end, the real-time factor, peak
-resident memory (heygem plus its ffmpeg children, sampled every 50 ms), peak GPU memory, and
-busy seconds per stage. The wav2lip engine runs a random-init checkpoint in the official layout
+resident memory (heygem plus its ffmpeg children, sampled every 50 ms), peak GPU memory,
+busy seconds per stage, and the CPU seconds each kind of process used (the main process with
+all its threads, the x264 encoders, the ffmpeg decoders, rendering and tracking processes):
+their sum over the wall time is how many cores the run kept busy. The wav2lip engine runs a random-init checkpoint in the official layout
 (the same speed as trained weights) unless --weights names a folder with real ones.
 
 Configurations (--configs picks some, run in the order given: "cold cache" clears the avatar
@@ -93,15 +95,22 @@ def child_pids(pid: int, living: bool = False) -> list[int]:
 
 
 class MemorySampler:
-    """Peak resident memory of this process plus its children (ffmpeg), sampled every 50 ms.
+    """Peak resident memory of this process plus its children (ffmpeg), sampled every 50 ms, and the
+    CPU seconds each process used while sampled.
 
     (getrusage's figure for children is useless here: a forked child reports the parent's
-    size at the moment of the fork.)
+    size at the moment of the fork.) A child's CPU time is its last sample's: up to 50 ms of a
+    child that exits between samples is missed. Children that were already running when the
+    sampling started (a warm engine's processes) count from their first sample.
     """
 
     def __init__(self):
         self.peak_kib = 0
         self.peak_parts: dict[str, tuple[int, int]] = {}  # at the peak: "main" / a child's name -> (count, KiB)
+        self._cpu_first: dict[int, float] = {}  # child pid -> CPU seconds at its first sample
+        self._cpu_last: dict[int, tuple[str, float]] = {}  # child pid -> (name, CPU seconds at its last sample)
+        self._main_cpu = os.times()
+        self.cpu_seconds: dict[str, tuple[int, float]] = {}  # after the run: "main" / a child's name -> (count, s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -130,13 +139,29 @@ class MemorySampler:
         except OSError:
             return "?"
 
+    @staticmethod
+    def _cpu(pid) -> float | None:
+        """User plus system CPU seconds of a process so far (None when it is gone)."""
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
     def _run(self) -> None:
+        first = True
         while not self._stop.wait(0.05):
             parts = {"main": (1, self._rss_kib("self"))}
             for pid in self._children():
                 name = self._name(pid)
                 count, kib = parts.get(name, (0, 0))
                 parts[name] = (count + 1, kib + self._rss_kib(pid))
+                cpu = self._cpu(pid)
+                if cpu is not None:
+                    # a child first seen in the first sample ran before the job: count from there
+                    self._cpu_first.setdefault(pid, cpu if first else 0.0)
+                    self._cpu_last[pid] = (name, cpu)
+            first = False
             total = sum(kib for _, kib in parts.values())
             if total > self.peak_kib:
                 self.peak_kib, self.peak_parts = total, parts
@@ -153,6 +178,19 @@ class MemorySampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        now = os.times()
+        seconds = {"main": (1, now.user + now.system - self._main_cpu.user - self._main_cpu.system)}
+        for pid, (name, cpu) in self._cpu_last.items():
+            count, total = seconds.get(name, (0, 0.0))
+            seconds[name] = (count + 1, total + cpu - self._cpu_first[pid])
+        self.cpu_seconds = seconds
+
+    def describe_cpu(self) -> str:
+        """CPU seconds by process, e.g. "x264 x3 30.1, main 12.0; all 50.2" ."""
+        parts = sorted(self.cpu_seconds.items(), key=lambda item: -item[1][1])
+        total = sum(seconds for _, seconds in self.cpu_seconds.values())
+        return ", ".join(f"{name}{f' x{count}' if count > 1 else ''} {seconds:.1f}"
+                         for name, (count, seconds) in parts) + f"; all {total:.1f}"
 
 
 def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[Path, Path]:
@@ -193,6 +231,7 @@ def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict
         peak_vram = torch.cuda.max_memory_reserved()
     return {"frames": summary.frames, "seconds": elapsed, "video_seconds": summary.video_seconds,
             "peak_rss_mib": memory.peak_kib / 1024, "peak_rss_parts": memory.describe_peak(),
+            "cpu_seconds": memory.describe_cpu(),
             "peak_vram_mib": peak_vram / 2**20,
             "stages": summary.seconds_per_stage, "avatar_cache": summary.avatar_cache}
 
@@ -251,8 +290,8 @@ def main() -> None:
         if common:
             print("every configuration with " + ", ".join(f"{key}={value}" for key, value in common.items()) + "\n")
         header = ("| configuration | frames | wall s | frames/s | x real time | peak RSS MiB | peak VRAM MiB "
-                  "| avatar cache | busy seconds per stage | peak RSS by process, MiB |")
-        rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+                  "| avatar cache | busy seconds per stage | peak RSS by process, MiB | CPU seconds by process |")
+        rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |"]
         print(header)
         for name in args.configs:
             engine, overrides, clear_cache = CONFIGURATIONS[name]
@@ -277,7 +316,7 @@ def main() -> None:
             row = (f"| {label} | {result['frames']} | {result['seconds']:.1f} | "
                    f"{result['frames'] / result['seconds']:.1f} | {result['video_seconds'] / result['seconds']:.2f} | "
                    f"{result['peak_rss_mib']:.0f} | {result['peak_vram_mib']:.0f} | {result['avatar_cache']} | {stages} | "
-                   f"{result['peak_rss_parts']} |")
+                   f"{result['peak_rss_parts']} | {result['cpu_seconds']} |")
             rows.append(row)
             print(row)
         if args.markdown:

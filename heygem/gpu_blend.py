@@ -43,6 +43,7 @@ _CUBIC_A = -0.75  # OpenCV's INTER_CUBIC kernel parameter
 _ELLIPSE_VERTICES = 48  # a fallback ellipse is this polygon; under half a pixel off for 300-pixel boxes
 _NO_EDGE = 1.0e9  # distance reported by padding edges of a hull, so they never win the minimum
 _MIN_EDGE_PIXELS = 16  # as blend.match_colour: fewer soft-edge pixels than this and the colour stays
+_EDGES_AT_ONCE = 8  # hull edges whose distances are computed in one pass (F x 8 canvases of float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +121,8 @@ class FaceCanvas:
     origin: torch.Tensor  # (F, 2) int64 even x, y of each canvas's top-left pixel in its frame
     height: int  # even
     width: int  # even
+    host_boxes: np.ndarray | None = None  # (F, 4) int64, ``boxes`` on the host (None: read them back)
+    one_per_frame: bool = False  # no two faces share a frame, so no two canvases overlap
 
     @property
     def box_offset(self) -> torch.Tensor:
@@ -133,7 +136,11 @@ class FaceCanvas:
 
 
 def face_canvas(frame_index, boxes, frame_height: int, frame_width: int, device: torch.device | str) -> FaceCanvas:
-    """The canvas for faces at ``boxes`` ((F, 4) x1 y1 x2 y2) in frames ``frame_index`` ((F,))."""
+    """The canvas for faces at ``boxes`` ((F, 4) x1 y1 x2 y2) in frames ``frame_index`` ((F,)).
+
+    Give host arrays where you have them: tensors on a GPU are read back, which waits for
+    everything queued on it.
+    """
     boxes_cpu = np.asarray(torch.as_tensor(boxes).cpu(), dtype=np.int64).reshape(-1, 4)  # (F, 4)
     index_cpu = np.asarray(torch.as_tensor(frame_index).cpu(), dtype=np.int64).reshape(-1)  # (F,)
     if len(index_cpu) != len(boxes_cpu) or len(boxes_cpu) == 0:
@@ -147,8 +154,16 @@ def face_canvas(frame_index, boxes, frame_height: int, frame_width: int, device:
     width, height = int((right - left).max()), int((bottom - top).max())
     # shift canvases that would run off the frame's right or bottom edge back inside (still even)
     origin = np.stack((np.minimum(left, frame_width - width), np.minimum(top, frame_height - height)), axis=1)
-    return FaceCanvas(frame_index=torch.from_numpy(index_cpu).to(device), boxes=torch.from_numpy(boxes_cpu).to(device),
-                      origin=torch.from_numpy(origin).to(device), height=height, width=width)
+    return FaceCanvas(frame_index=to_device(index_cpu, device), boxes=to_device(boxes_cpu, device),
+                      origin=to_device(origin, device), height=height, width=width, host_boxes=boxes_cpu,
+                      one_per_frame=len(np.unique(index_cpu)) == len(index_cpu))
+
+
+def to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """A host array as a tensor on ``device`` without waiting for the work queued there: CUDA copies
+    pageable memory to its own staging buffer before the call returns, so the array may change
+    afterwards (a blocking copy would wait for the GPU to finish everything queued first)."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
 
 def _plane_rows(planes: torch.Tensor, canvas: FaceCanvas) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -372,11 +387,12 @@ def _edge_distances(boxes, landmarks, canvas: FaceCanvas) -> tuple[torch.Tensor,
     further from 0 than the true distance). The box distance is 0 on the box's border pixels.
     """
     device = canvas.origin.device
-    boxes = torch.as_tensor(boxes).to(device=device, dtype=torch.int64).reshape(-1, 4)  # (F, 4)
-    if boxes.shape[0] != canvas.boxes.shape[0]:
-        raise ValueError(f"{boxes.shape[0]} boxes for a canvas of {canvas.boxes.shape[0]} faces")
+    boxes_host = np.asarray(boxes.cpu() if isinstance(boxes, torch.Tensor) else boxes, dtype=np.int64).reshape(-1, 4)
+    if boxes_host.shape[0] != canvas.boxes.shape[0]:
+        raise ValueError(f"{boxes_host.shape[0]} boxes for a canvas of {canvas.boxes.shape[0]} faces")
+    boxes = to_device(boxes_host, device)  # (F, 4)
     landmarks_cpu = None if landmarks is None else np.asarray(torch.as_tensor(landmarks).cpu(), dtype=np.float32)
-    edges = torch.from_numpy(_hull_edges(boxes.cpu().numpy(), landmarks_cpu)).to(device)  # (F, K, 3)
+    edges = to_device(_hull_edges(boxes_host, landmarks_cpu), device)  # (F, K, 3)
 
     xs = (canvas.origin[:, 0:1] + torch.arange(canvas.width, device=device)).float()  # (F, Wc) frame x
     ys = (canvas.origin[:, 1:2] + torch.arange(canvas.height, device=device)).float()  # (F, Hc) frame y
@@ -385,10 +401,13 @@ def _edge_distances(boxes, landmarks, canvas: FaceCanvas) -> tuple[torch.Tensor,
     distance_y = torch.minimum(ys - boxes_float[:, 1:2], boxes_float[:, 3:4] - 1 - ys)  # (F, Hc)
     box_distance = torch.minimum(distance_x[:, None, :], distance_y[:, :, None])  # (F, Hc, Wc)
     hull_distance = torch.full_like(box_distance, _NO_EDGE)  # (F, Hc, Wc)
-    for edge in range(edges.shape[1]):  # one pass per polygon edge (20-50), not per face
-        a, b, c = edges[:, edge, 0:1], edges[:, edge, 1:2], edges[:, edge, 2:3]  # (F, 1) each
-        line_distance = (a * xs + c)[:, None, :] + (b * ys)[:, :, None]  # (F, Hc, Wc)
-        torch.minimum(hull_distance, line_distance, out=hull_distance)
+    a, b, c = (part[:, :, None] for part in edges.unbind(2))  # (F, K, 1) each
+    along_x = a * xs[:, None, :] + c  # (F, K, Wc)
+    along_y = b * ys[:, None, :]  # (F, K, Hc)
+    for start in range(0, edges.shape[1], _EDGES_AT_ONCE):  # 20-50 edges, a few at a time, not per face
+        stop = start + _EDGES_AT_ONCE
+        line_distance = along_x[:, start:stop, None, :] + along_y[:, start:stop, :, None]  # (F, k, Hc, Wc)
+        torch.minimum(hull_distance, line_distance.amin(dim=1), out=hull_distance)
     return hull_distance, box_distance
 
 
@@ -446,7 +465,8 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
         return
     canvas = face_canvas(frame_index, boxes, frame_height, frame_width, planes.device)
     if masks is None:
-        hull_distance, box_distance = _edge_distances(canvas.boxes, landmarks, canvas)  # (F, Hc, Wc) each
+        boxes_known = canvas.host_boxes if canvas.host_boxes is not None else canvas.boxes
+        hull_distance, box_distance = _edge_distances(boxes_known, landmarks, canvas)  # (F, Hc, Wc) each
         feather_pixels = _feather_pixels(canvas.box_size, feather)  # (F,)
         masks = _smoothstep_mask(torch.minimum(hull_distance, box_distance), feather_pixels)  # (F, 1, Hc, Wc)
         colour_band = _colour_band(hull_distance, box_distance, feather_pixels)  # (F, 1, Hc, Wc)
@@ -491,14 +511,17 @@ def blend_canvas(planes: torch.Tensor, canvas: FaceCanvas, regions: torch.Tensor
 
     views = _plane_rows(planes, canvas)
     written = masks[:, 0] > 0  # (F, Hc, Wc)
-    face, row, column = written.nonzero(as_tuple=True)  # (P,) each: the pixels to write
-    rows_view, rows, columns = views["y"]
-    rows_view[rows[face, row], columns[face, column]] = new_y[face, row, column]
     written_blocks = functional.max_pool2d(written[:, None].float(), 2)[:, 0] > 0  # (F, Hc/2, Wc/2)
-    face, row, column = written_blocks.nonzero(as_tuple=True)  # (Q,) each: the 2x2 blocks to write
-    for name, values in (("u", new_u), ("v", new_v)):
+    for name, values, where in (("y", new_y, written), ("u", new_u, written_blocks), ("v", new_v, written_blocks)):
         rows_view, rows, columns = views[name]
-        rows_view[rows[face, row], columns[face, column]] = values[face, row, column]
+        if canvas.one_per_frame:
+            # no canvas overlaps another: write whole canvases, their own bytes back where nothing changes
+            # (finding the changed pixels' positions would wait for the GPU to count them)
+            kept = _gather(rows_view, rows, columns)  # (F, h, w)
+            rows_view[rows[:, :, None], columns[:, None, :]] = torch.where(where, values, kept)
+        else:
+            face, row, column = where.nonzero(as_tuple=True)  # (P,) each: the pixels (blocks) to write
+            rows_view[rows[face, row], columns[face, column]] = values[face, row, column]
 
 
 __all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "blend_canvas", "crop_faces", "face_canvas", "face_masks",

@@ -158,15 +158,42 @@ class CpuRender:
             yield batch
 
 
-class GpuRender:
-    """Steps 5c-5e on the GPU for the wav2lip engine: one stage, frames on the device from upload to download.
+class _Downloading:
+    """A batch whose face regions are on their way back from the device into a page-locked buffer."""
 
-    Per batch: upload the I420 frames, crop every face to 96x96 (heygem.gpu_blend), run the
-    generator on the masked crops and the mel windows, sharpen what it changed (--restorer
-    sharpen), paste the patches back with the feathered, colour-matched lower-face mask, restore
-    the pasted lower face with GFPGAN (--restorer gfpgan: aligned, restored and blended back on the
-    device, heygem.restore_gfpgan), and copy the frames back. Only the bytes under the masks
-    change; ffmpeg gets the I420 frames as they come back.
+    def __init__(self, batch: FrameBatch, rows: list[int] = (), origins: np.ndarray | None = None,
+                 buffer: _HostBuffer | None = None, regions: np.ndarray | None = None, done=None):
+        self.batch = batch
+        self.rows = rows  # the batch's frames with a face
+        self.origins = origins  # (F, 2) even x, y of each region in its frame
+        self.buffer = buffer  # None: nothing to paste
+        self.regions = regions  # (F, Hc * 3/2, Wc) uint8, a view of the buffer
+        self.done = done  # a torch.cuda.Event recorded after the copy back (None on the CPU: already there)
+
+
+class _HostBuffer:
+    """A uint8 host buffer, page-locked on CUDA so that copies to and from the device run at full speed
+    and the copy back does not hold up the thread that queued it."""
+
+    def __init__(self, size: int, pinned: bool):
+        import torch
+
+        self.tensor = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        self.array = self.tensor.numpy()
+
+
+class GpuRender:
+    """Steps 5c-5e on the GPU for the wav2lip engine, frames on the device from upload to download.
+
+    Two stages. "render", per batch: cut each face's region out of the I420 frames into a
+    page-locked buffer, upload it, crop every face to 96x96 (heygem.gpu_blend), run the generator
+    on the masked crops and the mel windows, sharpen what it changed (--restorer sharpen), paste
+    the patches back with the feathered, colour-matched lower-face mask, restore the pasted lower
+    face with GFPGAN (--restorer gfpgan: aligned, restored and blended back on the device,
+    heygem.restore_gfpgan), and queue the copy back. "paste": wait for that copy and put the
+    regions back into the frames. So while one batch's bytes come back and are pasted, the next
+    batch is cut out and queued on the GPU: nothing in "render" waits for the device. Only the
+    bytes under the masks change; ffmpeg gets the I420 frames as they come back.
     """
 
     bytes_per_pixel = 1.5  # batches stay I420
@@ -174,22 +201,39 @@ class GpuRender:
     def __init__(self, prepared: Prepared, config: Config):
         self.prepared = prepared
         self.config = config
-        self._upload = None  # a pinned host buffer (torch.Tensor), reused batch after batch
+        # free buffers, reused batch after batch; as many exist as batches were in flight at once
+        self._free: list[_HostBuffer] = []
+        self._free_lock = threading.Lock()
 
     def stages(self) -> list[Stage]:
-        return [Stage("render", self.render)]
+        return [Stage("render", self.render), Stage("paste", self.paste)]
 
-    def render(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
+    def render(self, batches: Iterator[FrameBatch]) -> Iterator[_Downloading]:
         import torch
 
         for batch in batches:
             rows = [row for row, face in enumerate(batch.faces) if face is not None]
-            if rows:
-                with torch.inference_mode():
-                    self._render(batch, rows, self.prepared.engine)
-            yield batch
+            if not rows:
+                yield _Downloading(batch)
+                continue
+            with torch.inference_mode():
+                downloading = self._render(batch, rows, self.prepared.engine)
+            yield downloading
 
-    def _render(self, batch: FrameBatch, rows: list[int], engine) -> None:
+    def paste(self, items: Iterator[_Downloading]) -> Iterator[FrameBatch]:
+        """Put each batch's regions back into its frames once they are back from the device."""
+        for item in items:
+            if item.buffer is not None:
+                if item.done is not None:
+                    item.done.synchronize()
+                for region_plane, frame_window in _region_windows(item.regions, item.batch.frames_i420, item.rows,
+                                                                  item.origins):
+                    frame_window[...] = region_plane
+                with self._free_lock:
+                    self._free.append(item.buffer)
+            yield item.batch
+
+    def _render(self, batch: FrameBatch, rows: list[int], engine) -> _Downloading:
         import torch
 
         from heygem import gpu_blend
@@ -206,13 +250,17 @@ class GpuRender:
         # Only each face's region travels: the same even-sized region around every box, as I420
         canvas = gpu_blend.face_canvas(np.array(rows), region_boxes, frame_height, frame_width, "cpu")
         origins = canvas.origin.numpy()  # (F, 2) even x, y
-        regions_host = self._host_buffer((len(rows), canvas.height * 3 // 2, canvas.width), device)
+        shape = (len(rows), canvas.height * 3 // 2, canvas.width)
+        buffer = self._take_buffer(int(np.prod(shape)), device)
+        regions_host = buffer.array[:int(np.prod(shape))].reshape(shape)  # (F, Hc * 3/2, Wc)
         for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
             region_plane[...] = frame_window
-        planes = torch.from_numpy(regions_host).to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
-        frame_index = torch.arange(len(rows), device=device)  # each face on a region of its own
+        regions_pinned = buffer.tensor[:int(np.prod(shape))].view(shape)
+        planes = regions_pinned.to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+        # host arrays: the GPU steps take them as they are, without waiting for the device
+        frame_index = np.arange(len(rows))  # each face on a region of its own
         shift = np.concatenate([origins, origins], axis=1)  # (F, 4)
-        boxes = torch.from_numpy(boxes_host - shift).to(device)  # (F, 4) on the regions
+        boxes = boxes_host - shift  # (F, 4) on the regions
         crops = gpu_blend.crop_faces(planes, frame_index, boxes, FACE_SIZE)  # (F, 3, 96, 96) BGR in [0, 1]
         masked = crops.clone()
         masked[:, :, FACE_SIZE // 2:] = 0.0  # the lower half is what the generator makes
@@ -225,20 +273,24 @@ class GpuRender:
         gpu_blend.paste_faces(planes, frame_index, boxes, generated, landmarks,
                               feather=self.config.blend.feather, color_match=self.config.blend.color_match)
         if restoration.name == "gfpgan":
-            restoration.network.restore_regions(planes, boxes_host - shift, landmarks, restoration.strength,
+            restoration.network.restore_regions(planes, boxes, landmarks, restoration.strength,
                                                 feather=self.config.blend.feather)
-        torch.from_numpy(regions_host).copy_(planes)  # back into the page-locked buffer
-        for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
-            frame_window[...] = region_plane
+        regions_pinned.copy_(planes, non_blocking=True)  # back into the buffer, queued after the work above
+        done = None
+        if device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return _Downloading(batch, rows, origins, buffer, regions_host, done)
 
-    def _host_buffer(self, shape: tuple[int, int, int], device) -> np.ndarray:
-        """A reused (page-locked on CUDA, so copies run at full speed) uint8 host array of ``shape``."""
-        import torch
-
-        needed = int(np.prod(shape))
-        if self._upload is None or self._upload.numel() < needed:
-            self._upload = torch.empty(max(needed, 1 << 20), dtype=torch.uint8, pin_memory=device.type == "cuda")
-        return self._upload[:needed].numpy().reshape(shape)
+    def _take_buffer(self, size: int, device) -> _HostBuffer:
+        """A free host buffer of at least ``size`` bytes (a new one, with room to spare, when none is)."""
+        with self._free_lock:
+            for index, buffer in enumerate(self._free):
+                if buffer.array.size >= size:
+                    return self._free.pop(index)
+            if self._free:  # too small for this batch's regions: let it go
+                self._free.pop(0)
+        return _HostBuffer(max(size + size // 4, 1 << 20), pinned=device.type == "cuda")
 
 
 def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], origins: np.ndarray):

@@ -214,7 +214,7 @@ class GfpganRestorer:
         if strength <= 0 or len(rows) == 0:
             return 0
         height, width = planes.shape[1] * 2 // 3, planes.shape[2]
-        rows_device = torch.from_numpy(rows).to(planes.device)
+        rows_device = gpu_blend.to_device(rows, planes.device)
         y, u, v = gpu_blend.split_planes(planes)
         regions = gpu_blend.i420_to_bgr(y[rows_device], u[rows_device], v[rows_device])  # (S, 3, Hc, Wc) 0..255
         matrices = alignment_matrices(landmarks[rows])  # (S, 2, 3) region pixels -> template pixels
@@ -222,10 +222,11 @@ class GfpganRestorer:
         restored = self.restore_faces(aligned)  # (S, 3, 512, 512) BGR
         back = warp_images(restored, matrices, height, width)  # (S, 3, Hc, Wc), 0 outside the square
         inside = warp_images(torch.ones_like(restored[:, :1]), matrices, height, width)  # (S, 1, Hc, Wc)
-        canvas = gpu_blend.FaceCanvas(frame_index=rows_device, boxes=torch.from_numpy(np.asarray(boxes)[rows]).to(
-            planes.device, torch.int64), origin=torch.zeros((len(rows), 2), dtype=torch.int64, device=planes.device),
-            height=height, width=width)
-        masks = gpu_blend.face_masks(canvas.boxes, landmarks[rows], feather, canvas) * inside * strength
+        boxes_host = np.asarray(boxes, dtype=np.int64)[rows]  # (S, 4)
+        canvas = gpu_blend.FaceCanvas(frame_index=rows_device, boxes=gpu_blend.to_device(boxes_host, planes.device),
+                                      origin=torch.zeros((len(rows), 2), dtype=torch.int64, device=planes.device),
+                                      height=height, width=width, host_boxes=boxes_host, one_per_frame=True)
+        masks = gpu_blend.face_masks(boxes_host, landmarks[rows], feather, canvas) * inside * strength
         gpu_blend.blend_canvas(planes, canvas, regions, back, masks, chroma)
         return len(rows)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import cv2
 import numpy as np
 import pytest
@@ -232,6 +234,24 @@ def test_paste_faces_writes_only_inside_the_masks(portrait):
     for frame in range(3):  # every face was pasted: its mouth turned purple
         assert (y_after[frame] != y_before[frame]).sum() > 100
         assert (u_after[frame].int() - u_before[frame].int()).max() > 20
+
+
+def test_blend_canvas_writes_the_same_bytes_whole_canvas_or_pixel_by_pixel(portrait):
+    """Faces on frames of their own are written canvas by canvas (no waiting for the device to count
+    the changed pixels); the bytes are those of writing only the pixels under the masks."""
+    planes, frame_index, boxes, landmarks, patches = paste_batch(portrait)
+    canvas = gpu_blend.face_canvas(frame_index, boxes, 512, 512, "cpu")
+    assert canvas.one_per_frame and not gpu_blend.face_canvas(np.array([0, 0, 1]), boxes, 512, 512, "cpu").one_per_frame
+    masks = gpu_blend.face_masks(boxes, landmarks, 0.15, canvas)
+    regions = gpu_blend.i420_to_bgr(*gpu_blend.gather_canvas(planes, canvas))
+    new_pixels = torch.full_like(regions, 200.0)
+    written = {}
+    for whole in (True, False):
+        result = planes.clone()
+        gpu_blend.blend_canvas(result, dataclasses.replace(canvas, one_per_frame=whole), regions, new_pixels, masks)
+        written[whole] = result
+    assert torch.equal(written[True], written[False])
+    assert (written[True] != planes).sum() > 3000
 
 
 def test_paste_faces_core_is_the_colour_shifted_patch(portrait):

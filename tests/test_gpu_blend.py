@@ -239,7 +239,7 @@ def test_paste_faces_writes_only_inside_the_masks(portrait):
 def test_blend_canvas_writes_the_same_bytes_whole_canvas_or_pixel_by_pixel(portrait):
     """Faces on frames of their own are written canvas by canvas (no waiting for the device to count
     the changed pixels); the bytes are those of writing only the pixels under the masks."""
-    planes, frame_index, boxes, landmarks, patches = paste_batch(portrait)
+    planes, frame_index, boxes, landmarks, _ = paste_batch(portrait)
     canvas = gpu_blend.face_canvas(frame_index, boxes, 512, 512, "cpu")
     assert canvas.one_per_frame and not gpu_blend.face_canvas(np.array([0, 0, 1]), boxes, 512, 512, "cpu").one_per_frame
     masks = gpu_blend.face_masks(boxes, landmarks, 0.15, canvas)

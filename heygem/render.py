@@ -251,11 +251,12 @@ class GpuRender:
         canvas = gpu_blend.face_canvas(np.array(rows), region_boxes, frame_height, frame_width, "cpu")
         origins = canvas.origin.numpy()  # (F, 2) even x, y
         shape = (len(rows), canvas.height * 3 // 2, canvas.width)
-        buffer = self._take_buffer(int(np.prod(shape)), device)
-        regions_host = buffer.array[:int(np.prod(shape))].reshape(shape)  # (F, Hc * 3/2, Wc)
+        size = int(np.prod(shape))
+        buffer = self._take_buffer(size, device)
+        regions_host = buffer.array[:size].reshape(shape)  # (F, Hc * 3/2, Wc)
         for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
             region_plane[...] = frame_window
-        regions_pinned = buffer.tensor[:int(np.prod(shape))].view(shape)
+        regions_pinned = buffer.tensor[:size].view(shape)  # the same bytes, as a tensor
         planes = regions_pinned.to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
         # host arrays: the GPU steps take them as they are, without waiting for the device
         frame_index = np.arange(len(rows))  # each face on a region of its own

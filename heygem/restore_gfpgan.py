@@ -138,7 +138,8 @@ def warp_images(images: torch.Tensor, output_to_source: np.ndarray, height: int,
     count, _, source_height, source_width = images.shape
     square = np.concatenate((output_to_source, np.broadcast_to([[[0.0, 0.0, 1.0]]], (count, 1, 3))), axis=1)
     theta = _normalizer(source_width, source_height) @ square @ np.linalg.inv(_normalizer(width, height))  # (F, 3, 3)
-    theta = torch.from_numpy(theta[:, :2].astype(np.float32)).to(images.device)  # (F, 2, 3)
+    # (F, 2, 3); a non-blocking copy from pageable memory: staged at once, without waiting for the GPU's queue
+    theta = torch.from_numpy(theta[:, :2].astype(np.float32)).to(images.device, non_blocking=True)
     grid = functional.affine_grid(theta, [count, 1, height, width], align_corners=False)  # (F, height, width, 2)
     return functional.grid_sample(images.float(), grid, mode="bilinear", padding_mode=padding, align_corners=False)
 

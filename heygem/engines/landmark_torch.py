@@ -20,7 +20,6 @@ frames (as heygem.render cuts them). torch is imported by the caller's first use
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import cv2
@@ -28,10 +27,21 @@ import numpy as np
 
 from heygem.config import BlendConfig
 from heygem.engines.landmark import (
-    LOWER_INNER, NECK, REGION_MARGIN, TEETH_LENGTH, TOOTH_EDGES, UPPER_INNER, MouthGeometry, TeethColour,
-    _lips_window, face_colours, mouth_target, patch_box, source_colours, window_box)
-
-logger = logging.getLogger("heygem")
+    LOWER_INNER,
+    NECK,
+    REGION_MARGIN,
+    TEETH_LENGTH,
+    TOOTH_EDGES,
+    UPPER_INNER,
+    MouthGeometry,
+    TeethColour,
+    _lips_window,
+    face_colours,
+    mouth_target,
+    patch_box,
+    source_colours,
+    window_box,
+)
 
 LEVELS = NECK + 1  # 7 levels per column
 # Rows of the per-face column table: the 7 target levels, the 7 source levels, closing, interior.
@@ -201,7 +211,7 @@ def _smoothstep(edge0, edge1, x):
 
 def _kernel_radius(sigma: float) -> int:
     """Half the tap count of OpenCV's Gaussian kernel for float images: round(8 sigma + 1) taps, made odd."""
-    return (int(round(8.0 * float(sigma) + 1.0)) | 1) // 2
+    return (round(8.0 * float(sigma) + 1.0) | 1) // 2
 
 
 def _gaussian_kernels(sigmas, device):

@@ -291,16 +291,19 @@ def _box_fade(boxes, height: int, width: int):
     return fade_y[:, :, None] * fade_x[:, None, :]
 
 
-def _window_mask(windows, height: int, width: int):
-    """(P, h, w) bool: inside each face's x1, y1, x2, y2 window ((P, 4) int64)."""
+def _lips_crops(lips: np.ndarray, height: int, width: int, device):
+    """Each face's lips window ((P, 4) x1, y1, x2, y2 on an h x w region) padded to the batch's largest
+    and shifted to lie inside the region: (rows (P, Lh), columns (P, Lw), the windows (P, 4)) on ``device``."""
     import torch
 
-    device = windows.device
-    xs = torch.arange(width, device=device)[None]
-    ys = torch.arange(height, device=device)[None]
-    inside_x = (xs >= windows[:, 0:1]) & (xs < windows[:, 2:3])  # (P, w)
-    inside_y = (ys >= windows[:, 1:2]) & (ys < windows[:, 3:4])  # (P, h)
-    return inside_y[:, :, None] & inside_x[:, None, :]
+    crop_height = int(max((lips[:, 3] - lips[:, 1]).max(), 1))
+    crop_width = int(max((lips[:, 2] - lips[:, 0]).max(), 1))
+    top = np.clip(lips[:, 1], 0, height - crop_height)[:, None]  # (P, 1)
+    left = np.clip(lips[:, 0], 0, width - crop_width)[:, None]
+    rows = top + np.arange(crop_height)  # (P, Lh)
+    columns = left + np.arange(crop_width)  # (P, Lw)
+    return (torch.from_numpy(rows).to(device, non_blocking=True), torch.from_numpy(columns).to(device, non_blocking=True),
+            torch.from_numpy(np.ascontiguousarray(lips)).to(device, non_blocking=True))
 
 
 def _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth):
@@ -425,12 +428,28 @@ def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:
                                    align_corners=True).round_()  # (P, 3, Hc, Wc), uint8 values as cv2.remap's
     mask = (torch.sqrt(shift_u**2 + shift_v**2) * 2.0).clamp_(0.0, 1.0)  # (P, Hc, Wc)
 
-    # 2. The mouth interior inside the lips window of the faces that draw one (landmark.finish_mouth).
-    drawn, alpha = _interior(u, u_column, v, target, closing, interior_weight, scalar, lips_colour, teeth_colour)
-    where = _window_mask(to_device(plan.lips, device), height, width) & to_device(plan.drawn, device)[:, None, None]
-    alpha = alpha * fade * where  # (P, Hc, Wc)
-    image = torch.floor((image + alpha[:, None] * (drawn - image) + 0.5).clamp_(0.0, 255.0))
-    mask = torch.maximum(mask, alpha)
+    # 2. The mouth interior inside the lips window of the faces that draw one (landmark.finish_mouth),
+    #    computed on each face's lips window only, padded to the batch's largest.
+    rows, columns, lips_window = _lips_crops(plan.lips, height, width, device)  # (P, Lh), (P, Lw), (P, 4)
+    face = torch.arange(faces, device=device)[:, None, None]  # (P, 1, 1)
+    at_rows, at_columns = rows[:, :, None], columns[:, None, :]  # (P, Lh, 1), (P, 1, Lw)
+
+    def crop(values):  # (P, Hc, Wc) -> (P, Lh, Lw)
+        return values[face, at_rows, at_columns]
+
+    def crop_planes(values):  # (P, C, Hc, Wc) -> (P, C, Lh, Lw)
+        return values[face, :, at_rows, at_columns].permute(0, 3, 1, 2)
+
+    drawn, alpha = _interior(crop(u), crop(u_column), crop(v), crop_planes(target), crop(closing),
+                             crop(interior_weight), scalar, lips_colour, teeth_colour)
+    where = ((at_columns >= lips_window[:, 0:1, None]) & (at_columns < lips_window[:, 2:3, None])
+             & (at_rows >= lips_window[:, 1:2, None]) & (at_rows < lips_window[:, 3:4, None])
+             & to_device(plan.drawn, device)[:, None, None])  # (P, Lh, Lw)
+    alpha = alpha * crop(fade) * where  # (P, Lh, Lw)
+    under = crop_planes(image)  # (P, 3, Lh, Lw)
+    image[face, :, at_rows, at_columns] = torch.floor(
+        (under + alpha[:, None] * (drawn - under) + 0.5).clamp_(0.0, 255.0)).permute(0, 2, 3, 1)
+    mask[face, at_rows, at_columns] = torch.maximum(crop(mask), alpha)
 
     # 3. The softened mask: each face's own Gaussian (sigma max(1, 0.04 * mouth width)), then the fade.
     kernels = _gaussian_kernels(plan.scalars[:, SCALARS.index("mask_sigma")], device)  # (P, K)

@@ -2,6 +2,7 @@
 
     python bench/bench_landmark.py [--sizes 1280x720 1920x1080] [--frames 200] [--workers 0 1 2]
                                    [--save-reference FILE | --check-reference FILE] [--profile] [--i420]
+                                   [--torch [--device cpu|cuda] [--torch-threads N]]
 
 The input is the one bench_pipeline.py makes (the bundled portrait scaled to cover
 the frame, drifting slowly) with the bundled English speech: a few distinct frames
@@ -10,6 +11,9 @@ count must give the same bytes as ``--workers 0``; the script checks that, and
 ``--save-reference`` / ``--check-reference`` compare against a digest saved by an
 earlier version of the engine. ``--i420`` times generate_i420 instead, the path the
 pipeline takes: I420 frames in, blended I420 windows out (digests under "WxH i420").
+``--torch`` also times the batched torch drawing (heygem.engines.landmark_torch, the
+``--render torch`` path) on ``--device``: regions cut out, uploaded, drawn, copied back and
+pasted, per --batch-frames batch, and says how far its frames are from the CPU engine's.
 """
 
 from __future__ import annotations
@@ -148,6 +152,71 @@ def time_threads(batches, threads: int) -> float:
         return time.perf_counter() - started
 
 
+def pasted_frames(batches, windows) -> np.ndarray:
+    """The I420 frames of ``batches`` (from i420_batches) with the CPU engine's ``windows`` pasted in."""
+    from heygem import media
+
+    frames = np.concatenate([batch[0] for batch in batches])
+    for frame, window in zip(frames, windows):
+        if window is not None:
+            media.paste_i420_window(frame, window.box, window.planes)
+    return frames
+
+
+def run_torch(batches, device_name: str):
+    """(frames (N, H * 3/2, W) I420 drawn by landmark_torch, seconds per frame after the first batch,
+    seconds of the first batch, device milliseconds per frame after the first batch (CUDA events; None
+    on the CPU)). Each batch: regions cut into a host buffer, uploaded, drawn, copied back, pasted."""
+    import torch
+
+    from heygem.config import BlendConfig, EngineConfig
+    from heygem.device import pick_device
+    from heygem.engines import landmark_torch
+    from heygem.engines.landmark import LandmarkEngine
+    from heygem.render import _region_windows
+
+    device = pick_device(device_name)
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    blend = BlendConfig()
+    frame_height, frame_width = batches[0][0].shape[1] * 2 // 3, batches[0][0].shape[2]
+    drawn, device_seconds, first_seconds = [], 0.0, 0.0
+    started = time.perf_counter()
+    for number, (frames_i420, faces, mel_windows) in enumerate(batches):
+        if number == 1:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_seconds = time.perf_counter() - started
+            started = time.perf_counter()
+        frames = frames_i420.copy()
+        layout = landmark_torch.region_layout(engine._jobs(faces, mel_windows), (frame_width, frame_height))
+        if layout is not None:
+            regions = torch.empty((len(layout.rows), layout.height * 3 // 2, layout.width), dtype=torch.uint8,
+                                  pin_memory=device.type == "cuda")
+            regions_host = regions.numpy()
+            for region_plane, frame_window in _region_windows(regions_host, frames, layout.rows, layout.origins):
+                region_plane[...] = frame_window
+            if device.type == "cuda":
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+            with torch.inference_mode():
+                planes = regions.to(device, non_blocking=True)
+                landmark_torch.draw_mouths(planes, layout.faces, (frame_width, frame_height), blend, engine.teeth,
+                                           regions_host)
+                regions.copy_(planes, non_blocking=True)
+            if device.type == "cuda":
+                end.record()
+                end.synchronize()
+                if number > 0:
+                    device_seconds += begin.elapsed_time(end) / 1000.0
+            for region_plane, frame_window in _region_windows(regions_host, frames, layout.rows, layout.origins):
+                frame_window[...] = region_plane
+        drawn.append(frames)
+    steady_frames = sum(len(batch[1]) for batch in batches[1:])
+    per_frame = (time.perf_counter() - started) / max(steady_frames, 1)
+    device_ms = 1000 * device_seconds / max(steady_frames, 1) if device.type == "cuda" else None
+    return np.concatenate(drawn), per_frame, first_seconds, device_ms
+
+
 def digest(patches) -> str:
     hasher = hashlib.sha256()
     for patch in patches:
@@ -180,6 +249,11 @@ def main() -> None:
                         "to this .npz, for a machine without mediapipe and librosa")
     parser.add_argument("--inputs", type=Path, help="read them from such a file")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the workers=0 run")
+    parser.add_argument("--torch", action="store_true", help="also time the batched torch drawing (--render torch) "
+                        "with I420 batches of --batch-frames frames, and compare its frames with the CPU engine's")
+    parser.add_argument("--device", default="cpu", help="where --torch draws: cpu, cuda or cuda:N")
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch's CPU threads for --torch on the CPU "
+                        "(0: torch's default; 1 is steadier on a busy machine)")
     parser.add_argument("--i420", action="store_true", help="time generate_i420 (I420 frames in, blended I420 "
                         "windows out, as the pipeline runs the engine) instead of generate (BGR patches)")
     args = parser.parse_args()
@@ -225,6 +299,26 @@ def main() -> None:
             print(f"{label} workers={workers}: {1000 * best:.2f} ms/frame ({1 / best:.1f} frames/s); "
                   f"first batch {first:.2f} s; CPU ms/frame: this process {1000 * own_cpu:.2f}, "
                   f"rendering processes {1000 * workers_cpu:.2f}")
+        if args.torch:
+            if args.torch_threads:
+                import torch
+
+                torch.set_num_threads(args.torch_threads)
+            torch_batches = batches if args.i420 else i420_batches(batches)
+            reference_windows = baseline if args.i420 else run_engine(torch_batches, 0)[0]
+            expected_frames = pasted_frames(torch_batches, reference_windows)
+            best, first, device_ms = float("inf"), float("inf"), None
+            for _ in range(args.repeats):
+                drawn, per_frame, first_seconds, device_ms = run_torch(torch_batches, args.device)
+                best, first = min(best, per_frame), min(first, first_seconds)
+            luma = slice(0, height)
+            difference = np.abs(drawn[:, luma].astype(np.int16) - expected_frames[:, luma])
+            changed = (drawn[:, luma] != np.concatenate([batch[0] for batch in torch_batches])[:, luma])
+            on_device = "" if device_ms is None else f", device {device_ms:.2f} ms/frame (CUDA events)"
+            print(f"{size} torch on {args.device}, batches of {args.batch_frames}: {1000 * best:.2f} ms/frame "
+                  f"({1 / best:.1f} frames/s){on_device}; first batch {first:.2f} s; Y against the CPU engine: "
+                  f"mean {difference[changed].mean():.3f} over the {int(changed.sum() / len(drawn))} changed "
+                  f"bytes per frame, max {int(difference.max())}")
         for threads in args.threads:
             best = min(time_threads(batches, threads) for _ in range(args.repeats))
             print(f"{size} threads={threads}: {1000 * best / args.frames:.2f} ms/frame "

@@ -3,7 +3,8 @@
 On the CPU the frames are converted to BGR and the engine, the restorer and the blender run as
 three stages (heygem.engines, heygem.restore, heygem.blend). On a GPU the wav2lip engine's whole
 batch stays on the device from upload to download (heygem.gpu_blend), GFPGAN restoration included
-(heygem.restore_gfpgan).
+(heygem.restore_gfpgan); with --render torch the landmark engine draws its mouths the same way
+(heygem.engines.landmark_torch).
 """
 
 from __future__ import annotations
@@ -80,8 +81,13 @@ def choose_render(engine_name: str, prepared: Prepared, config: Config, restorer
     from heygem.device import gpu_present
 
     wanted = config.run.render
+    if wanted == "torch" and engine_name == "landmark":
+        if restorer != "none":
+            raise HeygemError(f"--render torch draws the landmark engine's mouths without a restorer, not with "
+                              f"--restorer {restorer}: use --restorer none or --render numpy")
+        return LandmarkTorchRender(prepared, config)
     if wanted == "torch" and engine_name != "wav2lip":
-        raise HeygemError(f"--render torch works with the wav2lip engine, not with {engine_name}")
+        raise HeygemError(f"--render torch works with the wav2lip and landmark engines, not with {engine_name}")
     on_gpu = config.engine.device != "cpu" and gpu_present()
     if wanted == "torch" or (wanted == "auto" and engine_name == "wav2lip" and on_gpu):
         return GpuRender(prepared, config)
@@ -182,19 +188,12 @@ class _HostBuffer:
         self.array = self.tensor.numpy()
 
 
-class GpuRender:
-    """Steps 5c-5e on the GPU for the wav2lip engine, frames on the device from upload to download.
-
-    Two stages. "render", per batch: cut each face's region out of the I420 frames into a
-    page-locked buffer, upload it, crop every face to 96x96 (heygem.gpu_blend), run the generator
-    on the masked crops and the mel windows, sharpen what it changed (--restorer sharpen), paste
-    the patches back with the feathered, colour-matched lower-face mask, restore the pasted lower
-    face with GFPGAN (--restorer gfpgan: aligned, restored and blended back on the device,
-    heygem.restore_gfpgan), and queue the copy back. "paste": wait for that copy and put the
-    regions back into the frames. So while one batch's bytes come back and are pasted, the next
-    batch is cut out and queued on the GPU: nothing in "render" waits for the device. Only the
-    bytes under the masks change; ffmpeg gets the I420 frames as they come back.
-    """
+class _RegionRender:
+    """Two stages shared by the device render paths. "render", per batch: cut each face's region out
+    of the I420 frames into a host buffer (page-locked on CUDA), upload it, draw on the device and
+    queue the copy back (``_render``, per class). "paste": wait for that copy and put the regions
+    back into the frames. So while one batch's bytes come back and are pasted, the next batch is
+    cut out and queued on the device: nothing in "render" waits for it."""
 
     bytes_per_pixel = 1.5  # batches stay I420
 
@@ -212,13 +211,12 @@ class GpuRender:
         import torch
 
         for batch in batches:
-            rows = [row for row, face in enumerate(batch.faces) if face is not None]
-            if not rows:
-                yield _Downloading(batch)
-                continue
             with torch.inference_mode():
-                downloading = self._render(batch, rows, self.prepared.engine)
+                downloading = self._render(batch)
             yield downloading
+
+    def _render(self, batch: FrameBatch) -> _Downloading:
+        raise NotImplementedError
 
     def paste(self, items: Iterator[_Downloading]) -> Iterator[FrameBatch]:
         """Put each batch's regions back into its frames once they are back from the device."""
@@ -233,12 +231,68 @@ class GpuRender:
                     self._free.append(item.buffer)
             yield item.batch
 
-    def _render(self, batch: FrameBatch, rows: list[int], engine) -> _Downloading:
+    def _upload(self, batch: FrameBatch, rows: list[int], origins: np.ndarray, height: int, width: int, device):
+        """Cut the regions at ``origins`` ((F, 2) even x, y, ``height`` x ``width`` each) out of the
+        batch's frames ``rows`` into a free host buffer and queue their upload. Returns (buffer,
+        regions_host (F, height * 3/2, width) uint8 view of it, regions_pinned (the same bytes as a
+        tensor), planes (the regions on ``device``))."""
+        shape = (len(rows), height * 3 // 2, width)
+        size = int(np.prod(shape))
+        buffer = self._take_buffer(size, device)
+        regions_host = buffer.array[:size].reshape(shape)  # (F, Hc * 3/2, Wc)
+        for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
+            region_plane[...] = frame_window
+        regions_pinned = buffer.tensor[:size].view(shape)  # the same bytes, as a tensor
+        planes = regions_pinned.to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+        return buffer, regions_host, regions_pinned, planes
+
+    @staticmethod
+    def _download(batch: FrameBatch, rows: list[int], origins: np.ndarray, buffer: _HostBuffer,
+                  regions_host: np.ndarray, regions_pinned, planes) -> _Downloading:
+        """Queue the copy of ``planes`` back into the buffer, after the work queued on them."""
+        import torch
+
+        regions_pinned.copy_(planes, non_blocking=True)
+        done = None
+        if planes.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return _Downloading(batch, rows, origins, buffer, regions_host, done)
+
+    def _take_buffer(self, size: int, device) -> _HostBuffer:
+        """A free host buffer of at least ``size`` bytes (a new one, with room to spare, when none is)."""
+        with self._free_lock:
+            for index, buffer in enumerate(self._free):
+                if buffer.array.size >= size:
+                    return self._free.pop(index)
+            if self._free:  # too small for this batch's regions: let it go
+                self._free.pop(0)
+        return _HostBuffer(max(size + size // 4, 1 << 20), pinned=device.type == "cuda")
+
+
+class GpuRender(_RegionRender):
+    """Steps 5c-5e on the GPU for the wav2lip engine, frames on the device from upload to download.
+
+    Two stages (see _RegionRender). "render", per batch: cut each face's region out of the I420
+    frames into a page-locked buffer, upload it, crop every face to 96x96 (heygem.gpu_blend), run
+    the generator on the masked crops and the mel windows, sharpen what it changed (--restorer
+    sharpen), paste the patches back with the feathered, colour-matched lower-face mask, restore
+    the pasted lower face with GFPGAN (--restorer gfpgan: aligned, restored and blended back on the
+    device, heygem.restore_gfpgan), and queue the copy back. "paste": wait for that copy and put the
+    regions back into the frames. Only the bytes under the masks change; ffmpeg gets the I420
+    frames as they come back.
+    """
+
+    def _render(self, batch: FrameBatch) -> _Downloading:
         import torch
 
         from heygem import gpu_blend
         from heygem.engines.wav2lip import FACE_SIZE
 
+        rows = [row for row, face in enumerate(batch.faces) if face is not None]
+        if not rows:
+            return _Downloading(batch)
+        engine = self.prepared.engine
         device = engine.device
         restoration = self.prepared.restoration
         frame_height, frame_width = batch.frames_i420.shape[1] * 2 // 3, batch.frames_i420.shape[2]
@@ -250,14 +304,8 @@ class GpuRender:
         # Only each face's region travels: the same even-sized region around every box, as I420
         canvas = gpu_blend.face_canvas(np.array(rows), region_boxes, frame_height, frame_width, "cpu")
         origins = canvas.origin.numpy()  # (F, 2) even x, y
-        shape = (len(rows), canvas.height * 3 // 2, canvas.width)
-        size = int(np.prod(shape))
-        buffer = self._take_buffer(size, device)
-        regions_host = buffer.array[:size].reshape(shape)  # (F, Hc * 3/2, Wc)
-        for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
-            region_plane[...] = frame_window
-        regions_pinned = buffer.tensor[:size].view(shape)  # the same bytes, as a tensor
-        planes = regions_pinned.to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+        buffer, regions_host, regions_pinned, planes = self._upload(batch, rows, origins, canvas.height,
+                                                                    canvas.width, device)
         # host arrays: the GPU steps take them as they are, without waiting for the device
         frame_index = np.arange(len(rows))  # each face on a region of its own
         shift = np.concatenate([origins, origins], axis=1)  # (F, 4)
@@ -276,22 +324,42 @@ class GpuRender:
         if restoration.name == "gfpgan":
             restoration.network.restore_regions(planes, boxes, landmarks, restoration.strength,
                                                 feather=self.config.blend.feather)
-        regions_pinned.copy_(planes, non_blocking=True)  # back into the buffer, queued after the work above
-        done = None
-        if device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-        return _Downloading(batch, rows, origins, buffer, regions_host, done)
+        # back into the buffer, queued after the work above
+        return self._download(batch, rows, origins, buffer, regions_host, regions_pinned, planes)
 
-    def _take_buffer(self, size: int, device) -> _HostBuffer:
-        """A free host buffer of at least ``size`` bytes (a new one, with room to spare, when none is)."""
-        with self._free_lock:
-            for index, buffer in enumerate(self._free):
-                if buffer.array.size >= size:
-                    return self._free.pop(index)
-            if self._free:  # too small for this batch's regions: let it go
-                self._free.pop(0)
-        return _HostBuffer(max(size + size // 4, 1 << 20), pinned=device.type == "cuda")
+
+class LandmarkTorchRender(_RegionRender):
+    """Steps 5c-5e for the landmark engine with torch (--render torch), on the engine's --device.
+
+    Two stages (see _RegionRender). "render", per batch: the engine's mouth shapes advance over
+    every frame as on the CPU path (LandmarkEngine._jobs), each face with landmarks gets a region
+    around the window the CPU engine reads, the per-face geometry and colours are computed on the
+    host (the remembered teeth colour in frame order) and every mouth of the batch is drawn in one
+    batched pass on the device (heygem.engines.landmark_torch); "paste" puts the regions back. Only
+    the bytes under each face's mask change.
+    """
+
+    def __init__(self, prepared: Prepared, config: Config):
+        super().__init__(prepared, config)
+        self._device = None  # picked with the first batch (torch is imported then)
+
+    def _render(self, batch: FrameBatch) -> _Downloading:
+        from heygem.device import pick_device
+        from heygem.engines import landmark_torch
+
+        engine = self.prepared.engine
+        # the mouth shapes advance with every frame, face or not
+        jobs = engine._jobs(batch.faces, self.prepared.mel_windows(batch.output_indices))
+        frame_size = (batch.frames_i420.shape[2], batch.frames_i420.shape[1] * 2 // 3)
+        layout = landmark_torch.region_layout(jobs, frame_size, engine.region_margin)
+        if layout is None:
+            return _Downloading(batch)
+        if self._device is None:
+            self._device = pick_device(self.config.engine.device)
+        buffer, regions_host, regions_pinned, planes = self._upload(batch, layout.rows, layout.origins, layout.height,
+                                                                    layout.width, self._device)
+        landmark_torch.draw_mouths(planes, layout.faces, frame_size, self.config.blend, engine.teeth, regions_host)
+        return self._download(batch, layout.rows, layout.origins, buffer, regions_host, regions_pinned, planes)
 
 
 def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], origins: np.ndarray):

@@ -1,0 +1,258 @@
+"""The landmark engine's batched torch drawing (on the CPU) against the CPU engine's generate_i420.
+
+Frames and landmarks are bench_landmark.py's: the bundled portrait drifting over a 640x360
+frame, its face-mesh landmarks found with mediapipe once per distinct frame.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from bench_landmark import make_frames, speech_windows
+from conftest import ASSETS, decode_frames, run_ffmpeg
+
+from heygem import audio, media
+from heygem.config import BlendConfig, EngineConfig, load_config
+from heygem.engines import landmark_torch
+from heygem.engines.landmark import LandmarkEngine, MouthGeometry, patch_box
+from heygem.errors import HeygemError
+from heygem.flow import StageClock
+from heygem.pipeline import generate
+from heygem.render import (
+    CpuRender,
+    LandmarkTorchRender,
+    Prepared,
+    _region_windows,
+    choose_render,
+)
+from heygem.types import EngineBatch, Face, FrameBatch
+
+WIDTH, HEIGHT = 640, 360
+FPS = 25.0
+BLEND = BlendConfig()
+
+
+@pytest.fixture(scope="module")
+def sample():
+    """(8, H * 3/2, W) I420 frames of the drifting portrait and their (468, 2) landmarks."""
+    frames_bgr, landmarks = make_frames(WIDTH, HEIGHT)
+    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for frame in frames_bgr])
+    return frames_i420, landmarks
+
+
+def with_faces(frames_i420: np.ndarray, landmarks: list) -> list[Face]:
+    return [Face(box=(0, 0, WIDTH, HEIGHT), landmarks=points) for points in landmarks]
+
+
+def cpu_render(frames_i420: np.ndarray, faces: list, windows: np.ndarray) -> tuple[np.ndarray, LandmarkEngine]:
+    """The frames with the CPU engine's finished windows pasted in, and the engine after them."""
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    frames = frames_i420.copy()
+    for frame, window in zip(frames, engine.generate_i420(frames_i420, faces, windows, BLEND)):
+        if window is not None:
+            media.paste_i420_window(frame, window.box, window.planes)
+    return frames, engine
+
+
+def torch_render(frames_i420: np.ndarray, faces: list, windows: np.ndarray) -> tuple[np.ndarray, LandmarkEngine]:
+    """The same frames drawn by landmark_torch on CPU tensors, regions cut and pasted as the render stage does."""
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    jobs = engine._jobs(faces, windows)
+    frames = frames_i420.copy()
+    layout = landmark_torch.region_layout(jobs, (WIDTH, HEIGHT))
+    if layout is None:
+        return frames, engine
+    regions = np.empty((len(layout.rows), layout.height * 3 // 2, layout.width), np.uint8)
+    for region_plane, frame_window in _region_windows(regions, frames, layout.rows, layout.origins):
+        region_plane[...] = frame_window
+    planes = torch.from_numpy(regions.copy())
+    with torch.inference_mode():
+        landmark_torch.draw_mouths(planes, layout.faces, (WIDTH, HEIGHT), BLEND, engine.teeth, regions)
+    for region_plane, frame_window in _region_windows(planes.numpy(), frames, layout.rows, layout.origins):
+        frame_window[...] = region_plane
+    return frames, engine
+
+
+def to_bgr(frame_i420: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(frame_i420, cv2.COLOR_YUV2BGR_I420).astype(np.int32)
+
+
+def changed_pixels(frame_i420: np.ndarray, source_i420: np.ndarray) -> np.ndarray:
+    """(H, W) bool: pixels whose Y byte or 2x2 block's U/V bytes differ from the source."""
+    y, u, v = media.i420_planes(frame_i420)
+    source_y, source_u, source_v = media.i420_planes(source_i420)
+    chroma = (u != source_u) | (v != source_v)
+    return (y != source_y) | np.kron(chroma, np.ones((2, 2), bool)).astype(bool)
+
+
+def box_mask(landmarks: np.ndarray) -> np.ndarray:
+    """(H, W) bool: the face's patch box, where the engines may change pixels (even-widened)."""
+    box = patch_box(MouthGeometry.from_landmarks(landmarks), WIDTH, HEIGHT)
+    x1, y1, x2, y2 = media.even_box(box, WIDTH, HEIGHT)
+    inside = np.zeros((HEIGHT, WIDTH), bool)
+    inside[y1:y2, x1:x2] = True
+    return inside
+
+
+def dark_pixels(frame_i420: np.ndarray, landmarks: np.ndarray) -> int:
+    """Dark pixels (an open mouth's cavity) from corner to corner, nose to chin."""
+    x1, x2 = int(landmarks[61, 0]) - 4, int(landmarks[291, 0]) + 4
+    y1, y2 = int(landmarks[2, 1]), int(landmarks[152, 1])
+    return int((media.i420_planes(frame_i420)[0][y1:y2, x1:x2] < 60).sum())
+
+
+def test_torch_drawing_matches_the_cpu_engine_frame_by_frame(sample):
+    frames_i420, landmarks = sample
+    count = 16  # speech that opens and closes the mouth, over the 8 distinct frames twice
+    frames = frames_i420[np.arange(count) % len(frames_i420)]
+    faces = with_faces(frames, [landmarks[index % len(landmarks)] for index in range(count)])
+    windows = speech_windows(count + 40)[40:]
+    expected, cpu_engine = cpu_render(frames, faces, windows)
+    drawn, torch_engine = torch_render(frames, faces, windows)
+    for index in range(count):
+        on_cpu, on_torch = changed_pixels(expected[index], frames[index]), changed_pixels(drawn[index], frames[index])
+        assert on_torch.sum() > 1000  # every frame's mouth moved
+        # the same pixels change: a few differ where the mask's edge rounds to 0 on one side only
+        assert (on_cpu ^ on_torch).sum() <= 0.01 * on_cpu.sum()
+        # and to the same values: measured 0.01 grey levels on average, at most 4, over the changed area
+        difference = np.abs(to_bgr(expected[index]) - to_bgr(drawn[index])).max(axis=2)
+        area = on_cpu | on_torch
+        assert difference[area].mean() < 0.1 and difference.max() <= 16
+        # nothing outside the face's patch box changes
+        assert not on_torch[~box_mask(faces[index].landmarks)].any()
+    # the remembered teeth colour advanced over the same frames
+    np.testing.assert_allclose(torch_engine.teeth.bgr, cpu_engine.teeth.bgr, atol=1e-3)
+    # the engines' mouth shapes advanced alike
+    np.testing.assert_array_equal(torch_engine.shapes.update(windows[:2]).openness,
+                                  cpu_engine.shapes.update(windows[:2]).openness)
+
+
+def test_an_open_target_opens_the_mouth(sample):
+    frames_i420, landmarks = sample
+    frame = frames_i420[:1]
+    region = landmark_torch.region_layout([(0, landmarks[0], 1.2, 0.0)], (WIDTH, HEIGHT))
+    regions = np.empty((1, region.height * 3 // 2, region.width), np.uint8)
+    for region_plane, frame_window in _region_windows(regions, frame, region.rows, region.origins):
+        region_plane[...] = frame_window
+    planes = torch.from_numpy(regions.copy())
+    changed = landmark_torch.draw_mouths(planes, region.faces, (WIDTH, HEIGHT), BLEND, None)
+    assert changed.tolist() == [True]
+    opened = frame.copy()
+    for region_plane, frame_window in _region_windows(planes.numpy(), opened, region.rows, region.origins):
+        frame_window[...] = region_plane
+    before, after = dark_pixels(frame[0], landmarks[0]), dark_pixels(opened[0], landmarks[0])
+    assert after > before + 100, (before, after)
+
+
+@pytest.fixture(scope="module")
+def closed_sample(sample):
+    """The first frame with its mouth closed by the CPU engine (silence), and its re-detected landmarks."""
+    import mediapipe as mp
+
+    frames_i420, landmarks = sample
+    silence = np.full((8, 80, 16), -4.0, np.float32)
+    frames = np.repeat(frames_i420[:1], 8, axis=0)
+    closed, _ = cpu_render(frames, with_faces(frames, [landmarks[0]] * 8), silence)
+    closed_bgr = cv2.cvtColor(closed[-1], cv2.COLOR_YUV2BGR_I420)
+    with mp.solutions.face_mesh.FaceMesh(static_image_mode=True, max_num_faces=1) as mesh:
+        found = mesh.process(cv2.cvtColor(closed_bgr, cv2.COLOR_BGR2RGB)).multi_face_landmarks[0].landmark
+    closed_landmarks = np.array([[point.x * WIDTH, point.y * HEIGHT] for point in found], np.float32)
+    return closed[-1:], closed_landmarks
+
+
+def test_a_closed_mouth_with_a_closed_target_keeps_its_bytes(closed_sample):
+    frame, landmarks = closed_sample
+    silence = np.full((4, 80, 16), -4.0, np.float32)
+    frames = np.repeat(frame, 4, axis=0)
+    faces = with_faces(frames, [landmarks] * 4)
+    patches = LandmarkEngine(EngineConfig(), FPS).generate(EngineBatch(
+        frame_indices=np.arange(4), frames_bgr=media.i420_batch_to_bgr(frames), faces=faces, mel_windows=silence,
+        fps=FPS))
+    assert all(patch is not None and not patch.mask.any() for patch in patches)  # the CPU engine's all-zero masks
+    drawn, _ = torch_render(frames, faces, silence)
+    np.testing.assert_array_equal(drawn, frames)
+
+
+def test_frames_without_a_face_or_landmarks_keep_their_bytes(sample):
+    frames_i420, landmarks = sample
+    frames = frames_i420[:4].copy()
+    faces = [Face(box=(0, 0, WIDTH, HEIGHT), landmarks=landmarks[0]), None,
+             Face(box=(0, 0, WIDTH, HEIGHT), landmarks=None), Face(box=(0, 0, WIDTH, HEIGHT), landmarks=landmarks[3])]
+    windows = speech_windows(44)[40:]
+    expected, _ = cpu_render(frames, faces, windows)
+    drawn, _ = torch_render(frames, faces, windows)
+    np.testing.assert_array_equal(drawn[1:3], frames[1:3])
+    for index in (0, 3):
+        assert changed_pixels(drawn[index], frames[index]).sum() > 1000
+        assert np.abs(to_bgr(expected[index]) - to_bgr(drawn[index])).mean() < 0.05
+
+
+def prepared_for(engine: LandmarkEngine, frame_count: int) -> Prepared:
+    mel_future, engine_future = Future(), Future()
+    mel_future.set_result((audio.melspectrogram(audio.load_audio_16k(ASSETS / "speech_en.wav")), 0.0))
+    engine_future.set_result((engine, 0.0))
+    return Prepared(mel_future, engine_future, frame_count, FPS, StageClock())
+
+
+def test_the_render_stages_give_the_frames_of_the_cpu_engine(sample):
+    """LandmarkTorchRender's two stages over batches with a frame without a face and one without landmarks."""
+    frames_i420, landmarks = sample
+    count = 12
+    frames = frames_i420[np.arange(count) % len(frames_i420)]
+    faces: list = with_faces(frames, [landmarks[index % len(landmarks)] for index in range(count)])
+    faces[2] = None
+    faces[7] = Face(box=(0, 0, WIDTH, HEIGHT), landmarks=None)
+    config = load_config(overrides={"engine.name": "landmark", "run.render": "torch", "engine.device": "cpu"})
+    cpu_engine, torch_engine = LandmarkEngine(EngineConfig(), FPS), LandmarkEngine(EngineConfig(), FPS)
+    render = choose_render("landmark", prepared_for(torch_engine, count), config)
+    assert isinstance(render, LandmarkTorchRender)
+    batches = [FrameBatch(output_indices=np.arange(start, start + 6), source_indices=np.arange(start, start + 6),
+                          frames_i420=frames[start:start + 6].copy(), faces=faces[start:start + 6])
+                   for start in (0, 6)]
+    rendered, paste = (stage.run for stage in render.stages())
+    drawn = np.concatenate([batch.frames_i420 for batch in paste(rendered(iter(batches)))])
+
+    cpu_prepared = prepared_for(cpu_engine, count)
+    expected = frames.copy()
+    windows = cpu_engine.generate_i420(frames, faces, cpu_prepared.mel_windows(np.arange(count)), BLEND)
+    for frame, window in zip(expected, windows):
+        if window is not None:
+            media.paste_i420_window(frame, window.box, window.planes)
+    np.testing.assert_array_equal(drawn[[2, 7]], frames[[2, 7]])
+    for index in set(range(count)) - {2, 7}:
+        assert changed_pixels(drawn[index], frames[index]).sum() > 1000
+        assert np.abs(to_bgr(expected[index]) - to_bgr(drawn[index])).mean() < 0.05
+
+
+def test_render_choice_for_the_landmark_engine():
+    prepared = prepared_for(LandmarkEngine(EngineConfig(), FPS), 1)
+    auto = load_config(overrides={"engine.name": "landmark", "run.render": "auto"})
+    assert isinstance(choose_render("landmark", prepared, auto), CpuRender)  # until it is measured on a GPU
+    on_torch = load_config(overrides={"engine.name": "landmark", "run.render": "torch"})
+    with pytest.raises(HeygemError, match="--restorer none or --render numpy"):
+        choose_render("landmark", prepared, on_torch, restorer="gfpgan")
+
+
+def test_generate_with_the_torch_render_path(tmp_path, face_video, media_dir):
+    speech = media_dir / "one second for the landmark engine.wav"
+    run_ffmpeg("-i", str(face_video), "-t", "1", "-vn", str(speech))
+    # lossless x264, so that the frames compare as drawn (at --crf 18 the encoder's choices alone differ by
+    # ~3.7 grey levels on average over the mouth)
+    options = {"run.avatar_cache": False, "engine.name": "landmark", "engine.device": "cpu", "media.crf": 0}
+    on_torch = generate(face_video, speech, tmp_path / "torch.mp4", overrides={**options, "run.render": "torch"})
+    on_cpu = generate(face_video, speech, tmp_path / "cpu.mp4", overrides={**options, "run.render": "numpy"})
+    assert on_torch.engine == on_cpu.engine == "landmark"
+    assert "render" in on_torch.seconds_per_stage and "blend" in on_cpu.seconds_per_stage
+    torch_frames = decode_frames(tmp_path / "torch.mp4").astype(int)
+    cpu_frames = decode_frames(tmp_path / "cpu.mp4").astype(int)
+    source = decode_frames(face_video)[: len(torch_frames)].astype(int)
+    assert len(torch_frames) == len(cpu_frames) == on_torch.frames == 30
+    changed = np.abs(torch_frames - source).max(axis=3) > 20  # (N, H, W) the mouth moved
+    assert changed.sum() > 30 * 50
+    # both paths draw the same mouths: measured 0.001 grey levels on average, 0.07 over the moved mouth
+    assert np.abs(torch_frames - cpu_frames).mean() < 0.02
+    assert np.abs(torch_frames - cpu_frames)[changed].mean() < 0.5

@@ -53,6 +53,7 @@ CONFIGURATIONS: dict[str, tuple[str, dict, bool]] = {
     "landmark cold cache": ("landmark", {}, True),
     "landmark warm cache": ("landmark", {}, False),
     "landmark warm cache, second job": ("landmark", {}, False),
+    "landmark torch render, second job": ("landmark", {"run.render": "torch"}, False),
 }
 
 

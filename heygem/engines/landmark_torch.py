@@ -312,7 +312,7 @@ def _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth):
 
     mouth_width = scalar("mouth_width")
     position = (u - scalar("inner_centre")) / mouth_width  # (P, h, w) across the mouth, in mouth widths
-    edges = torch.from_numpy(TOOTH_EDGES).to(u.device)
+    edges = torch.from_numpy(TOOTH_EDGES).to(u.device, non_blocking=True)  # no wait for the device's queue
     right_index = torch.searchsorted(edges, position.contiguous()).clamp(1, len(TOOTH_EDGES) - 1)
     left_edge, right_edge = edges[right_index - 1], edges[right_index]
     within_tooth = ((position - (left_edge + right_edge) / 2) / ((right_edge - left_edge) / 2)).clamp(-1.0, 1.0)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from heygem.blend import LOWER_FACE_POINTS
+from heygem.blend import LOWER_FACE_POINTS, MIN_EDGE_PIXELS
 from heygem.restore import CHANGE_THRESHOLD
 
 FACE_SIZE = 96  # the Wav2Lip generator's input and output size
@@ -42,7 +42,6 @@ _B_FROM_U = 2116026 / _SCALE
 _CUBIC_A = -0.75  # OpenCV's INTER_CUBIC kernel parameter
 _ELLIPSE_VERTICES = 48  # a fallback ellipse is this polygon; under half a pixel off for 300-pixel boxes
 _NO_EDGE = 1.0e9  # distance reported by padding edges of a hull, so they never win the minimum
-_MIN_EDGE_PIXELS = 16  # as blend.match_colour: fewer soft-edge pixels than this and the colour stays
 _EDGES_AT_ONCE = 8  # hull edges whose distances are computed in one pass (F x 8 canvases of float32)
 
 
@@ -302,9 +301,14 @@ def crop_faces(planes: torch.Tensor, frame_index, boxes, size: int = FACE_SIZE) 
     return crops.round_().clamp_(0.0, 255.0).div_(255.0)  # rounded like OpenCV's uint8 result
 
 
-def _gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Separable Gaussian blur of (B, C, h, w) with OpenCV's float kernel size and BORDER_REFLECT_101."""
-    radius = round(sigma * 4)  # OpenCV's kernel for float images: 2 * round(4 sigma) + 1 taps
+def gaussian_radius(sigma: float) -> int:
+    """Half the tap count of OpenCV's Gaussian kernel for float images and ksize 0: round(8 sigma + 1) taps, made odd."""
+    return (round(8.0 * float(sigma) + 1.0) | 1) // 2
+
+
+def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
+    """cv2.GaussianBlur(images, (0, 0), sigma) of (B, C, h, w) float32: separable, BORDER_REFLECT_101."""
+    radius = gaussian_radius(sigma)
     taps = torch.arange(-radius, radius + 1, device=images.device, dtype=torch.float32)
     kernel = torch.exp(-(taps ** 2) / (2 * sigma * sigma))
     kernel = kernel / kernel.sum()  # (K,)
@@ -326,9 +330,9 @@ def sharpen_changed(generated: torch.Tensor, source_crops: torch.Tensor, strengt
     if strength <= 0:
         return generated
     generated = generated.float()
-    blurred = _gaussian_blur(generated, 1.0)  # (F, 3, S, S)
+    blurred = gaussian_blur(generated, 1.0)  # (F, 3, S, S)
     difference = (generated - source_crops.float()).abs_().amax(dim=1, keepdim=True)  # (F, 1, S, S)
-    changed = _gaussian_blur((difference > CHANGE_THRESHOLD / 255.0).float(), 2.0)  # (F, 1, S, S) in [0, 1]
+    changed = gaussian_blur((difference > CHANGE_THRESHOLD / 255.0).float(), 2.0)  # (F, 1, S, S) in [0, 1]
     detail = generated - blurred  # (F, 3, S, S)
     return (generated + strength * changed * detail).clamp_(0.0, 1.0)
 
@@ -493,7 +497,7 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
         edge_count = edge.sum(dim=1)  # (F,)
         difference = torch.einsum("fcp,fp->fc", (regions - scaled).flatten(2), edge)  # (F, 3) summed over the band
         shift = difference / edge_count.clamp(min=1)[:, None]  # (F, 3) mean colour difference
-        shift = torch.where((edge_count >= _MIN_EDGE_PIXELS)[:, None], shift, torch.zeros_like(shift))
+        shift = torch.where((edge_count >= MIN_EDGE_PIXELS)[:, None], shift, torch.zeros_like(shift))
         scaled += shift[:, :, None, None]
     blend_canvas(planes, canvas, regions, scaled, masks, chroma)
 
@@ -525,4 +529,4 @@ def blend_canvas(planes: torch.Tensor, canvas: FaceCanvas, regions: torch.Tensor
 
 
 __all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "blend_canvas", "crop_faces", "face_canvas", "face_masks",
-           "gather_canvas", "i420_to_bgr", "paste_faces", "sharpen_changed", "split_planes"]
+           "gather_canvas", "gaussian_blur", "gaussian_radius", "i420_to_bgr", "paste_faces", "sharpen_changed", "split_planes"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from heygem.blend import MIN_EDGE_PIXELS
 from heygem.config import BlendConfig
 from heygem.engines.landmark import (
     LOWER_INNER,
@@ -46,7 +47,6 @@ from heygem.engines.landmark import (
 LEVELS = NECK + 1  # 7 levels per column
 # Rows of the per-face column table: the 7 target levels, the 7 source levels, closing, interior.
 TABLE_ROWS = 2 * LEVELS + 2
-MIN_EDGE_PIXELS = 16  # as blend.colour_shift
 INTERIOR_BLUR_SIGMA = 0.6  # as render_interior's final blur
 
 
@@ -209,17 +209,14 @@ def _smoothstep(edge0, edge1, x):
     return t * t * (3.0 - 2.0 * t)
 
 
-def _kernel_radius(sigma: float) -> int:
-    """Half the tap count of OpenCV's Gaussian kernel for float images: round(8 sigma + 1) taps, made odd."""
-    return (round(8.0 * float(sigma) + 1.0) | 1) // 2
-
-
 def _gaussian_kernels(sigmas, device):
-    """(P, K) float32 Gaussian kernels as OpenCV builds them for float images (see _kernel_radius;
+    """(P, K) float32 Gaussian kernels as OpenCV builds them for float images (gpu_blend.gaussian_radius;
     normalised), each centred in the batch's largest length K (zeros around the shorter ones)."""
     import torch
 
-    radii = [_kernel_radius(sigma) for sigma in sigmas]
+    from heygem.gpu_blend import gaussian_radius
+
+    radii = [gaussian_radius(sigma) for sigma in sigmas]
     radius = max(radii)
     taps = np.arange(-radius, radius + 1, dtype=np.float64)
     kernels = np.zeros((len(sigmas), 2 * radius + 1), np.float64)
@@ -241,22 +238,6 @@ def _blur(images, kernels):
     flat = functional.conv2d(flat, weight[:, None, None, :], padding=(0, radius), groups=faces * channels)
     flat = functional.conv2d(flat, weight[:, None, :, None], padding=(radius, 0), groups=faces * channels)
     return flat.view(faces, channels, height, width)
-
-
-def _reflect_blur(images, sigma: float):
-    """cv2.GaussianBlur(images, (0, 0), sigma) of (P, C, h, w) float32, with its reflect-101 border."""
-    import torch
-    from torch.nn import functional
-
-    radius = _kernel_radius(sigma)
-    taps = torch.arange(-radius, radius + 1, device=images.device, dtype=torch.float32)
-    kernel = torch.exp(-(taps**2) / (2.0 * sigma * sigma))
-    kernel = kernel / kernel.sum()  # (K,)
-    faces, channels, height, width = images.shape
-    padded = functional.pad(images.reshape(faces * channels, 1, height, width), (radius,) * 4, mode="reflect")
-    blurred = functional.conv2d(padded, kernel.view(1, 1, 1, -1))
-    blurred = functional.conv2d(blurred, kernel.view(1, 1, -1, 1))
-    return blurred.view(faces, channels, height, width)
 
 
 def _column_values(table, position):
@@ -372,7 +353,9 @@ def _interior(u, u_column, v, levels, closing, weight, scalar, lips, teeth):
     colour = _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth)
     seam_only = (seam > coverage)[:, None]  # (P, 1, h, w)
     colour = torch.where(seam_only, lips * 0.45, colour)
-    return _reflect_blur(colour, INTERIOR_BLUR_SIGMA), alpha
+    from heygem.gpu_blend import gaussian_blur
+
+    return gaussian_blur(colour, INTERIOR_BLUR_SIGMA), alpha
 
 
 def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:

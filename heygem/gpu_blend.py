@@ -493,13 +493,19 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
     scaled = scaled.clamp_(0.0, 255.0)
 
     if color_match:
-        edge = colour_band.float().flatten(1)  # (F, Hc * Wc)
-        edge_count = edge.sum(dim=1)  # (F,)
-        difference = torch.einsum("fcp,fp->fc", (regions - scaled).flatten(2), edge)  # (F, 3) summed over the band
-        shift = difference / edge_count.clamp(min=1)[:, None]  # (F, 3) mean colour difference
-        shift = torch.where((edge_count >= MIN_EDGE_PIXELS)[:, None], shift, torch.zeros_like(shift))
-        scaled += shift[:, :, None, None]
+        scaled += colour_shift(regions, scaled, colour_band)[:, :, None, None]
     blend_canvas(planes, canvas, regions, scaled, masks, chroma)
+
+
+def colour_shift(frame: torch.Tensor, patch: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
+    """(F, 3) what to add to each patch so that its mean colour over ``band`` matches the frame's, as
+    blend.colour_shift: frame and patch (F, 3, h, w), band (F, 1, h, w) bool; 0 for a face whose band
+    has fewer than blend.MIN_EDGE_PIXELS pixels."""
+    edge = band.float().flatten(1)  # (F, h * w)
+    edge_count = edge.sum(dim=1)  # (F,)
+    difference = torch.einsum("fcp,fp->fc", (frame - patch).flatten(2), edge)  # (F, 3) summed over the band
+    shift = difference / edge_count.clamp(min=1)[:, None]  # (F, 3) mean colour difference
+    return torch.where((edge_count >= MIN_EDGE_PIXELS)[:, None], shift, torch.zeros_like(shift))
 
 
 def blend_canvas(planes: torch.Tensor, canvas: FaceCanvas, regions: torch.Tensor, new_pixels: torch.Tensor,
@@ -528,5 +534,5 @@ def blend_canvas(planes: torch.Tensor, canvas: FaceCanvas, regions: torch.Tensor
             rows_view[rows[face, row], columns[face, column]] = values[face, row, column]
 
 
-__all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "blend_canvas", "crop_faces", "face_canvas", "face_masks",
+__all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "blend_canvas", "colour_shift", "crop_faces", "face_canvas", "face_masks",
            "gather_canvas", "gaussian_blur", "gaussian_radius", "i420_to_bgr", "paste_faces", "sharpen_changed", "split_planes"]

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from heygem.blend import MIN_EDGE_PIXELS
 from heygem.config import BlendConfig
 from heygem.engines.landmark import (
     LOWER_INNER,
@@ -363,7 +362,13 @@ def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:
     import torch
     from torch.nn import functional
 
-    from heygem.gpu_blend import bgr_to_i420, i420_to_bgr, split_planes, to_device
+    from heygem.gpu_blend import (
+        bgr_to_i420,
+        colour_shift,
+        i420_to_bgr,
+        split_planes,
+        to_device,
+    )
 
     device = planes.device
     y_all, u_all, v_all = split_planes(planes)
@@ -440,14 +445,8 @@ def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:
 
     # 4. The blend as blend.blend_patch: the patch's colour shifted to the frame's over the mask's soft edge.
     weights = mask[:, None]  # (P, 1, Hc, Wc)
-    if blend.color_match:
-        edge = ((mask > 0.02) & (mask < 0.7)).float().flatten(1)  # (P, Hc * Wc)
-        count = edge.sum(dim=1)  # (P,)
-        frame_sums = torch.einsum("fcp,fp->fc", source.flatten(2), edge)  # (P, 3)
-        patch_sums = torch.einsum("fcp,fp->fc", image.flatten(2), edge)
-        shift = (frame_sums - patch_sums) / count.clamp(min=1.0)[:, None]
-        shift = torch.where((count >= MIN_EDGE_PIXELS)[:, None], shift, torch.zeros_like(shift))
-        image = image + shift[:, :, None, None]
+    if blend.color_match:  # over the mask's soft edge, as blend.blend_patch
+        image = image + colour_shift(source, image, ((mask > 0.02) & (mask < 0.7))[:, None])[:, :, None, None]
     mixed = (source * (1.0 - weights) + image * weights).round_().clamp_(0.0, 255.0)  # (P, 3, Hc, Wc)
 
     # 5. Back to I420 (OpenCV's chroma: each 2x2 block's top-left pixel), written where the mask is above 0.

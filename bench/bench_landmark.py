@@ -11,9 +11,9 @@ count must give the same bytes as ``--workers 0``; the script checks that, and
 ``--save-reference`` / ``--check-reference`` compare against a digest saved by an
 earlier version of the engine. ``--i420`` times generate_i420 instead, the path the
 pipeline takes: I420 frames in, blended I420 windows out (digests under "WxH i420").
-``--torch`` also times the batched torch drawing (heygem.engines.landmark_torch, the
-``--render torch`` path) on ``--device``: regions cut out, uploaded, drawn, copied back and
-pasted, per --batch-frames batch, and says how far its frames are from the CPU engine's.
+``--torch`` also times the ``--render torch`` path (heygem.render.LandmarkTorchRender, drawing
+with heygem.engines.landmark_torch) on ``--device``: regions cut out, uploaded, drawn, copied
+back and pasted, per --batch-frames batch, and says how far its frames are from the CPU engine's.
 """
 
 from __future__ import annotations
@@ -164,57 +164,43 @@ def pasted_frames(batches, windows) -> np.ndarray:
 
 
 def run_torch(batches, device_name: str):
-    """(frames (N, H * 3/2, W) I420 drawn by landmark_torch, seconds per frame after the first batch,
-    seconds of the first batch, device milliseconds per frame after the first batch (CUDA events; None
-    on the CPU)). Each batch: regions cut into a host buffer, uploaded, drawn, copied back, pasted."""
-    import torch
-
-    from heygem.config import BlendConfig, EngineConfig
-    from heygem.device import pick_device
-    from heygem.engines import landmark_torch
+    """(frames (N, H * 3/2, W) I420 drawn by the --render torch path, seconds per frame after the first
+    batch, seconds of the first batch). Each batch goes through heygem.render.LandmarkTorchRender's two
+    stages, one after the other: regions cut into a host buffer, uploaded, drawn (landmark_torch),
+    copied back and pasted."""
+    from heygem.config import Config
     from heygem.engines.landmark import LandmarkEngine
-    from heygem.render import _region_windows
+    from heygem.render import LandmarkTorchRender
+    from heygem.types import FrameBatch
 
-    device = pick_device(device_name)
-    engine = LandmarkEngine(EngineConfig(), FPS)
-    blend = BlendConfig()
-    frame_height, frame_width = batches[0][0].shape[1] * 2 // 3, batches[0][0].shape[2]
-    drawn, device_seconds, first_seconds = [], 0.0, 0.0
-    started = time.perf_counter()
-    for number, (frames_i420, faces, mel_windows) in enumerate(batches):
-        if number == 1:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            first_seconds = time.perf_counter() - started
-            started = time.perf_counter()
-        frames = frames_i420.copy()
-        layout = landmark_torch.region_layout(engine._jobs(faces, mel_windows), (frame_width, frame_height))
-        if layout is not None:
-            regions = torch.empty((len(layout.rows), layout.height * 3 // 2, layout.width), dtype=torch.uint8,
-                                  pin_memory=device.type == "cuda")
-            regions_host = regions.numpy()
-            for region_plane, frame_window in _region_windows(regions_host, frames, layout.rows, layout.origins):
-                region_plane[...] = frame_window
-            if device.type == "cuda":
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-            with torch.inference_mode():
-                planes = regions.to(device, non_blocking=True)
-                landmark_torch.draw_mouths(planes, layout.faces, (frame_width, frame_height), blend, engine.teeth,
-                                           regions_host)
-                regions.copy_(planes, non_blocking=True)
-            if device.type == "cuda":
-                end.record()
-                end.synchronize()
-                if number > 0:
-                    device_seconds += begin.elapsed_time(end) / 1000.0
-            for region_plane, frame_window in _region_windows(regions_host, frames, layout.rows, layout.origins):
-                frame_window[...] = region_plane
-        drawn.append(frames)
+    config = Config()
+    config.engine.device = device_name
+    windows = np.concatenate([batch[2] for batch in batches])  # (N, 80, 16) every frame's mel window
+
+    class Ready:  # what heygem.render.Prepared gives once the engine and the mel are there
+        engine = LandmarkEngine(config.engine, FPS)
+
+        @staticmethod
+        def mel_windows(output_indices):
+            return windows[output_indices]
+
+    render = LandmarkTorchRender(Ready(), config)
+    timing = {"first": 0.0}
+
+    def frame_batches():
+        start, started = 0, time.perf_counter()
+        for number, (frames_i420, faces, _) in enumerate(batches):
+            if number == 1:  # the first batch is back and pasted: CUDA started, kernels loaded
+                timing["first"] = time.perf_counter() - started
+                timing["started"] = time.perf_counter()
+            indices = np.arange(start, start + len(faces))
+            yield FrameBatch(indices, indices, frames_i420.copy(), faces=faces)
+            start += len(faces)
+
+    drawn = [batch.frames_i420 for batch in render.paste(render.render(frame_batches()))]
     steady_frames = sum(len(batch[1]) for batch in batches[1:])
-    per_frame = (time.perf_counter() - started) / max(steady_frames, 1)
-    device_ms = 1000 * device_seconds / max(steady_frames, 1) if device.type == "cuda" else None
-    return np.concatenate(drawn), per_frame, first_seconds, device_ms
+    per_frame = (time.perf_counter() - timing.get("started", time.perf_counter())) / max(steady_frames, 1)
+    return np.concatenate(drawn), per_frame, timing["first"]
 
 
 def digest(patches) -> str:
@@ -307,16 +293,15 @@ def main() -> None:
             torch_batches = batches if args.i420 else i420_batches(batches)
             reference_windows = baseline if args.i420 else run_engine(torch_batches, 0)[0]
             expected_frames = pasted_frames(torch_batches, reference_windows)
-            best, first, device_ms = float("inf"), float("inf"), None
+            best, first = float("inf"), float("inf")
             for _ in range(args.repeats):
-                drawn, per_frame, first_seconds, device_ms = run_torch(torch_batches, args.device)
+                drawn, per_frame, first_seconds = run_torch(torch_batches, args.device)
                 best, first = min(best, per_frame), min(first, first_seconds)
             luma = slice(0, height)
             difference = np.abs(drawn[:, luma].astype(np.int16) - expected_frames[:, luma])
             changed = (drawn[:, luma] != np.concatenate([batch[0] for batch in torch_batches])[:, luma])
-            on_device = "" if device_ms is None else f", device {device_ms:.2f} ms/frame (CUDA events)"
             print(f"{size} torch on {args.device}, batches of {args.batch_frames}: {1000 * best:.2f} ms/frame "
-                  f"({1 / best:.1f} frames/s){on_device}; first batch {first:.2f} s; Y against the CPU engine: "
+                  f"({1 / best:.1f} frames/s); first batch {first:.2f} s; Y against the CPU engine: "
                   f"mean {difference[changed].mean():.3f} over the {int(changed.sum() / len(drawn))} changed "
                   f"bytes per frame, max {int(difference.max())}")
         for threads in args.threads:

@@ -2,7 +2,7 @@
 
     python bench/bench_landmark.py [--sizes 1280x720 1920x1080] [--frames 200] [--workers 0 1 2]
                                    [--save-reference FILE | --check-reference FILE] [--profile] [--i420]
-                                   [--torch [--device cpu|cuda] [--torch-threads N]]
+                                   [--torch [--device cpu|cuda] [--torch-threads N] [--plan-processes N]]
 
 The input is the one bench_pipeline.py makes (the bundled portrait scaled to cover
 the frame, drifting slowly) with the bundled English speech: a few distinct frames
@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -163,13 +164,15 @@ def pasted_frames(batches, windows) -> np.ndarray:
     return frames
 
 
-def run_torch(batches, device_name: str):
+def run_torch(batches, device_name: str, processes: int = 0):
     """(frames (N, H * 3/2, W) I420 drawn by the --render torch path, seconds per frame after the first
-    batch, seconds of the first batch). Each batch goes through heygem.render.LandmarkTorchRender's two
-    stages, one after the other: regions cut into a host buffer, uploaded, drawn (landmark_torch),
-    copied back and pasted."""
+    batch, seconds of the first batch). The batches go through heygem.render.LandmarkTorchRender's
+    stages, each in its own thread as in the pipeline: regions cut into a host buffer and the faces
+    planned (in ``processes`` rendering processes, 0: in the stage's thread), uploaded, drawn
+    (landmark_torch), copied back and pasted."""
     from heygem.config import Config
     from heygem.engines.landmark import LandmarkEngine
+    from heygem.flow import Stage, run_stages
     from heygem.render import LandmarkTorchRender
     from heygem.types import FrameBatch
 
@@ -178,7 +181,7 @@ def run_torch(batches, device_name: str):
     windows = np.concatenate([batch[2] for batch in batches])  # (N, 80, 16) every frame's mel window
 
     class Ready:  # what heygem.render.Prepared gives once the engine and the mel are there
-        engine = LandmarkEngine(config.engine, FPS)
+        engine = LandmarkEngine(config.engine, FPS, workers=processes)
 
         @staticmethod
         def mel_windows(output_indices):
@@ -186,18 +189,33 @@ def run_torch(batches, device_name: str):
 
     render = LandmarkTorchRender(Ready(), config)
     timing = {"first": 0.0}
+    first_out = threading.Event()
 
     def frame_batches():
         start, started = 0, time.perf_counter()
         for number, (frames_i420, faces, _) in enumerate(batches):
-            if number == 1:  # the first batch is back and pasted: CUDA started, kernels loaded
+            if number == 1:  # once the first batch is back and pasted: CUDA started, kernels loaded
+                first_out.wait()
                 timing["first"] = time.perf_counter() - started
                 timing["started"] = time.perf_counter()
             indices = np.arange(start, start + len(faces))
             yield FrameBatch(indices, indices, frames_i420.copy(), faces=faces)
             start += len(faces)
 
-    drawn = [batch.frames_i420 for batch in render.paste(render.render(frame_batches()))]
+    drawn = []
+
+    def keep(items):
+        for batch in items:
+            drawn.append(batch.frames_i420)
+            first_out.set()
+            yield batch
+
+    if processes:
+        Ready.engine.rendering_processes()  # started before the clock, as a job's engine starts them while it loads
+    try:
+        run_stages(frame_batches(), [*render.stages(), Stage("out", keep)], concurrent=True)
+    finally:
+        Ready.engine.close()
     steady_frames = sum(len(batch[1]) for batch in batches[1:])
     per_frame = (time.perf_counter() - timing.get("started", time.perf_counter())) / max(steady_frames, 1)
     return np.concatenate(drawn), per_frame, timing["first"]
@@ -240,6 +258,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where --torch draws: cpu, cuda or cuda:N")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch's CPU threads for --torch on the CPU "
                         "(0: torch's default; 1 is steadier on a busy machine)")
+    parser.add_argument("--plan-processes", type=int, default=0, help="with --torch: rendering processes that "
+                        "plan the faces (geometry and source colours; 0: the plan stage's own thread)")
     parser.add_argument("--i420", action="store_true", help="time generate_i420 (I420 frames in, blended I420 "
                         "windows out, as the pipeline runs the engine) instead of generate (BGR patches)")
     args = parser.parse_args()
@@ -295,12 +315,13 @@ def main() -> None:
             expected_frames = pasted_frames(torch_batches, reference_windows)
             best, first = float("inf"), float("inf")
             for _ in range(args.repeats):
-                drawn, per_frame, first_seconds = run_torch(torch_batches, args.device)
+                drawn, per_frame, first_seconds = run_torch(torch_batches, args.device, args.plan_processes)
                 best, first = min(best, per_frame), min(first, first_seconds)
             luma = slice(0, height)
             difference = np.abs(drawn[:, luma].astype(np.int16) - expected_frames[:, luma])
             changed = (drawn[:, luma] != np.concatenate([batch[0] for batch in torch_batches])[:, luma])
-            print(f"{size} torch on {args.device}, batches of {args.batch_frames}: {1000 * best:.2f} ms/frame "
+            print(f"{size} torch on {args.device}, batches of {args.batch_frames}, {args.plan_processes} planning "
+                  f"processes: {1000 * best:.2f} ms/frame "
                   f"({1 / best:.1f} frames/s); first batch {first:.2f} s; Y against the CPU engine: "
                   f"mean {difference[changed].mean():.3f} over the {int(changed.sum() / len(drawn))} changed "
                   f"bytes per frame, max {int(difference.max())}")

@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -81,15 +82,15 @@ def choose_render(engine_name: str, prepared: Prepared, config: Config, restorer
     from heygem.device import gpu_present
 
     wanted = config.run.render
-    if wanted == "torch" and engine_name == "landmark":
-        if restorer != "none":
-            raise HeygemError(f"--render torch draws the landmark engine's mouths without a restorer, not with "
-                              f"--restorer {restorer}: use --restorer none or --render numpy")
+    on_gpu = wanted == "auto" and config.engine.device != "cpu" and gpu_present()
+    if wanted == "torch" and engine_name == "landmark" and restorer != "none":
+        raise HeygemError(f"--render torch draws the landmark engine's mouths without a restorer, not with "
+                          f"--restorer {restorer}: use --restorer none or --render numpy")
+    if engine_name == "landmark" and (wanted == "torch" or (on_gpu and restorer == "none")):
         return LandmarkTorchRender(prepared, config)
     if wanted == "torch" and engine_name != "wav2lip":
         raise HeygemError(f"--render torch works with the wav2lip and landmark engines, not with {engine_name}")
-    on_gpu = config.engine.device != "cpu" and gpu_present()
-    if wanted == "torch" or (wanted == "auto" and engine_name == "wav2lip" and on_gpu):
+    if wanted == "torch" or (on_gpu and engine_name == "wav2lip"):
         return GpuRender(prepared, config)
     return CpuRender(prepared, config, windows=engine_name == "landmark" and restorer == "none")
 
@@ -164,19 +165,6 @@ class CpuRender:
             yield batch
 
 
-class _Downloading:
-    """A batch whose face regions are on their way back from the device into a page-locked buffer."""
-
-    def __init__(self, batch: FrameBatch, rows: list[int] = (), origins: np.ndarray | None = None,
-                 buffer: _HostBuffer | None = None, regions: np.ndarray | None = None, done=None):
-        self.batch = batch
-        self.rows = rows  # the batch's frames with a face
-        self.origins = origins  # (F, 2) even x, y of each region in its frame
-        self.buffer = buffer  # None: nothing to paste
-        self.regions = regions  # (F, Hc * 3/2, Wc) uint8, a view of the buffer
-        self.done = done  # a torch.cuda.Event recorded after the copy back (None on the CPU: already there)
-
-
 class _HostBuffer:
     """A uint8 host buffer, page-locked on CUDA so that copies to and from the device run at full speed
     and the copy back does not hold up the thread that queued it."""
@@ -188,12 +176,32 @@ class _HostBuffer:
         self.array = self.tensor.numpy()
 
 
+@dataclass
+class _Regions:
+    """The face regions of one batch, cut out of its frames into a host buffer."""
+
+    rows: list[int]  # the batch's frame of each region
+    origins: np.ndarray  # (F, 2) even x, y of each region in its frame
+    buffer: _HostBuffer
+    host: np.ndarray  # (F, Hc * 3/2, Wc) uint8, a view of the buffer
+    pinned: object  # the same bytes as a torch tensor: what is uploaded and copied back into
+
+
+@dataclass
+class _Downloading:
+    """A batch whose face regions are on their way back from the device into their host buffer."""
+
+    batch: FrameBatch
+    regions: _Regions | None = None  # None: nothing to paste
+    done: object = None  # a torch.cuda.Event recorded after the copy back (None on the CPU: already there)
+
+
 class _RegionRender:
-    """Two stages shared by the device render paths. "render", per batch: cut each face's region out
-    of the I420 frames into a host buffer (page-locked on CUDA), upload it, draw on the device and
-    queue the copy back (``_render``, per class). "paste": wait for that copy and put the regions
-    back into the frames. So while one batch's bytes come back and are pasted, the next batch is
-    cut out and queued on the device: nothing in "render" waits for it."""
+    """Stages shared by the device render paths. "render", per batch: cut each face's region out of
+    the I420 frames into a host buffer (page-locked on CUDA; ``_cut``), upload it, draw on the device
+    and queue the copy back (``_render``, per class; ``_download``). "paste": wait for that copy and
+    put the regions back into the frames. So while one batch's bytes come back and are pasted, the
+    next batch is cut out and queued on the device: nothing in "render" waits for it."""
 
     bytes_per_pixel = 1.5  # batches stay I420
 
@@ -207,7 +215,7 @@ class _RegionRender:
     def stages(self) -> list[Stage]:
         return [Stage("render", self.render), Stage("paste", self.paste)]
 
-    def render(self, batches: Iterator[FrameBatch]) -> Iterator[_Downloading]:
+    def render(self, batches: Iterator) -> Iterator[_Downloading]:
         import torch
 
         for batch in batches:
@@ -215,49 +223,47 @@ class _RegionRender:
                 downloading = self._render(batch)
             yield downloading
 
-    def _render(self, batch: FrameBatch) -> _Downloading:
+    def _render(self, batch) -> _Downloading:
         raise NotImplementedError
 
     def paste(self, items: Iterator[_Downloading]) -> Iterator[FrameBatch]:
         """Put each batch's regions back into its frames once they are back from the device."""
         for item in items:
-            if item.buffer is not None:
+            regions = item.regions
+            if regions is not None:
                 if item.done is not None:
                     item.done.synchronize()
-                for region_plane, frame_window in _region_windows(item.regions, item.batch.frames_i420, item.rows,
-                                                                  item.origins):
+                for region_plane, frame_window in _region_windows(regions.host, item.batch.frames_i420, regions.rows,
+                                                                  regions.origins):
                     frame_window[...] = region_plane
                 with self._free_lock:
-                    self._free.append(item.buffer)
+                    self._free.append(regions.buffer)
             yield item.batch
 
-    def _upload(self, batch: FrameBatch, rows: list[int], origins: np.ndarray, height: int, width: int, device):
-        """Cut the regions at ``origins`` ((F, 2) even x, y, ``height`` x ``width`` each) out of the
-        batch's frames ``rows`` into a free host buffer and queue their upload. Returns (buffer,
-        regions_host (F, height * 3/2, width) uint8 view of it, regions_pinned (the same bytes as a
-        tensor), planes (the regions on ``device``))."""
+    def _cut(self, batch: FrameBatch, rows: list[int], origins: np.ndarray, height: int, width: int,
+             device) -> _Regions:
+        """The regions at ``origins`` ((F, 2) even x, y, ``height`` x ``width`` each) of the batch's
+        frames ``rows``, copied into a free host buffer for ``device``."""
         shape = (len(rows), height * 3 // 2, width)
         size = int(np.prod(shape))
         buffer = self._take_buffer(size, device)
-        regions_host = buffer.array[:size].reshape(shape)  # (F, Hc * 3/2, Wc)
-        for region_plane, frame_window in _region_windows(regions_host, batch.frames_i420, rows, origins):
+        host = buffer.array[:size].reshape(shape)  # (F, Hc * 3/2, Wc)
+        for region_plane, frame_window in _region_windows(host, batch.frames_i420, rows, origins):
             region_plane[...] = frame_window
-        regions_pinned = buffer.tensor[:size].view(shape)  # the same bytes, as a tensor
-        planes = regions_pinned.to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
-        return buffer, regions_host, regions_pinned, planes
+        return _Regions(rows=rows, origins=origins, buffer=buffer, host=host, pinned=buffer.tensor[:size].view(shape))
 
     @staticmethod
-    def _download(batch: FrameBatch, rows: list[int], origins: np.ndarray, buffer: _HostBuffer,
-                  regions_host: np.ndarray, regions_pinned, planes) -> _Downloading:
-        """Queue the copy of ``planes`` back into the buffer, after the work queued on them."""
+    def _download(batch: FrameBatch, regions: _Regions, planes) -> _Downloading:
+        """Queue the copy of ``planes`` (the regions on the device) back into their host buffer,
+        after the work queued on them."""
         import torch
 
-        regions_pinned.copy_(planes, non_blocking=True)
+        regions.pinned.copy_(planes, non_blocking=True)
         done = None
         if planes.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return _Downloading(batch, rows, origins, buffer, regions_host, done)
+        return _Downloading(batch, regions, done)
 
     def _take_buffer(self, size: int, device) -> _HostBuffer:
         """A free host buffer of at least ``size`` bytes (a new one, with room to spare, when none is)."""
@@ -304,8 +310,8 @@ class GpuRender(_RegionRender):
         # Only each face's region travels: the same even-sized region around every box, as I420
         canvas = gpu_blend.face_canvas(np.array(rows), region_boxes, frame_height, frame_width, "cpu")
         origins = canvas.origin.numpy()  # (F, 2) even x, y
-        buffer, regions_host, regions_pinned, planes = self._upload(batch, rows, origins, canvas.height,
-                                                                    canvas.width, device)
+        regions = self._cut(batch, rows, origins, canvas.height, canvas.width, device)
+        planes = regions.pinned.to(device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
         # host arrays: the GPU steps take them as they are, without waiting for the device
         frame_index = np.arange(len(rows))  # each face on a region of its own
         shift = np.concatenate([origins, origins], axis=1)  # (F, 4)
@@ -325,41 +331,72 @@ class GpuRender(_RegionRender):
             restoration.network.restore_regions(planes, boxes, landmarks, restoration.strength,
                                                 feather=self.config.blend.feather)
         # back into the buffer, queued after the work above
-        return self._download(batch, rows, origins, buffer, regions_host, regions_pinned, planes)
+        return self._download(batch, regions, planes)
+
+
+@dataclass
+class _Planned:
+    """A batch of the landmark engine with its faces' regions cut out and their mouths planned."""
+
+    batch: FrameBatch
+    regions: _Regions | None = None  # None: no face to draw
+    plan: object = None  # landmark_torch.MouthPlan, None when no face has a patch
 
 
 class LandmarkTorchRender(_RegionRender):
     """Steps 5c-5e for the landmark engine with torch (--render torch), on the engine's --device.
 
-    Two stages (see _RegionRender). "render", per batch: the engine's mouth shapes advance over
-    every frame as on the CPU path (LandmarkEngine._jobs), each face with landmarks gets a region
-    around the window the CPU engine reads, the per-face geometry and colours are computed on the
-    host (the remembered teeth colour in frame order) and every mouth of the batch is drawn in one
-    batched pass on the device (heygem.engines.landmark_torch); "paste" puts the regions back. Only
-    the bytes under each face's mask change.
+    Three stages. "plan", per batch, on the host: the engine's mouth shapes advance over every
+    frame as on the CPU path (LandmarkEngine._jobs), each face with landmarks gets a region around
+    the window the CPU engine reads, cut into a host buffer, and each face's geometry and source
+    colours are computed (heygem.engines.landmark_torch.plan_face) in the engine's rendering
+    processes when it has them, then gathered in frame order (the remembered teeth colour).
+    "render": the regions go up and every mouth of the batch is drawn in one batched pass on the
+    device. "paste" puts the regions back (see _RegionRender). Only the bytes under each face's
+    mask change.
     """
 
     def __init__(self, prepared: Prepared, config: Config):
         super().__init__(prepared, config)
         self._device = None  # picked with the first batch (torch is imported then)
 
-    def _render(self, batch: FrameBatch) -> _Downloading:
+    def stages(self) -> list[Stage]:
+        return [Stage("plan", self.plan), Stage("render", self.render), Stage("paste", self.paste)]
+
+    def plan(self, batches: Iterator[FrameBatch]) -> Iterator[_Planned]:
         from heygem.device import pick_device
         from heygem.engines import landmark_torch
+        from heygem.engines.landmark import POOL_MIN_FRAMES
 
-        engine = self.prepared.engine
-        # the mouth shapes advance with every frame, face or not
-        jobs = engine._jobs(batch.faces, self.prepared.mel_windows(batch.output_indices))
-        frame_size = (batch.frames_i420.shape[2], batch.frames_i420.shape[1] * 2 // 3)
-        layout = landmark_torch.region_layout(jobs, frame_size, engine.region_margin)
-        if layout is None:
-            return _Downloading(batch)
-        if self._device is None:
-            self._device = pick_device(self.config.engine.device)
-        buffer, regions_host, regions_pinned, planes = self._upload(batch, layout.rows, layout.origins, layout.height,
-                                                                    layout.width, self._device)
-        landmark_torch.draw_mouths(planes, layout.faces, frame_size, self.config.blend, engine.teeth, regions_host)
-        return self._download(batch, layout.rows, layout.origins, buffer, regions_host, regions_pinned, planes)
+        for batch in batches:
+            engine = self.prepared.engine
+            # the mouth shapes advance with every frame, face or not
+            jobs = engine._jobs(batch.faces, self.prepared.mel_windows(batch.output_indices))
+            frame_size = (batch.frames_i420.shape[2], batch.frames_i420.shape[1] * 2 // 3)
+            layout = landmark_torch.region_layout(jobs, frame_size, engine.region_margin)
+            if layout is None:
+                yield _Planned(batch)
+                continue
+            if self._device is None:
+                self._device = pick_device(self.config.engine.device)
+            regions = self._cut(batch, layout.rows, layout.origins, layout.height, layout.width, self._device)
+            pool = None
+            if engine.workers > 0 and len(layout.faces) >= POOL_MIN_FRAMES:
+                pool = engine.rendering_processes()
+            plan = landmark_torch.plan_mouths(layout.faces, regions.host, frame_size, engine.teeth, pool)
+            yield _Planned(batch, regions, plan)
+
+    def _render(self, planned: _Planned) -> _Downloading:
+        from heygem.engines import landmark_torch
+
+        if planned.plan is None:  # nothing drawn: the frames stay as decoded
+            if planned.regions is not None:
+                with self._free_lock:
+                    self._free.append(planned.regions.buffer)
+            return _Downloading(planned.batch)
+        planes = planned.regions.pinned.to(self._device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+        landmark_torch.render_mouths(planes, planned.plan, self.config.blend)
+        return self._download(planned.batch, planned.regions, planes)
 
 
 def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], origins: np.ndarray):

@@ -32,7 +32,8 @@ def run(face, speech, output, **options):
     return generate(face, speech, output, overrides=overrides)
 
 
-@pytest.mark.parametrize(("engine", "render"), [("landmark", "auto"), ("wav2lip", "auto"), ("wav2lip", "torch")])
+@pytest.mark.parametrize(("engine", "render"), [("landmark", "auto"), ("landmark", "torch"), ("wav2lip", "auto"),
+                                                ("wav2lip", "torch")])
 def test_concurrent_output_equals_sequential_frame_for_frame(tmp_path, face_video, short_speech, engine, render,
                                                              wav2lip_weights, monkeypatch):
     # the 2 s video plays forward then backward under the 3.4 s speech: the frame file path too; "torch"

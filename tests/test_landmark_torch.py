@@ -198,8 +198,17 @@ def prepared_for(engine: LandmarkEngine, frame_count: int) -> Prepared:
     return Prepared(mel_future, engine_future, frame_count, FPS, StageClock())
 
 
+def run_stages_in_turn(render, batches: list) -> np.ndarray:
+    """The frames out of the render's stages, each stage run over the whole output of the one before."""
+    items = iter(batches)
+    for stage in render.stages():
+        items = stage.run(items)
+    return np.concatenate([batch.frames_i420 for batch in items])
+
+
 def test_the_render_stages_give_the_frames_of_the_cpu_engine(sample):
-    """LandmarkTorchRender's two stages over batches with a frame without a face and one without landmarks."""
+    """LandmarkTorchRender's stages over batches with a frame without a face and one without landmarks,
+    the faces planned here and in two rendering processes."""
     frames_i420, landmarks = sample
     count = 12
     frames = frames_i420[np.arange(count) % len(frames_i420)]
@@ -207,31 +216,46 @@ def test_the_render_stages_give_the_frames_of_the_cpu_engine(sample):
     faces[2] = None
     faces[7] = Face(box=(0, 0, WIDTH, HEIGHT), landmarks=None)
     config = load_config(overrides={"engine.name": "landmark", "run.render": "torch", "engine.device": "cpu"})
-    cpu_engine, torch_engine = LandmarkEngine(EngineConfig(), FPS), LandmarkEngine(EngineConfig(), FPS)
-    render = choose_render("landmark", prepared_for(torch_engine, count), config)
-    assert isinstance(render, LandmarkTorchRender)
-    batches = [FrameBatch(output_indices=np.arange(start, start + 6), source_indices=np.arange(start, start + 6),
-                          frames_i420=frames[start:start + 6].copy(), faces=faces[start:start + 6])
+    drawn = {}
+    for processes in (0, 2):
+        torch_engine = LandmarkEngine(EngineConfig(), FPS, workers=processes)
+        render = choose_render("landmark", prepared_for(torch_engine, count), config)
+        assert isinstance(render, LandmarkTorchRender)
+        batches = [FrameBatch(output_indices=np.arange(start, start + 6), source_indices=np.arange(start, start + 6),
+                              frames_i420=frames[start:start + 6].copy(), faces=faces[start:start + 6])
                    for start in (0, 6)]
-    rendered, paste = (stage.run for stage in render.stages())
-    drawn = np.concatenate([batch.frames_i420 for batch in paste(rendered(iter(batches)))])
+        try:
+            drawn[processes] = run_stages_in_turn(render, batches)
+            assert (torch_engine._pool is not None) == (processes > 0)  # the processes planned the faces
+        finally:
+            torch_engine.close()
+    np.testing.assert_array_equal(drawn[2], drawn[0])
 
+    cpu_engine = LandmarkEngine(EngineConfig(), FPS)
     cpu_prepared = prepared_for(cpu_engine, count)
     expected = frames.copy()
     windows = cpu_engine.generate_i420(frames, faces, cpu_prepared.mel_windows(np.arange(count)), BLEND)
     for frame, window in zip(expected, windows):
         if window is not None:
             media.paste_i420_window(frame, window.box, window.planes)
-    np.testing.assert_array_equal(drawn[[2, 7]], frames[[2, 7]])
+    np.testing.assert_array_equal(drawn[0][[2, 7]], frames[[2, 7]])
     for index in set(range(count)) - {2, 7}:
-        assert changed_pixels(drawn[index], frames[index]).sum() > 1000
-        assert np.abs(to_bgr(expected[index]) - to_bgr(drawn[index])).mean() < 0.05
+        assert changed_pixels(drawn[0][index], frames[index]).sum() > 1000
+        assert np.abs(to_bgr(expected[index]) - to_bgr(drawn[0][index])).mean() < 0.05
 
 
-def test_render_choice_for_the_landmark_engine():
+def test_render_choice_for_the_landmark_engine(monkeypatch):
+    import heygem.device
+
     prepared = prepared_for(LandmarkEngine(EngineConfig(), FPS), 1)
     auto = load_config(overrides={"engine.name": "landmark", "run.render": "auto"})
-    assert isinstance(choose_render("landmark", prepared, auto), CpuRender)  # until it is measured on a GPU
+    monkeypatch.setattr(heygem.device, "gpu_present", lambda: False)
+    assert isinstance(choose_render("landmark", prepared, auto), CpuRender)  # no GPU: the CPU processes
+    monkeypatch.setattr(heygem.device, "gpu_present", lambda: True)
+    assert isinstance(choose_render("landmark", prepared, auto), LandmarkTorchRender)  # measured faster there
+    assert isinstance(choose_render("landmark", prepared, auto, restorer="gfpgan"), CpuRender)
+    on_cpu = load_config(overrides={"engine.name": "landmark", "run.render": "auto", "engine.device": "cpu"})
+    assert isinstance(choose_render("landmark", prepared, on_cpu), CpuRender)
     on_torch = load_config(overrides={"engine.name": "landmark", "run.render": "torch"})
     with pytest.raises(HeygemError, match="--restorer none or --render numpy"):
         choose_render("landmark", prepared, on_torch, restorer="gfpgan")

@@ -399,6 +399,8 @@ def sample_colours(patch_bgr: np.ndarray, patch_origin: np.ndarray, landmarks: n
 # Tooth edges of the upper front teeth, across the mouth from its centre, as fractions of the mouth width:
 # central incisors, lateral incisors, canines, first premolars.
 TOOTH_EDGES = np.array([-0.48, -0.40, -0.30, -0.17, 0.0, 0.17, 0.30, 0.40, 0.48], np.float32)
+CAVITY_TINT = np.array([0.5, 0.55, 1.0], np.float32)  # the mouth's cavity: the lips' colour times this (BGR)
+TONGUE_TINT = np.array([0.7, 0.72, 1.0], np.float32)  # the tongue: the lips' colour times this (BGR)
 
 
 def _draw_upper_teeth(colour: list[np.ndarray], u: np.ndarray, v: np.ndarray, upper: np.ndarray, gap: np.ndarray,
@@ -463,7 +465,7 @@ def render_interior(u: np.ndarray, u_column: np.ndarray, v: np.ndarray, target_l
     depth_down = clip((v - upper) / np.maximum(gap, 1e-3), 0.0, 1.0)  # 0 at the upper lip, 1 at the lower
     # The cavity: red-brown from the lips' own colour, lit a little near the lips and the
     # corners, darkest at the back of the throat.
-    cavity = colours.lips * np.array([0.5, 0.55, 1.0], np.float32)
+    cavity = colours.lips * CAVITY_TINT
     radial = np.sqrt(across**2 + ((depth_down - 0.45) / 0.55) ** 2)
     cavity_light = 0.07 + 0.38 * smoothstep(0.3, 1.15, radial)
     # The colour is kept as three (h, w) planes, B, G, R: the same arithmetic per pixel and
@@ -474,7 +476,7 @@ def render_interior(u: np.ndarray, u_column: np.ndarray, v: np.ndarray, target_l
     tongue_shape = (across / 0.55) ** 2 + ((depth_down - 1.05) / 0.55) ** 2
     tongue_alpha = (1.0 - smoothstep(0.45, 1.0, tongue_shape)) * smoothstep(0.1, 0.24, gap / mouth_width) * 0.7
     tongue_light = 0.22 + 0.33 * smoothstep(0.4, 1.0, depth_down)
-    for plane, value in zip(colour, colours.lips * np.array([0.7, 0.72, 1.0], np.float32)):
+    for plane, value in zip(colour, colours.lips * TONGUE_TINT):
         plane += tongue_alpha * (tongue_light * value - plane)
 
     # A hint of the lower teeth just above the lower lip, in shadow, when the mouth is wide open.
@@ -965,18 +967,24 @@ class LandmarkEngine:
             self.close()  # the processes' state is out of step with ours: start afresh next time
             raise
 
-    def _plan(self, frames: np.ndarray, faces: list[Face | None], jobs: list, blend: BlendConfig | None) -> _InFlight:
-        """The batch's warp items for each rendering process (started here if need be): consecutive runs
-        of its frames, one per process (some empty when there are fewer frames than processes)."""
+    def rendering_processes(self):
+        """The rendering processes (heygem.engines.landmark_pool.RenderPool), started if need be;
+        only with ``workers`` above 0."""
         from heygem.engines.landmark_pool import RenderPool
 
         if self._pool is not None and self._pool.size != self.workers:
             self.close()
         if self._pool is None:
             self._pool = RenderPool(self.workers)
+        return self._pool
+
+    def _plan(self, frames: np.ndarray, faces: list[Face | None], jobs: list, blend: BlendConfig | None) -> _InFlight:
+        """The batch's warp items for each rendering process (started here if need be): consecutive runs
+        of its frames, one per process (some empty when there are fewer frames than processes)."""
+        pool = self.rendering_processes()
         frame_size = frame_size_of(frames)
         items_by_worker = []
-        for run in np.array_split(np.arange(len(jobs)), self._pool.size):
+        for run in np.array_split(np.arange(len(jobs)), pool.size):
             items = []
             for job in run:
                 index, landmarks, openness, width = jobs[job]

@@ -24,6 +24,11 @@ overlapping in a stream (4.):
    it warps the next batch while the engine hands the finished one on. Every message is small but
    a warp's windows, and a process sends its large answers only while the engine reads them.
 
+For the batched torch drawing (heygem.engines.landmark_torch, --render torch) a process plans faces
+instead: ``("plan", (frame_size, items))``, items ``(key, region, face)`` (a face's I420 region and its
+RegionFace), answered ``("plans", [(key, FacePlan or None)])`` (landmark_torch.plan_face). The
+engine gathers the plans in face order (the remembered teeth colour) and draws them on the device.
+
 Any exception goes back as ``("error", text)``; None stops the process.
 """
 
@@ -32,8 +37,16 @@ from __future__ import annotations
 import logging
 
 import cv2
+import numpy as np
 
-from heygem.engines.landmark import RegionTooSmall, WarpedWindow, blend_window, finish_mouth, warp_window
+from heygem.engines.landmark import (
+    RegionTooSmall,
+    WarpedWindow,
+    blend_window,
+    finish_mouth,
+    warp_window,
+)
+from heygem.engines.landmark_torch import FacePlan, RegionFace, plan_face
 
 logger = logging.getLogger("heygem")
 
@@ -109,6 +122,9 @@ def _render_process(connection) -> None:
                 warped.clear()
                 blend = next_blend
                 connection.send(("observed", _warp_all(items, warped)))
+            elif kind == "plan":
+                frame_size, items = payload
+                connection.send(("plans", [(key, plan_face(face, region, frame_size)) for key, region, face in items]))
             else:
                 raise ValueError(f"unknown message {kind!r}")
         except Exception as error:  # noqa: BLE001 - every failure goes back to the engine, which raises it
@@ -190,6 +206,18 @@ class RenderPool:
         if kind != expected:
             raise LandmarkWorkerError(f"landmark rendering process {index} answered {kind!r}, not {expected!r}")
         return payload
+
+    def plan_faces(self, faces: list[RegionFace], regions, frame_size: tuple[int, int]) -> list[FacePlan | None]:
+        """landmark_torch.plan_face of every face on its region ((F, Hc * 3/2, Wc) uint8), one run of
+        consecutive faces per process, in the faces' order."""
+        runs = [run for run in np.array_split(np.arange(len(faces)), self.size) if len(run)]
+        for worker, run in enumerate(runs):
+            self.send(worker, ("plan", (frame_size, [(int(key), regions[key], faces[key]) for key in run])))
+        plans: list[FacePlan | None] = [None] * len(faces)
+        for worker in range(len(runs)):
+            for key, plan in self.receive(worker, "plans"):
+                plans[key] = plan
+        return plans
 
     def close(self) -> None:
         self._finalizer()

@@ -20,20 +20,24 @@ frames (as heygem.render cuts them). torch is imported by the caller's first use
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import cv2
 import numpy as np
 
+from heygem import media
 from heygem.config import BlendConfig
 from heygem.engines.landmark import (
+    CAVITY_TINT,
     LOWER_INNER,
     NECK,
     REGION_MARGIN,
     TEETH_LENGTH,
+    TONGUE_TINT,
     TOOTH_EDGES,
     UPPER_INNER,
     MouthGeometry,
+    SourceColours,
     TeethColour,
     _lips_window,
     face_colours,
@@ -126,59 +130,96 @@ def _draws_interior(target, geometry: MouthGeometry) -> bool:
     return bool(active[near].any())
 
 
-def plan_mouths(faces: list[RegionFace], regions_host: np.ndarray, frame_size: tuple[int, int],
-                teeth_memory: TeethColour | None) -> MouthPlan | None:
-    """Step 1 on the host for ``faces`` on ``regions_host`` ((F, Hc * 3/2, Wc) uint8 I420, one per
-    face, used for the source colours). Advances ``teeth_memory`` in face order for the faces that
-    draw an interior, as remembered_teeth does. None when no face has a patch box."""
+@dataclass(frozen=True)
+class FacePlan:
+    """Step 1 for one face, but for the colours to draw with: they need the remembered teeth
+    colour, which advances in face order (gather_plans). Positions are in region pixels."""
+
+    scalars: np.ndarray  # (len(SCALARS),) float32, see SCALARS
+    box: tuple[int, int, int, int]  # the patch box x1, y1, x2, y2 (x2, y2 exclusive)
+    lips: tuple[int, int, int, int]  # the lips window x1, y1, x2, y2, where the interior may be drawn
+    table: np.ndarray  # (TABLE_ROWS, C) float32 levels, closing and interior per column
+    source: SourceColours | None  # what the source shows; None when the face draws no interior
+
+
+def plan_face(face: RegionFace, region_i420: np.ndarray, frame_size: tuple[int, int]) -> FacePlan | None:
+    """Step 1 for ``face`` on its region (``region_i420`` (Hc * 3/2, Wc) uint8, read for the source
+    colours) in a frame of ``frame_size`` (width, height); None when the face has no patch box.
+    Depends on this face alone, so it may run anywhere (heygem.engines.landmark_pool)."""
     frame_width, frame_height = frame_size
-    region_width = regions_host.shape[2]
-    region_height = regions_host.shape[1] * 2 // 3
-    rows, scalars, boxes, lips_windows, tables, colours, drawn = [], [], [], [], [], [], []
-    for index, face in enumerate(faces):
-        geometry = MouthGeometry.from_landmarks(face.landmarks)
-        box = patch_box(geometry, frame_width, frame_height)
-        if box is None:
-            continue
-        origin_x, origin_y = face.origin
-        x1, y1, x2, y2 = box[0] - origin_x, box[1] - origin_y, box[2] - origin_x, box[3] - origin_y
-        if x1 < 0 or y1 < 0 or x2 > region_width or y2 > region_height:
-            raise ValueError(f"the patch box {box} lies outside the region at {face.origin}")
-        target = mouth_target(geometry, face.openness, face.width)
-        lips_rows, lips_columns = _lips_window(target, geometry, box)
-        face_drawn = _draws_interior(target, geometry)
-        lips_colour = teeth_colour = np.zeros(3, np.float32)
-        if face_drawn:
-            region_bgr = cv2.cvtColor(regions_host[index], cv2.COLOR_YUV2BGR_I420)  # (Hc, Wc, 3)
-            source = source_colours(region_bgr[y1:y2, x1:x2], np.array(box[:2], np.float32), face.landmarks, geometry)
-            seen = source.seen_teeth
-            teeth = teeth_memory.update(seen) if teeth_memory is not None else seen
-            drawing = face_colours(source, teeth)
-            lips_colour, teeth_colour = drawing.lips, drawing.teeth
-        contours = geometry.contours
-        frame = geometry.frame
-        scalars.append([
-            frame.origin[0] - origin_x, frame.origin[1] - origin_y, *frame.axis_u, *frame.axis_v,
-            geometry.outer_half_width, geometry.top,
-            float(np.interp(0.0, *contours["upper_outer"])), float(np.interp(0.0, *contours["lower_outer"])),
-            geometry.chin, target.corner_shift, geometry.inner_centre, geometry.inner_half_width,
-            geometry.mouth_width, float(target.columns[0]), max(1.0, 0.04 * geometry.mouth_width)])
-        rows.append(index)
-        boxes.append((x1, y1, x2, y2))
-        lips_windows.append((x1 + lips_columns.start, y1 + lips_rows.start, x1 + lips_columns.stop,
-                             y1 + lips_rows.stop))
-        tables.append(np.concatenate([target.target_levels, target.source_levels,
-                                      target.closing[None], target.interior[None]]))  # (TABLE_ROWS, C)
-        colours.append((lips_colour, teeth_colour))
-        drawn.append(face_drawn)
+    region_width = region_i420.shape[1]
+    region_height = region_i420.shape[0] * 2 // 3
+    geometry = MouthGeometry.from_landmarks(face.landmarks)
+    box = patch_box(geometry, frame_width, frame_height)
+    if box is None:
+        return None
+    origin_x, origin_y = face.origin
+    x1, y1, x2, y2 = box[0] - origin_x, box[1] - origin_y, box[2] - origin_x, box[3] - origin_y
+    if x1 < 0 or y1 < 0 or x2 > region_width or y2 > region_height:
+        raise ValueError(f"the patch box {box} lies outside the region at {face.origin}")
+    target = mouth_target(geometry, face.openness, face.width)
+    lips_rows, lips_columns = _lips_window(target, geometry, box)
+    source = None
+    if _draws_interior(target, geometry):
+        # only the patch box is read: converted from its 2x2 chroma blocks, the same bytes as
+        # converting the whole region and cutting the box out
+        even_x1, even_y1, even_x2, even_y2 = media.even_box((x1, y1, x2, y2), region_width, region_height)
+        window = cv2.cvtColor(media.cut_i420_window(region_i420, (even_x1, even_y1, even_x2, even_y2)),
+                              cv2.COLOR_YUV2BGR_I420)
+        patch = window[y1 - even_y1:y2 - even_y1, x1 - even_x1:x2 - even_x1]
+        source = source_colours(patch, np.array(box[:2], np.float32), face.landmarks, geometry)
+    contours = geometry.contours
+    frame = geometry.frame
+    scalars = np.array([
+        frame.origin[0] - origin_x, frame.origin[1] - origin_y, *frame.axis_u, *frame.axis_v,
+        geometry.outer_half_width, geometry.top,
+        float(np.interp(0.0, *contours["upper_outer"])), float(np.interp(0.0, *contours["lower_outer"])),
+        geometry.chin, target.corner_shift, geometry.inner_centre, geometry.inner_half_width,
+        geometry.mouth_width, float(target.columns[0]), max(1.0, 0.04 * geometry.mouth_width)], np.float32)
+    table = np.concatenate([target.target_levels, target.source_levels, target.closing[None],
+                            target.interior[None]]).astype(np.float32)  # (TABLE_ROWS, C)
+    lips = (x1 + lips_columns.start, y1 + lips_rows.start, x1 + lips_columns.stop, y1 + lips_rows.stop)
+    return FacePlan(scalars=scalars, box=(x1, y1, x2, y2), lips=lips, table=table, source=source)
+
+
+def gather_plans(plans: list[FacePlan | None], teeth_memory: TeethColour | None) -> MouthPlan | None:
+    """The batch's MouthPlan from each region's FacePlan (None: no patch), in face order: the colours
+    to draw with, advancing ``teeth_memory`` over the faces that draw an interior as
+    remembered_teeth does. None when no face has a patch box."""
+    rows = [index for index, plan in enumerate(plans) if plan is not None]
     if not rows:
         return None
-    column_count = max(table.shape[1] for table in tables)
-    table = np.stack([np.pad(table, ((0, 0), (0, column_count - table.shape[1])), mode="edge") for table in tables])
-    return MouthPlan(region=np.array(rows, np.int64), scalars=np.array(scalars, np.float32),
-                     boxes=np.array(boxes, np.int64), lips=np.array(lips_windows, np.int64),
-                     table=table.astype(np.float32), colours=np.array(colours, np.float32),
-                     drawn=np.array(drawn, bool))
+    kept = [plans[index] for index in rows]
+    colours = []
+    for plan in kept:
+        if plan.source is None:
+            colours.append((np.zeros(3, np.float32), np.zeros(3, np.float32)))
+            continue
+        seen = plan.source.seen_teeth
+        teeth = teeth_memory.update(seen) if teeth_memory is not None else seen
+        drawing = face_colours(plan.source, teeth)
+        colours.append((drawing.lips, drawing.teeth))
+    column_count = max(plan.table.shape[1] for plan in kept)
+    table = np.stack([np.pad(plan.table, ((0, 0), (0, column_count - plan.table.shape[1])), mode="edge")
+                      for plan in kept])
+    return MouthPlan(region=np.array(rows, np.int64), scalars=np.stack([plan.scalars for plan in kept]),
+                     boxes=np.array([plan.box for plan in kept], np.int64),
+                     lips=np.array([plan.lips for plan in kept], np.int64), table=table,
+                     colours=np.array(colours, np.float32),
+                     drawn=np.array([plan.source is not None for plan in kept], bool))
+
+
+def plan_mouths(faces: list[RegionFace], regions_host: np.ndarray, frame_size: tuple[int, int],
+                teeth_memory: TeethColour | None, pool=None) -> MouthPlan | None:
+    """Step 1 on the host for ``faces`` on ``regions_host`` ((F, Hc * 3/2, Wc) uint8 I420, one per
+    face, used for the source colours): each face's FacePlan, in the landmark engine's rendering
+    processes when a ``pool`` (heygem.engines.landmark_pool.RenderPool) is given, then gathered
+    here in face order. None when no face has a patch box."""
+    if pool is not None:
+        plans = pool.plan_faces(faces, regions_host, frame_size)
+    else:
+        plans = [plan_face(face, region, frame_size) for face, region in zip(faces, regions_host)]
+    return gather_plans(plans, teeth_memory)
 
 
 def draw_mouths(planes, faces: list[RegionFace], frame_size: tuple[int, int], blend: BlendConfig,
@@ -208,11 +249,9 @@ def _smoothstep(edge0, edge1, x):
     return t * t * (3.0 - 2.0 * t)
 
 
-def _gaussian_kernels(sigmas, device):
+def _gaussian_kernels(sigmas) -> np.ndarray:
     """(P, K) float32 Gaussian kernels as OpenCV builds them for float images (gpu_blend.gaussian_radius;
     normalised), each centred in the batch's largest length K (zeros around the shorter ones)."""
-    import torch
-
     from heygem.gpu_blend import gaussian_radius
 
     radii = [gaussian_radius(sigma) for sigma in sigmas]
@@ -223,7 +262,7 @@ def _gaussian_kernels(sigmas, device):
         inside = np.abs(taps) <= own
         weights = np.exp(-(taps[inside] ** 2) / (2.0 * float(sigma) ** 2))
         kernels[face, inside] = weights / weights.sum()
-    return torch.from_numpy(kernels.astype(np.float32)).to(device, non_blocking=True)
+    return kernels.astype(np.float32)
 
 
 def _blur(images, kernels):
@@ -271,28 +310,23 @@ def _box_fade(boxes, height: int, width: int):
     return fade_y[:, :, None] * fade_x[:, None, :]
 
 
-def _lips_crops(lips: np.ndarray, height: int, width: int, device):
+def _lips_crops(lips: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Each face's lips window ((P, 4) x1, y1, x2, y2 on an h x w region) padded to the batch's largest
-    and shifted to lie inside the region: (rows (P, Lh), columns (P, Lw), the windows (P, 4)) on ``device``."""
-    import torch
-
+    and shifted to lie inside the region: (rows (P, Lh), columns (P, Lw)) int64."""
     crop_height = int(max((lips[:, 3] - lips[:, 1]).max(), 1))
     crop_width = int(max((lips[:, 2] - lips[:, 0]).max(), 1))
     top = np.clip(lips[:, 1], 0, height - crop_height)[:, None]  # (P, 1)
     left = np.clip(lips[:, 0], 0, width - crop_width)[:, None]
-    rows = top + np.arange(crop_height)  # (P, Lh)
-    columns = left + np.arange(crop_width)  # (P, Lw)
-    return (torch.from_numpy(rows).to(device, non_blocking=True), torch.from_numpy(columns).to(device, non_blocking=True),
-            torch.from_numpy(np.ascontiguousarray(lips)).to(device, non_blocking=True))
+    return top + np.arange(crop_height), left + np.arange(crop_width)  # (P, Lh), (P, Lw)
 
 
-def _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth):
-    """landmark._draw_upper_teeth on (P, 3, h, w) colour planes; teeth (P, 3, 1, 1) BGR."""
+def _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth, edges):
+    """landmark._draw_upper_teeth on (P, 3, h, w) colour planes; teeth (P, 3, 1, 1) BGR; ``edges``
+    TOOTH_EDGES on the device."""
     import torch
 
     mouth_width = scalar("mouth_width")
     position = (u - scalar("inner_centre")) / mouth_width  # (P, h, w) across the mouth, in mouth widths
-    edges = torch.from_numpy(TOOTH_EDGES).to(u.device, non_blocking=True)  # no wait for the device's queue
     right_index = torch.searchsorted(edges, position.contiguous()).clamp(1, len(TOOTH_EDGES) - 1)
     left_edge, right_edge = edges[right_index - 1], edges[right_index]
     within_tooth = ((position - (left_edge + right_edge) / 2) / ((right_edge - left_edge) / 2)).clamp(-1.0, 1.0)
@@ -315,10 +349,12 @@ def _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth):
     return colour + alpha[:, None] * (drawn - colour)
 
 
-def _interior(u, u_column, v, levels, closing, weight, scalar, lips, teeth):
+def _interior(u, u_column, v, levels, closing, weight, scalar, lips, teeth, constants: DrawConstants):
     """landmark.render_interior on (P, h, w) pixels: (colour (P, 3, h, w) BGR, alpha (P, h, w)).
     ``levels`` (P, 7, h, w) are the output levels at each pixel's column; lips, teeth (P, 3, 1, 1)."""
     import torch
+
+    from heygem.gpu_blend import gaussian_blur
 
     upper, lower = levels[:, UPPER_INNER], levels[:, LOWER_INNER]
     gap = torch.clamp(lower - upper, min=0.0)
@@ -333,7 +369,7 @@ def _interior(u, u_column, v, levels, closing, weight, scalar, lips, teeth):
     alpha = torch.maximum(coverage, seam)
 
     depth_down = ((v - upper) / torch.clamp(gap, min=1e-3)).clamp(0.0, 1.0)
-    cavity = lips * lips.new_tensor([0.5, 0.55, 1.0]).view(1, 3, 1, 1)  # (P, 3, 1, 1)
+    cavity = lips * constants.cavity_tint.view(1, 3, 1, 1)  # (P, 3, 1, 1)
     radial = torch.sqrt(across**2 + ((depth_down - 0.45) / 0.55) ** 2)
     cavity_light = 0.07 + 0.38 * _smoothstep(0.3, 1.15, radial)
     colour = cavity_light[:, None] * cavity  # (P, 3, h, w)
@@ -341,7 +377,7 @@ def _interior(u, u_column, v, levels, closing, weight, scalar, lips, teeth):
     tongue_shape = (across / 0.55) ** 2 + ((depth_down - 1.05) / 0.55) ** 2
     tongue_alpha = (1.0 - _smoothstep(0.45, 1.0, tongue_shape)) * _smoothstep(0.1, 0.24, gap / mouth_width) * 0.7
     tongue_light = 0.22 + 0.33 * _smoothstep(0.4, 1.0, depth_down)
-    tongue = lips * lips.new_tensor([0.7, 0.72, 1.0]).view(1, 3, 1, 1)
+    tongue = lips * constants.tongue_tint.view(1, 3, 1, 1)
     colour = colour + tongue_alpha[:, None] * (tongue_light[:, None] * tongue - colour)
 
     lower_teeth_height = 0.045 * mouth_width
@@ -349,41 +385,91 @@ def _interior(u, u_column, v, levels, closing, weight, scalar, lips, teeth):
                    * (1.0 - _smoothstep(0.35, 0.7, across.abs())) * _smoothstep(0.2, 0.3, gap / mouth_width) * 0.35)
     colour = colour + lower_teeth[:, None] * (teeth * 0.55 - colour)
 
-    colour = _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth)
+    colour = _upper_teeth(colour, u, v, upper, gap, across, scalar, teeth, constants.tooth_edges)
     seam_only = (seam > coverage)[:, None]  # (P, 1, h, w)
     colour = torch.where(seam_only, lips * 0.45, colour)
-    from heygem.gpu_blend import gaussian_blur
-
     return gaussian_blur(colour, INTERIOR_BLUR_SIGMA), alpha
 
 
+@dataclass
+class DrawInputs:
+    """A batch's MouthPlan on the device, in the shapes the device pass takes (upload_plan)."""
+
+    region: object  # (P,) int64 the region of each face
+    scalars: object  # (P, len(SCALARS)) float32
+    boxes: object  # (P, 4) int64 patch boxes
+    table: object  # (P, TABLE_ROWS, Cmax) float32
+    colours: object  # (P, 2, 3) float32 lips and teeth BGR
+    lips: object  # (P, 4) int64 lips windows
+    lips_rows: object  # (P, Lh) int64 the region rows the interior is computed on
+    lips_columns: object  # (P, Lw) int64 and its columns
+    drawn: object  # (P,) bool
+    kernels: object  # (P, K) float32 each face's mask blur
+
+    def tensors(self) -> list:
+        return [getattr(self, field.name) for field in fields(self)]
+
+
+@dataclass(frozen=True)
+class DrawConstants:
+    """The drawing's constant tables on one device."""
+
+    tooth_edges: object  # TOOTH_EDGES
+    cavity_tint: object  # CAVITY_TINT
+    tongue_tint: object  # TONGUE_TINT
+
+
+_CONSTANTS: dict[str, DrawConstants] = {}
+
+
+def _constants(device) -> DrawConstants:
+    from heygem.gpu_blend import to_device
+
+    key = str(device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = DrawConstants(*(to_device(table, device) for table in (TOOTH_EDGES, CAVITY_TINT, TONGUE_TINT)))
+    return _CONSTANTS[key]
+
+
+def upload_plan(plan: MouthPlan, height: int, width: int, device) -> DrawInputs:
+    """``plan`` for regions of ``height`` x ``width`` as tensors on ``device``, queued without waiting."""
+    from heygem.gpu_blend import to_device
+
+    rows, columns = _lips_crops(plan.lips, height, width)
+    kernels = _gaussian_kernels(plan.scalars[:, SCALARS.index("mask_sigma")])
+    return DrawInputs(*(to_device(array, device) for array in (
+        plan.region, plan.scalars, plan.boxes, plan.table, plan.colours, plan.lips, rows, columns, plan.drawn,
+        kernels)))
+
+
 def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:
-    """Step 2 on the device: draw the planned faces into their regions of ``planes`` in place."""
+    """Step 2 on the device: draw the planned faces into their regions of ``planes`` ((F, Hc * 3/2, Wc)
+    uint8) in place."""
+    height, width = planes.shape[1] * 2 // 3, planes.shape[2]
+    inputs = upload_plan(plan, height, width, planes.device)
+    _draw(planes, inputs, _constants(planes.device), blend.color_match)
+
+
+def _draw(planes, inputs: DrawInputs, constants: DrawConstants, color_match: bool) -> None:
+    """Step 2's device pass over ``inputs`` (upload_plan), in place on ``planes``: only device work,
+    never a wait for the device."""
     import torch
     from torch.nn import functional
 
-    from heygem.gpu_blend import (
-        bgr_to_i420,
-        colour_shift,
-        i420_to_bgr,
-        split_planes,
-        to_device,
-    )
+    from heygem.gpu_blend import bgr_to_i420, colour_shift, i420_to_bgr, split_planes
 
     device = planes.device
     y_all, u_all, v_all = split_planes(planes)
-    region = to_device(plan.region, device)  # (P,)
+    region = inputs.region  # (P,)
     y, u_plane, v_plane = y_all[region], u_all[region], v_all[region]  # copies: (P, Hc, Wc), (P, Hc/2, Wc/2)
     faces, height, width = y.shape
     source = i420_to_bgr(y, u_plane, v_plane)  # (P, 3, Hc, Wc) BGR, whole numbers in 0..255
-    scalars = to_device(plan.scalars, device)  # (P, S)
+    scalars = inputs.scalars  # (P, S)
 
     def scalar(name: str):
         return scalars[:, SCALARS.index(name)].view(faces, 1, 1)  # (P, 1, 1)
 
-    boxes = to_device(plan.boxes, device)  # (P, 4)
-    table = to_device(plan.table, device)  # (P, TABLE_ROWS, Cmax)
-    colours = to_device(plan.colours, device)  # (P, 2, 3)
+    boxes, table, colours = inputs.boxes, inputs.table, inputs.colours  # (P, 4), (P, TABLE_ROWS, Cmax), (P, 2, 3)
     lips_colour, teeth_colour = colours[:, 0, :, None, None], colours[:, 1, :, None, None]  # (P, 3, 1, 1)
 
     # 1. The backward warp, exact at every pixel of the region (landmark.warp_field).
@@ -418,7 +504,7 @@ def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:
 
     # 2. The mouth interior inside the lips window of the faces that draw one (landmark.finish_mouth),
     #    computed on each face's lips window only, padded to the batch's largest.
-    rows, columns, lips_window = _lips_crops(plan.lips, height, width, device)  # (P, Lh), (P, Lw), (P, 4)
+    rows, columns, lips_window = inputs.lips_rows, inputs.lips_columns, inputs.lips  # (P, Lh), (P, Lw), (P, 4)
     face = torch.arange(faces, device=device)[:, None, None]  # (P, 1, 1)
     at_rows, at_columns = rows[:, :, None], columns[:, None, :]  # (P, Lh, 1), (P, 1, Lw)
 
@@ -429,10 +515,10 @@ def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:
         return values[face, :, at_rows, at_columns].permute(0, 3, 1, 2)
 
     drawn, alpha = _interior(crop(u), crop(u_column), crop(v), crop_planes(target), crop(closing),
-                             crop(interior_weight), scalar, lips_colour, teeth_colour)
+                             crop(interior_weight), scalar, lips_colour, teeth_colour, constants)
     where = ((at_columns >= lips_window[:, 0:1, None]) & (at_columns < lips_window[:, 2:3, None])
              & (at_rows >= lips_window[:, 1:2, None]) & (at_rows < lips_window[:, 3:4, None])
-             & to_device(plan.drawn, device)[:, None, None])  # (P, Lh, Lw)
+             & inputs.drawn[:, None, None])  # (P, Lh, Lw)
     alpha = alpha * crop(fade) * where  # (P, Lh, Lw)
     under = crop_planes(image)  # (P, 3, Lh, Lw)
     image[face, :, at_rows, at_columns] = torch.floor(
@@ -440,12 +526,11 @@ def render_mouths(planes, plan: MouthPlan, blend: BlendConfig) -> None:
     mask[face, at_rows, at_columns] = torch.maximum(crop(mask), alpha)
 
     # 3. The softened mask: each face's own Gaussian (sigma max(1, 0.04 * mouth width)), then the fade.
-    kernels = _gaussian_kernels(plan.scalars[:, SCALARS.index("mask_sigma")], device)  # (P, K)
-    mask = torch.maximum(mask, _blur(mask[:, None], kernels)[:, 0]) * fade  # (P, Hc, Wc)
+    mask = torch.maximum(mask, _blur(mask[:, None], inputs.kernels)[:, 0]) * fade  # (P, Hc, Wc)
 
     # 4. The blend as blend.blend_patch: the patch's colour shifted to the frame's over the mask's soft edge.
     weights = mask[:, None]  # (P, 1, Hc, Wc)
-    if blend.color_match:  # over the mask's soft edge, as blend.blend_patch
+    if color_match:  # over the mask's soft edge, as blend.blend_patch
         image = image + colour_shift(source, image, ((mask > 0.02) & (mask < 0.7))[:, None])[:, :, None, None]
     mixed = (source * (1.0 - weights) + image * weights).round_().clamp_(0.0, 255.0)  # (P, 3, Hc, Wc)
 

@@ -91,7 +91,7 @@ class RunConfig:
     face_workers: int = option(0, "--face-workers", "threads that track faces in parallel, each on its own run of frames; 0 picks from the cores")
     decoders: int = option(0, "--decoders", "ffmpeg processes decoding the face video together, each passing on its share of the frames; 0 picks from the cores and the frame size")
     encoders: int = option(0, "--encoders", "x264 encoders working on consecutive segments of the output; 0 picks from the cores")
-    render: str = option("auto", "--render", "where cropping, drawing, restoring and blending run: auto picks torch when the wav2lip engine is on a GPU, else numpy; torch also draws the landmark engine (without a restorer) and runs on the CPU",
+    render: str = option("auto", "--render", "where cropping, drawing, restoring and blending run: auto picks torch on a GPU (for the landmark engine without a restorer), else numpy; torch also runs on the CPU",
                          ("auto", "numpy", "torch"))
     avatar_cache: bool = option(True, "--avatar-cache", "keep the face tracking of a face video under outputs/avatar-cache and reuse it when the same video comes with other audio")
 

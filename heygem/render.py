@@ -82,15 +82,15 @@ def choose_render(engine_name: str, prepared: Prepared, config: Config, restorer
     from heygem.device import gpu_present
 
     wanted = config.run.render
-    on_gpu = wanted == "auto" and config.engine.device != "cpu" and gpu_present()
+    auto_on_gpu = wanted == "auto" and config.engine.device != "cpu" and gpu_present()
     if wanted == "torch" and engine_name == "landmark" and restorer != "none":
         raise HeygemError(f"--render torch draws the landmark engine's mouths without a restorer, not with "
                           f"--restorer {restorer}: use --restorer none or --render numpy")
-    if engine_name == "landmark" and (wanted == "torch" or (on_gpu and restorer == "none")):
+    if engine_name == "landmark" and (wanted == "torch" or (auto_on_gpu and restorer == "none")):
         return LandmarkTorchRender(prepared, config)
     if wanted == "torch" and engine_name != "wav2lip":
         raise HeygemError(f"--render torch works with the wav2lip and landmark engines, not with {engine_name}")
-    if wanted == "torch" or (on_gpu and engine_name == "wav2lip"):
+    if wanted == "torch" or (auto_on_gpu and engine_name == "wav2lip"):
         return GpuRender(prepared, config)
     return CpuRender(prepared, config, windows=engine_name == "landmark" and restorer == "none")
 
@@ -366,7 +366,6 @@ class LandmarkTorchRender(_RegionRender):
     def plan(self, batches: Iterator[FrameBatch]) -> Iterator[_Planned]:
         from heygem.device import pick_device
         from heygem.engines import landmark_torch
-        from heygem.engines.landmark import POOL_MIN_FRAMES
 
         for batch in batches:
             engine = self.prepared.engine
@@ -380,9 +379,7 @@ class LandmarkTorchRender(_RegionRender):
             if self._device is None:
                 self._device = pick_device(self.config.engine.device)
             regions = self._cut(batch, layout.rows, layout.origins, layout.height, layout.width, self._device)
-            pool = None
-            if engine.workers > 0 and len(layout.faces) >= POOL_MIN_FRAMES:
-                pool = engine.rendering_processes()
+            pool = engine.rendering_processes() if engine._in_processes(layout.faces) else None
             plan = landmark_torch.plan_mouths(layout.faces, regions.host, frame_size, engine.teeth, pool)
             yield _Planned(batch, regions, plan)
 

@@ -20,12 +20,11 @@ frames (as heygem.render cuts them). torch is imported by the caller's first use
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from heygem import media
 from heygem.config import BlendConfig
 from heygem.engines.landmark import (
     CAVITY_TINT,
@@ -40,6 +39,7 @@ from heygem.engines.landmark import (
     SourceColours,
     TeethColour,
     _lips_window,
+    cut_window,
     face_colours,
     mouth_target,
     patch_box,
@@ -163,10 +163,8 @@ def plan_face(face: RegionFace, region_i420: np.ndarray, frame_size: tuple[int, 
     if _draws_interior(target, geometry):
         # only the patch box is read: converted from its 2x2 chroma blocks, the same bytes as
         # converting the whole region and cutting the box out
-        even_x1, even_y1, even_x2, even_y2 = media.even_box((x1, y1, x2, y2), region_width, region_height)
-        window = cv2.cvtColor(media.cut_i420_window(region_i420, (even_x1, even_y1, even_x2, even_y2)),
-                              cv2.COLOR_YUV2BGR_I420)
-        patch = window[y1 - even_y1:y2 - even_y1, x1 - even_x1:x2 - even_x1]
+        window, (even_x1, even_y1) = cut_window(region_i420, (x1, y1, x2, y2))
+        patch = cv2.cvtColor(window, cv2.COLOR_YUV2BGR_I420)[y1 - even_y1:y2 - even_y1, x1 - even_x1:x2 - even_x1]
         source = source_colours(patch, np.array(box[:2], np.float32), face.landmarks, geometry)
     contours = geometry.contours
     frame = geometry.frame
@@ -405,9 +403,6 @@ class DrawInputs:
     lips_columns: object  # (P, Lw) int64 and its columns
     drawn: object  # (P,) bool
     kernels: object  # (P, K) float32 each face's mask blur
-
-    def tensors(self) -> list:
-        return [getattr(self, field.name) for field in fields(self)]
 
 
 @dataclass(frozen=True)

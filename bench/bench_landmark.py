@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import resource
 import sys
 import threading
 import time
@@ -96,7 +97,6 @@ def run_engine(batches, workers: int, stream: bool = False):
     per frame of this process after the first batch, CPU seconds per frame of the rendering
     processes, their start included): the first batch starts the engine's rendering processes,
     a cost paid once per job."""
-    import resource
 
     from heygem.config import EngineConfig
     from heygem.engines.landmark import LandmarkEngine
@@ -166,13 +166,14 @@ def pasted_frames(batches, windows) -> np.ndarray:
 
 def run_torch(batches, device_name: str, processes: int = 0):
     """(frames (N, H * 3/2, W) I420 drawn by the --render torch path, seconds per frame after the first
-    batch, seconds of the first batch). The batches go through heygem.render.LandmarkTorchRender's
+    batch, seconds of the first batch, a line of each stage's busy seconds with its thread's CPU
+    seconds and the CPU seconds of this process and of the rendering processes). The batches go through heygem.render.LandmarkTorchRender's
     stages, each in its own thread as in the pipeline: regions cut into a host buffer and the faces
     planned (in ``processes`` rendering processes, 0: in the stage's thread), uploaded, drawn
     (landmark_torch), copied back and pasted."""
     from heygem.config import Config
     from heygem.engines.landmark import LandmarkEngine
-    from heygem.flow import Stage, run_stages
+    from heygem.flow import Stage, StageClock, run_stages
     from heygem.render import LandmarkTorchRender
     from heygem.types import FrameBatch
 
@@ -212,13 +213,21 @@ def run_torch(batches, device_name: str, processes: int = 0):
 
     if processes:
         Ready.engine.rendering_processes()  # started before the clock, as a job's engine starts them while it loads
+    clock = StageClock()
+    own_before, children_before = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        run_stages(frame_batches(), [*render.stages(), Stage("out", keep)], concurrent=True)
+        run_stages(frame_batches(), [*render.stages(), Stage("out", keep)], concurrent=True, clock=clock)
     finally:
-        Ready.engine.close()
+        Ready.engine.close()  # waits for the processes, so that their CPU time is counted
     steady_frames = sum(len(batch[1]) for batch in batches[1:])
     per_frame = (time.perf_counter() - timing.get("started", time.perf_counter())) / max(steady_frames, 1)
-    return np.concatenate(drawn), per_frame, timing["first"]
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_cpu = children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime
+    stages = ", ".join(f"{name} {busy:.2f} ({clock.cpu_seconds.get(name, 0.0):.2f})"
+                       for name, busy in clock.seconds.items())
+    times = (f"busy seconds (the stage thread's CPU seconds): {stages}; CPU seconds: this process "
+             f"{time.process_time() - own_before:.2f}, rendering processes {children_cpu:.2f}")
+    return np.concatenate(drawn), per_frame, timing["first"], times
 
 
 def digest(patches) -> str:
@@ -315,8 +324,10 @@ def main() -> None:
             expected_frames = pasted_frames(torch_batches, reference_windows)
             best, first = float("inf"), float("inf")
             for _ in range(args.repeats):
-                drawn, per_frame, first_seconds = run_torch(torch_batches, args.device, args.plan_processes)
+                drawn, per_frame, first_seconds, times = run_torch(torch_batches, args.device,
+                                                                   args.plan_processes)
                 best, first = min(best, per_frame), min(first, first_seconds)
+                print(f"{size} torch run: {times}")
             luma = slice(0, height)
             difference = np.abs(drawn[:, luma].astype(np.int16) - expected_frames[:, luma])
             changed = (drawn[:, luma] != np.concatenate([batch[0] for batch in torch_batches])[:, luma])

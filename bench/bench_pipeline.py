@@ -8,7 +8,8 @@ bundled speech looped to the same length), then runs :func:`heygem.pipeline.gene
 configuration in a child process (so each pays its own imports and start-up, and its peak
 memory is its own), and prints frames per second end to end, the real-time factor, peak
 resident memory (heygem plus its ffmpeg children, sampled every 50 ms), peak GPU memory,
-busy seconds per stage, and the CPU seconds each kind of process used (the main process with
+busy seconds per stage (with the CPU seconds of the stage's own thread in that time: a stage
+busy much longer than that waits for the GPU, other processes or the interpreter lock), and the CPU seconds each kind of process used (the main process with
 all its threads, the x264 encoders, the ffmpeg decoders, rendering and tracking processes):
 their sum over the wall time is how many cores the run kept busy. The wav2lip engine runs a random-init checkpoint in the official layout
 (the same speed as trained weights) unless --weights names a folder with real ones.
@@ -54,6 +55,7 @@ CONFIGURATIONS: dict[str, tuple[str, dict, bool]] = {
     "landmark warm cache": ("landmark", {}, False),
     "landmark warm cache, second job": ("landmark", {}, False),
     "landmark torch render, second job": ("landmark", {"run.render": "torch"}, False),
+    "landmark numpy render, second job": ("landmark", {"run.render": "numpy"}, False),
 }
 
 
@@ -111,6 +113,7 @@ class MemorySampler:
         self._cpu_first: dict[int, float] = {}  # child pid -> CPU seconds at its first sample
         self._cpu_last: dict[int, tuple[str, float]] = {}  # child pid -> (name, CPU seconds at its last sample)
         self._main_cpu = os.times()
+        self._names: dict[int, str] = {}
         self.cpu_seconds: dict[str, tuple[int, float]] = {}  # after the run: "main" / a child's name -> (count, s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -127,10 +130,26 @@ class MemorySampler:
 
     @staticmethod
     def _children() -> list[int]:
-        return child_pids(os.getpid())
+        """This process's children, from each of its threads' /proc children list; the sampler runs
+        inside the measured process, so it does not scan every process on the machine where the
+        kernel keeps those lists."""
+        if not Path(f"/proc/self/task/{os.getpid()}/children").exists():
+            return child_pids(os.getpid())
+        pids = []
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                pids.extend(int(pid) for pid in (task / "children").read_text().split())
+            except OSError:
+                continue  # a thread that ended meanwhile
+        return pids
+
+    def _name(self, pid) -> str:
+        if pid not in self._names:
+            self._names[pid] = self._read_name(pid)
+        return self._names[pid]
 
     @staticmethod
-    def _name(pid) -> str:
+    def _read_name(pid) -> str:
         """ffmpeg children as "x264" or "ffmpeg" (decoding, joining), others by their command name."""
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -234,7 +253,13 @@ def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict
             "peak_rss_mib": memory.peak_kib / 1024, "peak_rss_parts": memory.describe_peak(),
             "cpu_seconds": memory.describe_cpu(),
             "peak_vram_mib": peak_vram / 2**20,
-            "stages": summary.seconds_per_stage, "avatar_cache": summary.avatar_cache}
+            "stages": summary.seconds_per_stage, "stage_cpu": summary.cpu_seconds_per_stage,
+            "avatar_cache": summary.avatar_cache}
+
+
+def _stage_time(stage: str, busy: float, cpu: float | None) -> str:
+    """``render 4.0 (1.2)``: busy seconds, and in brackets the CPU seconds of the stage's thread."""
+    return f"{stage} {busy:.1f}" + (f" ({cpu:.1f})" if cpu is not None else "")
 
 
 def main() -> None:
@@ -291,7 +316,7 @@ def main() -> None:
         if common:
             print("every configuration with " + ", ".join(f"{key}={value}" for key, value in common.items()) + "\n")
         header = ("| configuration | frames | wall s | frames/s | x real time | peak RSS MiB | peak VRAM MiB "
-                  "| avatar cache | busy seconds per stage | peak RSS by process, MiB | CPU seconds by process |")
+                  "| avatar cache | busy seconds per stage (its thread's CPU seconds) | peak RSS by process, MiB | CPU seconds by process |")
         rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |"]
         print(header)
         for name in args.configs:
@@ -312,7 +337,8 @@ def main() -> None:
                 print(f"| {name} | failed: {(child.stderr.strip().splitlines() or ['?'])[-1]} |")
                 continue
             result = json.loads(result_lines[-1][len("RESULT "):])
-            stages = ", ".join(f"{stage} {value:.1f}" for stage, value in result["stages"].items() if value >= 0.05)
+            stages = ", ".join(_stage_time(stage, value, result["stage_cpu"].get(stage))
+                               for stage, value in result["stages"].items() if value >= 0.05)
             label = name if seconds == args.seconds else f"{name} ({seconds:g} s input)"
             row = (f"| {label} | {result['frames']} | {result['seconds']:.1f} | "
                    f"{result['frames'] / result['seconds']:.1f} | {result['video_seconds'] / result['seconds']:.2f} | "

@@ -15,7 +15,9 @@ each other frame for frame.
   once and yields the results in the items' order (face tracking uses it).
 
 Each stage's busy time (inside the stage, not waiting for its neighbours) is added up
-per name, so a run can say which stage is the wall.
+per name, so a run can say which stage is the wall, and so is the CPU time its own thread used
+meanwhile: a stage busy far longer than its CPU time waits for something else (the GPU, child
+processes, a pipe, or other threads holding the interpreter lock).
 """
 
 from __future__ import annotations
@@ -43,14 +45,18 @@ class Stage:
 
 @dataclass
 class StageClock:
-    """Busy seconds per stage: the time spent inside a stage, not waiting for its input or output."""
+    """Busy seconds per stage (the time spent inside a stage, not waiting for its input or output)
+    and the CPU seconds the stage's own thread used in that time."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, cpu_seconds: float | None = None) -> None:
         with self._lock:
             self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+            if cpu_seconds is not None:
+                self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + cpu_seconds
 
 
 class _Stopped(Exception):
@@ -104,20 +110,25 @@ class _Timed:
         self.clock = clock
         self.upstream = upstream
         self.total = 0.0  # seconds spent in this stage and the ones before it
+        self.total_cpu = 0.0  # the thread's CPU seconds in the same spans
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        started = time.perf_counter()
-        upstream_before = self.upstream.total if self.upstream is not None else 0.0
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        upstream = self.upstream
+        upstream_before = (upstream.total, upstream.total_cpu) if upstream is not None else (0.0, 0.0)
         try:
             return next(self.items)
         finally:
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
             self.total += elapsed
-            upstream_spent = (self.upstream.total - upstream_before) if self.upstream is not None else 0.0
-            self.clock.add(self.name, elapsed - upstream_spent)
+            self.total_cpu += cpu
+            if upstream is not None:
+                elapsed -= upstream.total - upstream_before[0]
+                cpu -= upstream.total_cpu - upstream_before[1]
+            self.clock.add(self.name, elapsed, cpu)
 
     def close(self) -> None:
         close = getattr(self.items, "close", None)
@@ -188,14 +199,14 @@ def _run_threads(source: Iterable, stages: Sequence[Stage], depth: int, should_s
         try:
             items = make_items()
             while True:
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.thread_time()
                 waited_before = input_.waited if input_ is not None else 0.0
                 try:
                     item = next(items)
                 except StopIteration:
                     break
                 busy = time.perf_counter() - started - ((input_.waited - waited_before) if input_ else 0.0)
-                clock.add(name, busy)
+                clock.add(name, busy, time.thread_time() - cpu_started)
                 if not _put(output, item, stop):
                     return
             _put(output, _END, stop)

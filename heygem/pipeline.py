@@ -170,6 +170,7 @@ def generate(
         width=geometry.width, height=geometry.height, fps=fps, frames=frame_count,
         frames_without_face=written["without_face"], audio_seconds=audio_seconds, video_seconds=frame_count / fps,
         seconds_per_stage={stage: round(value, 3) for stage, value in clock.seconds.items()},
+        cpu_seconds_per_stage={stage: round(value, 3) for stage, value in clock.cpu_seconds.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
         avatar_cache=face_stage.cache_outcome, detector=config.face.detector,
     )

@@ -141,6 +141,7 @@ class GenerationSummary:
     audio_seconds: float
     video_seconds: float
     seconds_per_stage: dict[str, float] = field(default_factory=dict)
+    cpu_seconds_per_stage: dict[str, float] = field(default_factory=dict)  # the stage thread's CPU time
     total_seconds: float = 0.0
     options: dict = field(default_factory=dict)
     avatar_cache: str = "off"  # "hit": face tracking reused from an earlier run, "miss": tracked and stored

@@ -68,6 +68,28 @@ def test_inline_clock_takes_the_earlier_stages_out():
     assert clock.seconds["quick"] < 0.08 and 0.18 < clock.seconds["slow"] < 0.4, clock.seconds
 
 
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_the_clock_tells_computing_from_waiting(concurrent):
+    def waiting(items):
+        for item in items:
+            time.sleep(0.03)
+            yield item
+
+    def computing(items):
+        for item in items:
+            until = time.thread_time() + 0.03
+            while time.thread_time() < until:
+                pass
+            yield item
+
+    clock = StageClock()
+    run_stages(range(8), [Stage("waits", waiting), Stage("computes", computing)], concurrent=concurrent,
+               clock=clock)
+    assert clock.seconds["waits"] > 0.2 and clock.cpu_seconds["waits"] < 0.1, clock.cpu_seconds
+    # the computing stage's CPU time is its own, without the sleeping stage before it
+    assert 0.24 <= clock.cpu_seconds["computes"] < 0.35 and clock.seconds["computes"] >= 0.24, clock.cpu_seconds
+
+
 def test_queues_bound_how_far_the_source_runs_ahead():
     produced = []
     gate = threading.Event()

@@ -120,6 +120,7 @@ def generate(
     work_dir = Path(tempfile.mkdtemp(prefix="heygem-"))
     encoder = None
     source = None
+    finished = False
     try:
         # 4. faces: the tracking of this face video if it was tracked before, else tracked as it streams
         source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir,
@@ -154,6 +155,7 @@ def generate(
             encoder.close()
             encoder = None
         check_output(output_path, frame_count, fps)
+        finished = True
     except BaseException:
         if encoder is not None:
             encoder.abort()
@@ -162,7 +164,8 @@ def generate(
         if source is not None:
             source.close()
         shutil.rmtree(work_dir, ignore_errors=True)
-        close_engine(engine_future)
+        # after an error the rendering processes may be out of step: only a finished job keeps them
+        close_engine(engine_future, keep_for=threading.get_ident() if finished else None)
 
     summary = GenerationSummary(
         output_path=output_path, face_path=face_path, audio_path=audio_path, engine=engine_name,
@@ -240,11 +243,12 @@ def create_engine(name: str, checkpoint: Path | None, config: EngineConfig, fps:
     """Build the engine ``choose_engine`` picked (loads weights; can take seconds); ``workers``
     processes draw the landmark engine's frames (0: in this process). A Wav2Lip engine is kept
     for the next job of the thread ``owner`` (the job's own thread: engines are not shared)."""
+    owner = owner if owner is not None else threading.get_ident()
     if name == "wav2lip":
-        return _kept_wav2lip_engine(checkpoint, config, owner if owner is not None else threading.get_ident())
+        return _kept_wav2lip_engine(checkpoint, config, owner)
     from heygem.engines.landmark import LandmarkEngine
 
-    return LandmarkEngine(config, fps, workers=workers)
+    return LandmarkEngine(config, fps, workers=workers, pool=_kept_pool(owner, workers))
 
 
 # Loaded generators, kept for the next job of the same thread (a job worker runs job after job):
@@ -279,6 +283,47 @@ def _kept_wav2lip_engine(checkpoint: Path, config: EngineConfig, owner: int):
     return engine
 
 
+# The landmark engine's rendering processes, kept idle for the next job of the same thread: spawning
+# eight processes that import NumPy and OpenCV took a second or more at the start of every job.
+_KEPT_POOLS: dict[int, object] = {}
+
+
+def _kept_pool(owner: int, workers: int):
+    """The rendering processes ``owner``'s last job left, if there are ``workers`` of them and all run;
+    else None (and what was kept is stopped)."""
+    with _KEPT_LOCK:
+        pool = _KEPT_POOLS.pop(owner, None)
+    if pool is None:
+        return None
+    if pool.size == workers and pool.alive():
+        logger.info("landmark engine: the rendering processes of the previous job")
+        return pool
+    pool.close()
+    return None
+
+
+def _keep_pool(owner: int, pool) -> None:
+    with _KEPT_LOCK:
+        earlier = _KEPT_POOLS.pop(owner, None)
+        dropped = [earlier] if earlier is not None and earlier is not pool else []
+        while len(_KEPT_POOLS) >= MAX_KEPT_ENGINES:
+            dropped.append(_KEPT_POOLS.pop(next(iter(_KEPT_POOLS))))
+        _KEPT_POOLS[owner] = pool
+    for other in dropped:
+        other.close()
+
+
+def release_kept(owner: int | None = None) -> None:
+    """Drop what was kept for the next job of thread ``owner`` (every thread's when None): its
+    generator, and stop its rendering processes. A job worker calls it when it stops."""
+    with _KEPT_LOCK:
+        for key in [key for key in _KEPT_ENGINES if owner is None or key[0] == owner]:
+            del _KEPT_ENGINES[key]
+        pools = [_KEPT_POOLS.pop(key) for key in list(_KEPT_POOLS) if owner is None or key == owner]
+    for pool in pools:
+        pool.close()
+
+
 def landmark_worker_count(config: Config) -> int:
     """Processes that draw the landmark engine's frames: none when the stages run one after another or
     on a small machine (starting them costs more than they give), else half the cores, at most 8."""
@@ -286,12 +331,19 @@ def landmark_worker_count(config: Config) -> int:
     return 0 if not config.run.concurrent or cores <= 4 else min(8, cores // 2)
 
 
-def close_engine(engine_future) -> None:
-    """Stop what an engine started (the landmark engine's processes), once it has loaded or failed."""
+def close_engine(engine_future, keep_for: int | None = None) -> None:
+    """Stop what an engine started (the landmark engine's processes), once it has loaded or failed;
+    with ``keep_for`` (a thread, after a job that finished) its processes are kept for that thread's
+    next job instead."""
     try:
         engine, _ = engine_future.result()
     except BaseException:  # a failed load was reported where it was awaited
         return
+    detach = getattr(engine, "detach_pool", None)
+    if keep_for is not None and detach is not None:
+        pool = detach()
+        if pool is not None:
+            _keep_pool(keep_for, pool)
     close = getattr(engine, "close", None)
     if close is not None:
         close()

@@ -55,7 +55,15 @@ def test_concurrent_output_equals_sequential_frame_for_frame(tmp_path, face_vide
 
 
 def children_of_this_process() -> list[int]:
-    return child_pids(os.getpid(), living=True)
+    """Living child processes, but for multiprocessing's resource tracker: started with the first
+    spawned process (the landmark engine's), it stays for the whole test session by design."""
+    def is_resource_tracker(pid: int) -> bool:
+        try:
+            return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    return [pid for pid in child_pids(os.getpid(), living=True) if not is_resource_tracker(pid)]
 
 
 def fail_in(stage: str, monkeypatch) -> None:
@@ -107,6 +115,47 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     assert children_of_this_process() == []  # no ffmpeg left running
     assert list(private_temp.iterdir()) == []  # no work folder or temporary file left
     assert not output_dir.exists() or list(output_dir.iterdir()) == []  # no partial output
+
+
+def rendering_processes() -> set[int]:
+    import multiprocessing
+
+    return {process.pid for process in multiprocessing.active_children()}
+
+
+def test_a_finished_landmark_job_keeps_its_rendering_processes_for_the_next_one(
+        tmp_path, face_video, short_speech, monkeypatch):
+    monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+    options = {"engine.name": "landmark", "media.batch_frames": 8}
+    before = rendering_processes()
+    try:
+        run(face_video, short_speech, tmp_path / "first.mp4", **options)
+        kept = rendering_processes() - before
+        assert len(kept) == 2  # still running after the job
+        run(face_video, short_speech, tmp_path / "second.mp4", **options)
+        assert rendering_processes() - before == kept  # the same two drew the second job
+        # the same frames as a job drawn in this process
+        monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 0)
+        run(face_video, short_speech, tmp_path / "inline.mp4", **options)
+        np.testing.assert_array_equal(decode_frames(tmp_path / "second.mp4"), decode_frames(tmp_path / "inline.mp4"))
+        assert not rendering_processes() & kept  # a job with another process count stops them
+
+        # a job that fails stops them: they may be out of step with the engine
+        monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+        run(face_video, short_speech, tmp_path / "third.mp4", **options)
+        kept = rendering_processes() - before
+        assert len(kept) == 2
+        fail_in("blend", monkeypatch)
+        with pytest.raises(HeygemError, match="broken in blend"):
+            run(face_video, short_speech, tmp_path / "failed.mp4", **options)
+        assert rendering_processes() - before == set()  # those kept drew the failed job, then stopped
+        monkeypatch.undo()
+        monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+        run(face_video, short_speech, tmp_path / "fourth.mp4", **options)
+        assert len(rendering_processes() - before) == 2
+    finally:
+        pipeline.release_kept()
+    assert rendering_processes() - before == set()
 
 
 def test_the_avatar_cache_reuses_tracking_for_other_audio_and_misses_on_changed_options(

@@ -148,6 +148,34 @@ def test_worker_runs_jobs_records_failures_and_goes_on(tmp_path, media):
     assert "failed" in failed.log_path.read_text(encoding="utf-8")
 
 
+def test_a_worker_keeps_its_rendering_processes_between_jobs_and_stops_them_when_it_stops(tmp_path, media,
+                                                                                          monkeypatch):
+    import multiprocessing
+
+    from heygem import pipeline
+
+    def rendering_processes() -> set[int]:
+        return {process.pid for process in multiprocessing.active_children()}
+
+    monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+    before = rendering_processes()
+    store = JobStore(tmp_path / "outputs")
+    options = {"media.output_height": 256, "engine.name": "landmark"}
+    workers = start_workers(store, 1)
+    try:
+        first = store.create_job(media["face"], media["speech"], options)
+        wait_for(store, [first])
+        kept = rendering_processes() - before
+        assert store.get(first).status == DONE and len(kept) == 2
+        second = store.create_job(media["face"], media["speech"], options)
+        wait_for(store, [second])
+        assert store.get(second).status == DONE and rendering_processes() - before == kept
+    finally:
+        for worker in workers:
+            worker.stop(wait=30)
+    assert rendering_processes() - before == set()
+
+
 def never_ending_generate(face_path, audio_path, output_path, *, overrides, progress, should_stop):
     """Stands in for the pipeline where only the job states matter: runs until told to stop."""
     for step in range(600):

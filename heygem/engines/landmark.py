@@ -853,14 +853,16 @@ class LandmarkEngine:
     # it moves the frame's own pixels and draws the mouth interior crisply: nothing to deblur
     needs_restoration = False
 
-    def __init__(self, config: EngineConfig, fps: float, workers: int = 0):
+    def __init__(self, config: EngineConfig, fps: float, workers: int = 0, pool=None):
+        """``pool``: rendering processes already running and idle (kept from an earlier job, see
+        detach_pool), used instead of starting ``workers`` new ones."""
         self.mouth_strength = float(config.mouth_strength)
         self.fps = float(fps)
         self.workers = int(workers)
         self.region_margin = REGION_MARGIN
         self.shapes = MouthShapeTracker(fps)
         self.teeth = TeethColour()
-        self._pool = None  # a landmark_pool.RenderPool, started with the first batch that needs it
+        self._pool = pool  # a landmark_pool.RenderPool, else started with the first batch that needs it
         logger.debug("landmark engine at %.3f fps, mouth strength %.2f, %d rendering processes",
                      self.fps, self.mouth_strength, self.workers)
 
@@ -1038,6 +1040,12 @@ class LandmarkEngine:
             else:
                 results[index] = blend_window(warped, teeth_bgr, flight.blend)
         return results
+
+    def detach_pool(self):
+        """The rendering processes (None if none run), handed to the caller instead of being stopped
+        by close(): for the next job's engine, once this one's last batch is back (every answer read)."""
+        pool, self._pool = self._pool, None
+        return pool
 
     def close(self) -> None:
         """Stop the rendering processes, if any; safe to call more than once."""

@@ -180,6 +180,10 @@ class RenderPool:
     def size(self) -> int:
         return len(self.processes)
 
+    def alive(self) -> bool:
+        """Whether every process still runs (a pool kept idle between jobs is checked before reuse)."""
+        return all(process.is_alive() for process in self.processes)
+
     def send(self, index: int, message: tuple) -> None:
         try:
             self.connections[index].send(message)

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -176,6 +177,9 @@ class Worker(threading.Thread):
                 logger.exception("%s: could not record job %s", self.name, job.id)
             finally:
                 self.current_job_id = None
+        pipeline = sys.modules.get("heygem.pipeline")  # loaded by the first job this process ran
+        if pipeline is not None:
+            pipeline.release_kept(threading.get_ident())  # this thread's generator and rendering processes
 
     def stop(self, wait: float | None = None) -> None:
         """Stop after the current job (cancel it first to stop sooner)."""

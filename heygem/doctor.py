@@ -366,9 +366,8 @@ def wav2lip_load_problem(checkpoint_path: Path) -> str | None:
 
     with torch.device("meta"):  # no random init: the values come from the file
         model = Wav2Lip()
-    model.to_empty(device="cpu")
     try:
-        load_state_dict_strict(model, checkpoint_path)
+        load_state_dict_strict(model, checkpoint_path, assign=True)
     except HeygemError as error:
         return first_line(error)
     return None

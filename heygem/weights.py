@@ -64,21 +64,25 @@ def find_first_file(weights_dir: Path, names) -> Path | None:
 
 
 def load_state_dict_strict(module, checkpoint_path: Path, what: str = "Wav2Lip",
-                           expected: str = WAV2LIP_EXPECTED) -> None:
+                           expected: str = WAV2LIP_EXPECTED, assign: bool = False) -> None:
     """Load ``checkpoint_path`` into ``module`` with every key and shape matching.
 
     Accepts the training layout ``{"state_dict": ..., "optimizer": ..., "global_step": ...,
     "global_epoch": ...}`` and a bare state dict, with or without the "module."
     prefix that DataParallel adds. Raises HeygemError naming the file and the first
-    problems found; ``expected`` says which file would fit.
+    problems found; ``expected`` says which file would fit. With ``assign`` the file's
+    tensors (as float32) become the module's own, for a module built on the meta device:
+    nothing is allocated twice and nothing copied.
     """
     checkpoint_path = Path(checkpoint_path)
     state_dict, global_step = read_state_dict(checkpoint_path, what, expected)
     problem = describe_mismatch(module.state_dict(), state_dict)
     if problem:
         raise HeygemError(f"{checkpoint_path} does not fit {what}: {problem}; expected {expected}")
+    if assign:
+        state_dict = {key: value.float() if value.is_floating_point() else value for key, value in state_dict.items()}
     try:
-        module.load_state_dict(state_dict, strict=True)
+        module.load_state_dict(state_dict, strict=True, assign=assign)
     except RuntimeError as error:
         first_line = str(error).strip().splitlines()[0]
         raise HeygemError(f"{checkpoint_path} does not fit {what}: {first_line}; expected {expected}") from None

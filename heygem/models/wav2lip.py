@@ -167,12 +167,15 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
     operation instead of two. Call it after the checkpoint is loaded: the folded
     model no longer has the checkpoint's BatchNorm keys.
     """
-    from torch.nn.utils.fusion import fuse_conv_bn_eval
+    from torch.nn.utils.fusion import fuse_conv_bn_weights
 
     model.eval()
     for unit in model.modules():
         if isinstance(unit, (ConvUnit, TransposedConvUnit)) and isinstance(unit.conv_block[1], nn.BatchNorm2d):
             convolution, norm = unit.conv_block[0], unit.conv_block[1]
-            folded = fuse_conv_bn_eval(convolution, norm, transpose=isinstance(unit, TransposedConvUnit))
-            unit.conv_block = nn.Sequential(folded)
+            # the convolution itself takes the folded weights (no copy of the module first)
+            convolution.weight, convolution.bias = fuse_conv_bn_weights(
+                convolution.weight, convolution.bias, norm.running_mean, norm.running_var, norm.eps, norm.weight,
+                norm.bias, transpose=isinstance(unit, TransposedConvUnit))
+            unit.conv_block = nn.Sequential(convolution)
     return model

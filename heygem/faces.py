@@ -14,8 +14,12 @@ through unchanged.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import queue
+import sys
+import threading
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +87,47 @@ class FaceDetector(Protocol):
     def close(self) -> None: ...
 
 
+class _ImportedOnUse(types.ModuleType):
+    """Stands in for a module in sys.modules: the first attribute asked of it imports the real module
+    (taking every stand-in out of sys.modules first) and answers from it."""
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        with _STAND_IN_LOCK:
+            for name in ("matplotlib.pyplot", "matplotlib"):
+                if isinstance(sys.modules.get(name), _ImportedOnUse):
+                    del sys.modules[name]
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+_STAND_IN_LOCK = threading.Lock()
+
+
+def import_mediapipe():
+    """``import mediapipe`` without importing matplotlib: mediapipe's drawing helpers, which heygem
+    does not use, import matplotlib.pyplot when mediapipe loads (half a second of every job's start
+    on a 2-core CPU). While mediapipe loads, stand-ins take matplotlib's place, and the helpers keep a
+    stand-in that imports the real pyplot if they are ever used."""
+    if "mediapipe" in sys.modules or "matplotlib" in sys.modules:
+        import mediapipe
+
+        return mediapipe
+    parent, pyplot = _ImportedOnUse("matplotlib"), _ImportedOnUse("matplotlib.pyplot")
+    parent.pyplot = pyplot
+    with _STAND_IN_LOCK:
+        sys.modules.setdefault("matplotlib", parent)
+        sys.modules.setdefault("matplotlib.pyplot", pyplot)
+    try:
+        import mediapipe
+    finally:
+        with _STAND_IN_LOCK:
+            for name, stand_in in (("matplotlib.pyplot", pyplot), ("matplotlib", parent)):
+                if sys.modules.get(name) is stand_in:
+                    del sys.modules[name]
+    return mediapipe
+
+
 class MediapipeDetector:
     """mediapipe's full-range face detector, one frame at a time (each finder has its own: not thread-safe).
 
@@ -93,8 +138,7 @@ class MediapipeDetector:
     input_side = None  # it resizes every image to 192x192 itself
 
     def __init__(self, min_confidence: float):
-        import mediapipe as mp
-
+        mp = import_mediapipe()
         self._detection = mp.solutions.face_detection.FaceDetection(
             model_selection=1, min_detection_confidence=min_confidence)  # 1: full range
 
@@ -138,7 +182,7 @@ class FaceFinder:
 
     def __init__(self, config: FaceConfig, still_images: bool = False, detector: FaceDetector | None = None):
         try:
-            import mediapipe as mp
+            mp = import_mediapipe()
         except ImportError:  # pragma: no cover - mediapipe is a hard requirement
             raise HeygemError("mediapipe is not installed: pip install 'mediapipe==0.10.14'") from None
         self.config = config

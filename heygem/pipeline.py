@@ -203,7 +203,9 @@ def _timed(clock: StageClock, stage: str):
 def warm_up() -> None:
     """Load the heavy libraries before the first job needs them (mediapipe takes seconds to import)."""
     audio.melspectrogram(np.zeros(audio.SAMPLE_RATE // 10, dtype=np.float32))
-    import mediapipe  # noqa: F401
+    from heygem.faces import import_mediapipe
+
+    import_mediapipe()
 
 
 # ---------------------------------------------------------------------------- engine choice

@@ -125,3 +125,26 @@ def test_tiles_overlap_and_cover_the_frame_and_duplicates_merge():
     merged = faces.merge_boxes(boxes)  # the second is the first again, the third its half cut by a tile edge
     assert merged.tolist() == [[10, 10, 60, 60], [200, 200, 240, 240]]
     assert faces.merge_boxes(np.zeros((0, 4), np.float32)).shape == (0, 4)
+
+
+def test_mediapipe_loads_without_matplotlib_and_its_drawing_helpers_still_get_it(face_photo):
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from heygem import faces
+finder = faces.FaceFinder(faces.FaceConfig(), still_images=True)
+import cv2
+found = finder.find(cv2.imread({str(face_photo)!r}))
+assert found is not None and found.shape == (468, 2), found
+assert "matplotlib" not in sys.modules and "matplotlib.pyplot" not in sys.modules
+from mediapipe.python.solutions import drawing_utils
+figure = drawing_utils.plt.figure()  # the helpers' pyplot imports the real one when used
+import matplotlib.pyplot
+assert type(figure).__module__ == "matplotlib.figure" and sys.modules["matplotlib.pyplot"] is matplotlib.pyplot
+assert not isinstance(sys.modules["matplotlib"], faces._ImportedOnUse)
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

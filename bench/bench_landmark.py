@@ -92,6 +92,12 @@ def i420_batches(batches) -> list[tuple[np.ndarray, list, np.ndarray]]:
             for batch in batches]
 
 
+def children_cpu_seconds() -> float:
+    """User plus system CPU seconds of the child processes that have ended and been waited for."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
 def run_engine(batches, workers: int, stream: bool = False):
     """(patches, seconds per frame after the first batch, seconds of the first batch, CPU seconds
     per frame of this process after the first batch, CPU seconds per frame of the rendering
@@ -126,10 +132,9 @@ def run_engine(batches, workers: int, stream: bool = False):
         per_frame = (time.perf_counter() - started) / steady_frames
         cpu_per_frame = (time.process_time() - started_cpu) / steady_frames
     finally:
-        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        children_before = children_cpu_seconds()
         engine.close()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    children_cpu = (children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime)
+    children_cpu = children_cpu_seconds() - children_before
     return patches, per_frame, first_seconds, cpu_per_frame, children_cpu / len(patches)
 
 
@@ -167,8 +172,8 @@ def pasted_frames(batches, windows) -> np.ndarray:
 def run_torch(batches, device_name: str, processes: int = 0):
     """(frames (N, H * 3/2, W) I420 drawn by the --render torch path, seconds per frame after the first
     batch, seconds of the first batch, a line of each stage's busy seconds with its thread's CPU
-    seconds and the CPU seconds of this process and of the rendering processes). The batches go through heygem.render.LandmarkTorchRender's
-    stages, each in its own thread as in the pipeline: regions cut into a host buffer and the faces
+    seconds and the CPU seconds of this process and of the rendering processes). The batches go
+    through heygem.render.LandmarkTorchRender's stages, each in its own thread as in the pipeline: regions cut into a host buffer and the faces
     planned (in ``processes`` rendering processes, 0: in the stage's thread), uploaded, drawn
     (landmark_torch), copied back and pasted."""
     from heygem.config import Config
@@ -214,15 +219,14 @@ def run_torch(batches, device_name: str, processes: int = 0):
     if processes:
         Ready.engine.rendering_processes()  # started before the clock, as a job's engine starts them while it loads
     clock = StageClock()
-    own_before, children_before = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own_before, children_before = time.process_time(), children_cpu_seconds()
     try:
         run_stages(frame_batches(), [*render.stages(), Stage("out", keep)], concurrent=True, clock=clock)
     finally:
         Ready.engine.close()  # waits for the processes, so that their CPU time is counted
     steady_frames = sum(len(batch[1]) for batch in batches[1:])
     per_frame = (time.perf_counter() - timing.get("started", time.perf_counter())) / max(steady_frames, 1)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    children_cpu = children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime
+    children_cpu = children_cpu_seconds() - children_before
     stages = ", ".join(f"{name} {busy:.2f} ({clock.cpu_seconds.get(name, 0.0):.2f})"
                        for name, busy in clock.seconds.items())
     times = (f"busy seconds (the stage thread's CPU seconds): {stages}; CPU seconds: this process "

@@ -9,8 +9,9 @@ configuration in a child process (so each pays its own imports and start-up, and
 memory is its own), and prints frames per second end to end, the real-time factor, peak
 resident memory (heygem plus its ffmpeg children, sampled every 50 ms), peak GPU memory,
 busy seconds per stage (with the CPU seconds of the stage's own thread in that time: a stage
-busy much longer than that waits for the GPU, other processes or the interpreter lock), and the CPU seconds each kind of process used (the main process with
-all its threads, the x264 encoders, the ffmpeg decoders, rendering and tracking processes):
+busy much longer than that waits for the GPU, other processes or the interpreter lock), and the
+CPU seconds each kind of process used (the main process with all its threads, the x264
+encoders, the ffmpeg decoders, rendering and tracking processes):
 their sum over the wall time is how many cores the run kept busy. The wav2lip engine runs a random-init checkpoint in the official layout
 (the same speed as trained weights) unless --weights names a folder with real ones.
 

@@ -72,7 +72,7 @@ def load_state_dict_strict(module, checkpoint_path: Path, what: str = "Wav2Lip",
     prefix that DataParallel adds. Raises HeygemError naming the file and the first
     problems found; ``expected`` says which file would fit. With ``assign`` the file's
     tensors (as float32) become the module's own, for a module built on the meta device:
-    nothing is allocated twice and nothing copied.
+    nothing is allocated twice, and float32 tensors are not copied.
     """
     checkpoint_path = Path(checkpoint_path)
     state_dict, global_step = read_state_dict(checkpoint_path, what, expected)

@@ -11,7 +11,8 @@
 
 Step 5's stages run at the same time, each in a thread of its own with bounded queues between
 them (heygem/flow.py), face tracking on several threads at once; ``--no-concurrent`` runs them
-one after another, and both give the same frames.
+one after another, and both give the same frames. The first job of a process tunes its C
+allocator for frame-sized buffers (heygem/allocator.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import audio, encode, media
+from heygem import allocator, audio, encode, media
 from heygem.config import (
     REPO_ROOT,
     Config,
@@ -84,6 +85,7 @@ def generate(
     option is unusable.
     """
     started = time.perf_counter()
+    allocator.tune()  # frames freed by one thread go back to the kernel, not to its own arena
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
     face_path, audio_path, output_path = Path(face_path), Path(audio_path), Path(output_path)
     clock = StageClock()

@@ -221,6 +221,9 @@ def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[
 
     video = folder / f"face_{width}x{height}_{seconds:g}s.mp4"
     audio = folder / f"speech_{seconds:g}s.wav"
+    if video.exists() and audio.exists():  # kept from an earlier run (--inputs)
+        return video, audio
+    folder.mkdir(parents=True, exist_ok=True)
     portrait = REPO / "assets" / "astronaut.jpg"
     side = max(width, height) + 40
     subprocess.run([ffmpeg_binary(), "-v", "error", "-y", "-loop", "1", "-i", str(portrait),
@@ -273,6 +276,9 @@ def main() -> None:
     parser.add_argument("--seconds-for", nargs=2, action="append", default=[], metavar=("NAME", "SECONDS"),
                         help="a shorter input for one slow configuration (its frames/s stays comparable)")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--inputs", type=Path,
+                        help="keep the test inputs in this folder and reuse them when a later run asks for the "
+                             "same size and length (making ten minutes of 1080p takes minutes)")
     parser.add_argument("--weights", type=Path, help="a folder with real checkpoints (default: random-init)")
     parser.add_argument("--gfpgan", action="store_true",
                         help="also put a random-init GFPGANv1.4.pth (official layout) into the weights, so that "
@@ -325,7 +331,7 @@ def main() -> None:
             overrides = {**common, **overrides}
             seconds = lengths.get(name, args.seconds)
             if seconds not in inputs:
-                inputs[seconds] = make_inputs(folder, seconds, width, height)
+                inputs[seconds] = make_inputs(args.inputs or folder, seconds, width, height)
             video, audio = inputs[seconds]
             if clear_cache:
                 shutil.rmtree(folder / "avatar-cache", ignore_errors=True)

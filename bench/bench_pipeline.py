@@ -51,12 +51,15 @@ CONFIGURATIONS: dict[str, tuple[str, dict, bool]] = {
     "wav2lip fp16 + channels_last, no graph": ("wav2lip", {"engine.cuda_graph": False}, False),
     "wav2lip cuDNN off": ("wav2lip", {"engine.cudnn": False}, False),
     "wav2lip numpy render": ("wav2lip", {"run.render": "numpy"}, False),
+    # a worker's next job on a face video it has not seen: the engine kept, every frame tracked
+    "wav2lip tracked, second job": ("wav2lip", {"run.avatar_cache": False}, False),
     "landmark sequential": ("landmark", {"run.concurrent": False, "run.encoders": 1, "run.avatar_cache": False}, False),
     "landmark cold cache": ("landmark", {}, True),
     "landmark warm cache": ("landmark", {}, False),
     "landmark warm cache, second job": ("landmark", {}, False),
     "landmark torch render, second job": ("landmark", {"run.render": "torch"}, False),
     "landmark numpy render, second job": ("landmark", {"run.render": "numpy"}, False),
+    "landmark tracked, second job": ("landmark", {"run.avatar_cache": False}, False),
 }
 
 

@@ -136,3 +136,39 @@ def test_text_becomes_speech_a_talking_video_and_its_subtitles(tmp_path):
     both = heygem("generate", "--face", str(ASSETS / "astronaut.jpg"), "--text", "Hi.", "--audio",
                   str(ASSETS / "speech_en.wav"), "-o", str(tmp_path / "y.mp4"))
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+# A command in place of heygem.cli.main, run as `python -m heygem` runs it: it registers an exit handler,
+# writes more than a pipe's buffer and returns 3; an object of the calling module reports its teardown.
+FINISHED_COMMAND = r"""
+import atexit, runpy, sys
+import heygem.cli
+
+
+class Teardown:
+    def __del__(self):
+        sys.stderr.write("teardown\n")
+
+
+marker = Teardown()
+
+
+def command(argv=None):
+    atexit.register(lambda: sys.stderr.write("handler\n"))
+    print("result " * 3000)
+    print("done")
+    return 3
+
+
+heygem.cli.main = command
+sys.argv = ["heygem"]
+runpy.run_module("heygem", run_name="__main__")
+"""
+
+
+def test_a_finished_command_leaves_without_the_interpreter_teardown():
+    result = subprocess.run([sys.executable, "-c", FINISHED_COMMAND], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 3  # the command's own code
+    assert result.stdout.endswith("done\n") and result.stdout.count("result") == 3000  # all of it, through a pipe
+    assert result.stderr.splitlines() == ["handler"]  # its exit handler ran; the teardown (torch's: 0.4 s) did not

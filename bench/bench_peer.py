@@ -6,8 +6,8 @@ Both get the same face video (bench_pipeline.py's synthetic input), the same spe
 random-init checkpoint in the official layout. heygem tracks the face on every frame
 (``python -m heygem generate --engine wav2lip``); ``inference.py`` is given a fixed box (``--box``,
 found once on the first frame) so that it skips its S3FD detection, which would download weights.
-Each command runs ``--runs`` times as a fresh process; the table gives min / median / max wall
-seconds and the speed-up of heygem's median over inference.py's.
+Each command runs ``--runs`` times as a fresh process, the two taking turns; the table gives min /
+median / max wall seconds and the speed-up of heygem's median over inference.py's.
 
 inference.py was written against older libraries; the run works around that from outside its
 code: its ``ffmpeg`` comes from the imageio-ffmpeg wheel through a PATH entry, and a
@@ -123,10 +123,12 @@ def main() -> None:
                   "--face", str(video), "--audio", str(audio), "--outfile", str(folder / "theirs.mp4"),
                   "--box", str(y1), str(y2), str(x1), str(x2)]
 
-        results = {}
-        for name, command, cwd, env in (("heygem generate (tracks every frame)", ours, REPO, environment),
-                                        ("Wav2Lip inference.py --box", theirs, peer, peer_environment)):
-            results[name] = [timed(command, cwd, env) for _ in range(args.runs)]
+        commands = (("heygem generate (tracks every frame)", ours, REPO, environment),
+                    ("Wav2Lip inference.py --box", theirs, peer, peer_environment))
+        results: dict[str, list[float]] = {name: [] for name, *_ in commands}
+        for _ in range(args.runs):  # the two commands take turns, so that a shared machine's drift falls on both
+            for name, command, cwd, env in commands:
+                results[name].append(timed(command, cwd, env))
 
         print(f"machine: {machine_description()}")
         print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s; random-init Wav2Lip weights; "

@@ -11,9 +11,9 @@ machine a job's main process held 1-2 GiB more than the frames in flight (docs/b
 the kernel when it is freed. It acts once per process and only on glibc, and by default only on
 machines of 8 cores or more: there the pipeline runs many decoding, tracking and encoding threads
 and the tuning took 1.5 GiB off a ten-minute 1080p job; on the 2-core CPU it saved 60 MiB and cost
-3-15 % of speed in five paired runs (the kernel maps and zeroes every large buffer anew). ``HEYGEM_ALLOCATOR``
-says otherwise: ``tuned`` (on any machine), ``system`` (never); a user who tuned malloc through
-the environment keeps it.
+3-15 % of speed in five paired runs (the kernel maps and zeroes every large buffer anew).
+``HEYGEM_ALLOCATOR`` says otherwise: ``tuned`` (on any machine), ``system`` (never); a user who
+tuned malloc through the environment keeps it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import platform
 import threading
 
-log = logging.getLogger("heygem")
+logger = logging.getLogger("heygem")
 
 MIN_CORES = 8  # tuned by default on machines with at least this many cores
 ARENAS = 4  # at most this many malloc arenas for the whole process
@@ -47,7 +47,7 @@ def _reason_to_leave() -> str | None:
     """Why the allocator is left as it is, or None."""
     choice = os.environ.get("HEYGEM_ALLOCATOR", "auto").strip().lower() or "auto"
     if choice not in ("auto", "tuned", "system"):
-        log.warning("HEYGEM_ALLOCATOR=%s is not auto, tuned or system: the allocator is left as it is", choice)
+        logger.warning("HEYGEM_ALLOCATOR=%s is not auto, tuned or system: the allocator is left as it is", choice)
         return f"HEYGEM_ALLOCATOR={choice} is not auto, tuned or system"
     if choice == "system":
         return "HEYGEM_ALLOCATOR=system"
@@ -77,7 +77,7 @@ def tune() -> str:
                        mallopt(_M_TRIM_THRESHOLD, TRIM_ABOVE_BYTES)]
             reason = None if all(applied) else "mallopt refused a setting"
         _outcome = "tuned" if reason is None else f"left: {reason}"
-        log.debug("malloc %s", _outcome)
+        logger.debug("malloc %s", _outcome)
         return _outcome
 
 

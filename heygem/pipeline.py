@@ -85,7 +85,7 @@ def generate(
     option is unusable.
     """
     started = time.perf_counter()
-    allocator.tune()  # frames freed by one thread go back to the kernel, not to its own arena
+    allocator.tune()  # on machines of many cores: freed frames go back to the kernel, not to an arena
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
     face_path, audio_path, output_path = Path(face_path), Path(audio_path), Path(output_path)
     clock = StageClock()

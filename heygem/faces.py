@@ -27,9 +27,12 @@ from typing import Protocol
 
 import numpy as np
 
+from heygem import media
 from heygem.config import FaceConfig
 from heygem.errors import HeygemError
 from heygem.types import Face
+
+Frame = media.Frame
 
 logger = logging.getLogger("heygem")
 
@@ -79,8 +82,8 @@ class FaceDetector(Protocol):
     name: str
     input_side: int | None  # tiles of the small-face search are resized to this longest side (None: as cut)
 
-    def detect(self, frames_bgr: list[np.ndarray], min_confidence: float = 0.5) -> list[np.ndarray]:
-        """Face boxes (K, 4) float32 x1 y1 x2 y2 pixels for each (H, W, 3) uint8 BGR frame."""
+    def detect(self, frames: list[Frame], min_confidence: float = 0.5) -> list[np.ndarray]:
+        """Face boxes (K, 4) float32 x1 y1 x2 y2 pixels for each frame ((H, W, 3) uint8 BGR or a media frame)."""
 
     def reset(self) -> None: ...
 
@@ -142,13 +145,12 @@ class MediapipeDetector:
         self._detection = mp.solutions.face_detection.FaceDetection(
             model_selection=1, min_detection_confidence=min_confidence)  # 1: full range
 
-    def detect(self, frames_bgr: list[np.ndarray], min_confidence: float = 0.5) -> list[np.ndarray]:
-        import cv2
-
+    def detect(self, frames: list[Frame], min_confidence: float = 0.5) -> list[np.ndarray]:
         results = []
-        for frame_bgr in frames_bgr:
-            height, width = frame_bgr.shape[:2]
-            result = self._detection.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB))
+        for frame in frames:
+            frame = media.as_frame(frame)
+            width, height = frame.width, frame.height
+            result = self._detection.process(np.ascontiguousarray(frame.region(0, 0, width, height, rgb=True)))
             boxes = []
             for detection in result.detections or []:
                 relative = detection.location_data.relative_bounding_box
@@ -158,7 +160,8 @@ class MediapipeDetector:
         return results
 
     def reset(self) -> None:
-        self._detection.reset()
+        """Nothing to forget: the detector keeps no state between images (restarting its graph
+        would cost more than a detection)."""
 
     def close(self) -> None:
         self._detection.close()
@@ -220,23 +223,23 @@ class FaceFinder:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def detect(self, frame_bgr: np.ndarray) -> np.ndarray:
-        """Boxes of every face in ``frame_bgr`` (H, W, 3) uint8 BGR: (K, 4) float32 x1 y1 x2 y2 pixels."""
-        return self.detect_many([frame_bgr])[0]
+    def detect(self, frame: Frame) -> np.ndarray:
+        """Boxes of every face in ``frame``: (K, 4) float32 x1 y1 x2 y2 pixels."""
+        return self.detect_many([frame])[0]
 
-    def detect_many(self, frames_bgr: list[np.ndarray]) -> list[np.ndarray]:
+    def detect_many(self, frames: list[Frame]) -> list[np.ndarray]:
         """Face boxes (K, 4) of each frame, in one detector call; frames where the whole frame shows
         none are searched again on overlapping tiles (one more call for all their tiles)."""
         import cv2
 
         confidence = self.config.min_confidence
-        found = self._detector.detect(list(frames_bgr), confidence)
+        found = self._detector.detect(list(frames), confidence)
         empty = [index for index, boxes in enumerate(found) if len(boxes) == 0]
         if not empty:
             return found
         tiles, placements = [], []  # placements: (frame index, x offset, y offset, tile pixels per input pixel)
         for index in empty:
-            frame = frames_bgr[index]
+            frame = media.as_frame(frames[index]).bgr()
             for x1, y1, x2, y2 in tile_windows(*frame.shape[:2]):
                 tile = frame[y1:y2, x1:x2]
                 factor = 1.0
@@ -255,59 +258,57 @@ class FaceFinder:
                 logger.debug("faces: %d small face(s) found on tiles", len(found[index]))
         return found
 
-    def mesh_around(self, frame_bgr: np.ndarray, box: np.ndarray) -> np.ndarray | None:
+    def mesh_around(self, frame: Frame, box: np.ndarray) -> np.ndarray | None:
         """Face-mesh landmarks (468, 2) float32 frame pixels of the face in ``box``, or None."""
-        import cv2
-
-        height, width = frame_bgr.shape[:2]
+        frame = media.as_frame(frame)
+        height, width = frame.height, frame.width
         center_x, center_y = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
         half = CROP_FACTOR * max(box[2] - box[0], box[3] - box[1]) / 2
         x1, y1 = int(max(0, center_x - half)), int(max(0, center_y - half))
         x2, y2 = int(min(width, center_x + half)), int(min(height, center_y + half))
         if x2 - x1 < 8 or y2 - y1 < 8:
             return None
-        crop = frame_bgr[y1:y2, x1:x2]
-        scale = min(1.0, CROP_PIXELS / max(crop.shape[:2]))  # the mesh sees 192x192: no need for more
-        if scale < 1.0:
-            crop = cv2.resize(crop, (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale))),
-                              interpolation=cv2.INTER_AREA)
-        elif max(crop.shape[:2]) < MESH_MIN_PIXELS:  # a small face: enlarged, its landmarks are steadier
-            scale = MESH_MIN_PIXELS / max(crop.shape[:2])
-            crop = cv2.resize(crop, (round(crop.shape[1] * scale), round(crop.shape[0] * scale)),
-                              interpolation=cv2.INTER_CUBIC)
-        result = self._mesh.process(cv2.cvtColor(crop, cv2.COLOR_BGR2RGB))
+        longest = max(x2 - x1, y2 - y1)
+        scale = min(1.0, CROP_PIXELS / longest)  # the mesh sees 192x192: no need for more
+        if longest < MESH_MIN_PIXELS:  # a small face: enlarged, its landmarks are steadier
+            scale = MESH_MIN_PIXELS / longest
+        size = (max(1, round((x2 - x1) * scale)), max(1, round((y2 - y1) * scale)))
+        crop = frame.region(x1, y1, x2, y2, rgb=True, size=size)  # (h, w, 3) RGB, as the mesh takes it
+        result = self._mesh.process(np.ascontiguousarray(crop))
         if not result.multi_face_landmarks:
             return None
         points = np.array([(p.x, p.y) for p in result.multi_face_landmarks[0].landmark], dtype=np.float32)
         points *= np.array([x2 - x1, y2 - y1], dtype=np.float32)  # (468, 2) relative -> crop pixels
         return points + np.array([x1, y1], dtype=np.float32)
 
-    def track(self, frames_bgr: Sequence[np.ndarray]) -> list[np.ndarray | None]:
+    def track(self, frames: Sequence[Frame]) -> list[np.ndarray | None]:
         """Landmarks (or None) for each of the next frames of the stream, as :meth:`find` gives them;
         the frames where detection is due are detected together first, in one batched call."""
         redetect_every = self.config.redetect_every
-        due = [offset for offset in range(len(frames_bgr)) if (self._frames_seen + offset) % redetect_every == 0]
-        detected = dict(zip(due, self.detect_many([frames_bgr[offset] for offset in due]))) if due else {}
-        return [self.find(frame, detected.get(offset)) for offset, frame in enumerate(frames_bgr)]
+        frames = [media.as_frame(frame) for frame in frames]
+        due = [offset for offset in range(len(frames)) if (self._frames_seen + offset) % redetect_every == 0]
+        detected = dict(zip(due, self.detect_many([frames[offset] for offset in due]))) if due else {}
+        return [self.find(frame, detected.get(offset)) for offset, frame in enumerate(frames)]
 
-    def find(self, frame_bgr: np.ndarray, boxes: np.ndarray | None = None) -> np.ndarray | None:
+    def find(self, frame: Frame, boxes: np.ndarray | None = None) -> np.ndarray | None:
         """The chosen face's landmarks in the next frame of the stream, or None.
 
         ``boxes`` (K, 4) are this frame's detections when they were made already (see :meth:`track`).
         """
+        frame = media.as_frame(frame)
         frame_number = self._frames_seen
         self._frames_seen += 1
         landmarks = None
         if self._previous_box is not None and frame_number % self.config.redetect_every != 0:
-            landmarks = self.mesh_around(frame_bgr, self._previous_box)  # follow the same face
+            landmarks = self.mesh_around(frame, self._previous_box)  # follow the same face
         if landmarks is None:
             if boxes is None:
-                boxes = self.detect(frame_bgr)
+                boxes = self.detect(frame)
             chosen = choose_face(boxes, self.config.face_index) if len(boxes) else None
             if chosen is not None and self._previous_box is not None and self.config.face_index is None \
                     and frame_number % self.config.redetect_every != 0:
                 chosen = int(np.argmax(box_overlap(self._previous_box, boxes)))  # lost it: find the same one
-            landmarks = self.mesh_around(frame_bgr, boxes[chosen]) if chosen is not None else None
+            landmarks = self.mesh_around(frame, boxes[chosen]) if chosen is not None else None
         self._previous_box = tight_box(landmarks) if landmarks is not None else None
         return landmarks
 
@@ -323,9 +324,8 @@ class FinderPool:
         for finder in self._finders:
             self._idle.put(finder)
 
-    def track_run(self, frames: Sequence[np.ndarray]) -> list[np.ndarray | None]:
-        """Landmarks (or None) for each (H, W, 3) uint8 BGR frame of a run, tracked from a fresh start
-        (any sequence: media.BgrFrames converts each frame as it is read)."""
+    def track_run(self, frames: Sequence[Frame]) -> list[np.ndarray | None]:
+        """Landmarks (or None) for each frame of a run, tracked from a fresh start."""
         finder = self._idle.get()
         try:
             finder.reset()

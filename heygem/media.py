@@ -460,10 +460,116 @@ def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: i
         yield i420_batch_to_bgr(planes)
 
 
-class BgrFrames:
-    """(N, H * 3/2, W) I420 frames seen as a sequence of (H, W, 3) BGR frames, each converted when
-    it is read: a face tracker holds one BGR frame at a time instead of its whole batch (at 1080p
-    a batch of 21 frames is 130 MiB of BGR, and several trackers run at once)."""
+class I420Frame:
+    """One (H * 3/2, W) I420 frame that converts to BGR only what is looked at: a face tracker needs
+    the whole frame for a detection but only the crop around the face for the mesh."""
+
+    def __init__(self, planes: np.ndarray):
+        self.planes = planes
+        self.height, self.width = planes.shape[0] * 2 // 3, planes.shape[1]
+
+    def bgr(self) -> np.ndarray:
+        """The whole frame, (H, W, 3) uint8 BGR."""
+        return yuv420_to_bgr(self.planes, self.width, self.height)
+
+    def region(self, x1: int, y1: int, x2: int, y2: int, rgb: bool = False,
+               size: tuple[int, int] | None = None) -> np.ndarray:
+        """Pixels [y1:y2, x1:x2] as (y2-y1, x2-x1, 3) uint8 BGR (RGB if ``rgb``), or resampled to ``size``
+        (width, height) as :func:`resample_region` does.
+
+        Only whole 2x2 chroma blocks around the region are converted, so the pixels are those a
+        conversion of the whole frame gives. A region that shrinks to half its size or less is
+        halved in I420 first (each plane averaged over 2x2 blocks): the colour conversion then sees
+        a quarter of the pixels.
+        """
+        import cv2
+
+        halve = size is not None and x2 - x1 >= 2 * size[0] and y2 - y1 >= 2 * size[1]
+        align = 4 if halve else 2  # a halved I420 block needs whole 4x4 blocks for its halved chroma
+        block_x1, block_y1 = x1 - x1 % align, y1 - y1 % align
+        block_x2, block_y2 = min(self.width, x2 + (-x2) % align), min(self.height, y2 + (-y2) % align)
+        if halve and ((block_x2 - block_x1) % 4 or (block_y2 - block_y1) % 4):  # at a frame edge not on 4
+            halve = False
+        pixel_size = 2 if halve else 1  # frame pixels per block pixel
+        block = np.empty(((block_y2 - block_y1) // pixel_size * 3 // 2, (block_x2 - block_x1) // pixel_size),
+                         dtype=np.uint8)
+        for block_plane, frame_plane, plane_scale in zip(i420_planes(block), i420_planes(self.planes), (1, 2, 2)):
+            source = frame_plane[block_y1 // plane_scale: block_y2 // plane_scale,
+                                 block_x1 // plane_scale: block_x2 // plane_scale]
+            if halve:  # bilinear sampling at exactly half the size averages each 2x2 block
+                cv2.resize(source, block_plane.shape[::-1], dst=block_plane, interpolation=cv2.INTER_LINEAR)
+            else:
+                block_plane[:] = source
+        pixels = cv2.cvtColor(block, cv2.COLOR_YUV2RGB_I420 if rgb else cv2.COLOR_YUV2BGR_I420)
+        if size is None:
+            return pixels[y1 - block_y1: y2 - block_y1, x1 - block_x1: x2 - block_x1]
+        return resample_region(pixels, (block_x1, block_y1), pixel_size, (x1, y1, x2, y2), size)
+
+
+class BgrImage:
+    """An (H, W, 3) uint8 BGR image behind the same two calls as :class:`I420Frame`."""
+
+    def __init__(self, image_bgr: np.ndarray):
+        self.image_bgr = image_bgr
+        self.height, self.width = image_bgr.shape[:2]
+
+    def bgr(self) -> np.ndarray:
+        return self.image_bgr
+
+    def region(self, x1: int, y1: int, x2: int, y2: int, rgb: bool = False,
+               size: tuple[int, int] | None = None) -> np.ndarray:
+        import cv2
+
+        if size is None:
+            pixels = self.image_bgr[y1:y2, x1:x2]
+        else:  # from the block an I420 frame converts when it does not halve, so that both give the same
+            block_x1, block_y1 = x1 - x1 % 2, y1 - y1 % 2
+            block = self.image_bgr[block_y1: min(self.height, y2 + y2 % 2), block_x1: min(self.width, x2 + x2 % 2)]
+            pixels = resample_region(block, (block_x1, block_y1), 1, (x1, y1, x2, y2), size)
+        return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB) if rgb else pixels
+
+
+def resample_region(image: np.ndarray, origin: tuple[int, int], pixel_size: int, box: tuple[int, int, int, int],
+                    size: tuple[int, int]) -> np.ndarray:
+    """The part ``box`` (x1, y1, x2, y2 frame pixels) of ``image`` (H, W, C), resampled to ``size``
+    (width, height) with the box's edges on the result's edges.
+
+    ``image`` pixel (0, 0) starts at frame pixel ``origin`` and each of its pixels spans
+    ``pixel_size`` frame pixels. While the result is half the image's resolution or less, the
+    image is halved (2x2 blocks averaged); one bilinear warp then does the rest, which at less than
+    2:1 still averages every pixel (as area averaging does, within a level, at a tenth of its
+    cost), or a bicubic one when the result is larger.
+    """
+    import cv2
+
+    x1, y1, x2, y2 = box
+    width, height = size
+    step_x, step_y = (x2 - x1) / width, (y2 - y1) / height  # frame pixels per result pixel
+    while step_x >= 2 * pixel_size and step_y >= 2 * pixel_size and min(image.shape[:2]) >= 2:
+        even = image[: image.shape[0] // 2 * 2, : image.shape[1] // 2 * 2]
+        image = cv2.resize(even, (even.shape[1] // 2, even.shape[0] // 2), interpolation=cv2.INTER_LINEAR)
+        pixel_size *= 2
+    # result pixel u's centre lies at frame x1 + (u + 0.5) * step_x, which is image pixel
+    # (that - origin) / pixel_size - 0.5 (pixel centres at .5, as cv2 counts them)
+    to_image = np.array([[step_x / pixel_size, 0, (x1 - origin[0] + 0.5 * step_x) / pixel_size - 0.5],
+                         [0, step_y / pixel_size, (y1 - origin[1] + 0.5 * step_y) / pixel_size - 0.5]])
+    interpolation = cv2.INTER_CUBIC if step_x < pixel_size or step_y < pixel_size else cv2.INTER_LINEAR
+    return cv2.warpAffine(image, to_image, (width, height), flags=interpolation | cv2.WARP_INVERSE_MAP,
+                          borderMode=cv2.BORDER_REPLICATE)
+
+
+Frame = np.ndarray | I420Frame | BgrImage  # (H, W, 3) uint8 BGR, or a frame converted where it is looked at
+
+
+def as_frame(frame: Frame) -> I420Frame | BgrImage:
+    """``frame`` behind the calls that face finding uses (``bgr()``, ``region()``): an array is a BGR image."""
+    return BgrImage(frame) if isinstance(frame, np.ndarray) else frame
+
+
+class I420Frames:
+    """(N, H * 3/2, W) I420 frames seen as a sequence of :class:`I420Frame`: a face tracker converts
+    one frame, or the part of it that it needs, at a time instead of its whole batch (at 1080p a
+    batch of 21 frames is 130 MiB of BGR, and several trackers run at once)."""
 
     def __init__(self, planes: np.ndarray):
         self.planes = planes
@@ -471,11 +577,10 @@ class BgrFrames:
     def __len__(self) -> int:
         return len(self.planes)
 
-    def __getitem__(self, index: int) -> np.ndarray:
-        rows, width = self.planes.shape[1:]
-        return yuv420_to_bgr(self.planes[index], width, rows * 2 // 3)
+    def __getitem__(self, index: int) -> I420Frame:
+        return I420Frame(self.planes[index])
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[I420Frame]:
         return (self[index] for index in range(len(self)))
 
 

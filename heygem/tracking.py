@@ -111,7 +111,7 @@ class FaceStage:
         new_frames = batch.frames_i420[batch.source_indices >= start]
         if self.source.is_still:
             new_frames = new_frames[:1]
-        return batch, start, self._pool.track_run(media.BgrFrames(new_frames))
+        return batch, start, self._pool.track_run(media.I420Frames(new_frames))
 
     def _end_of_video(self) -> None:
         builder = self.builder

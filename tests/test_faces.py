@@ -4,7 +4,7 @@ import cv2
 import numpy as np
 import pytest
 
-from heygem import faces
+from heygem import faces, media
 from heygem.config import FaceConfig
 from heygem.source import pingpong_indices
 
@@ -18,6 +18,18 @@ def test_the_portrait_face_is_found_with_its_mouth_where_it_belongs(face_photo):
     assert 150 < x1 < 200 and 40 < y1 < 90 and 260 < x2 < 310 and 170 < y2 < 220  # the astronaut's face
     upper_lip, lower_lip, chin = landmarks[13], landmarks[14], landmarks[152]
     assert y1 < upper_lip[1] <= lower_lip[1] < chin[1] <= y2
+
+
+def test_frames_tracked_from_i420_give_the_landmarks_of_their_bgr_conversions(face_video):
+    info = media.probe(face_video)
+    planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 24))
+    with faces.FaceFinder(FaceConfig(redetect_every=5)) as finder:
+        from_bgr = finder.track(list(media.i420_batch_to_bgr(planes)))
+        finder.reset()
+        from_i420 = finder.track(media.I420Frames(planes))  # only the crops around the face are converted
+    assert all(landmarks is not None for landmarks in from_bgr)
+    for expected, landmarks in zip(from_bgr, from_i420, strict=True):
+        np.testing.assert_array_equal(landmarks, expected)
 
 
 def test_choice_policy_largest_or_index_from_the_left():

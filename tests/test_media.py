@@ -195,14 +195,56 @@ def test_decoder_count():
     assert graph.index("fps=") < graph.index("select=eq(mod(floor(n/32)\\,3)\\,1)") < graph.index("setpts=N/FRAME_RATE/TB")
 
 
-def test_bgr_frames_convert_each_frame_as_the_whole_batch_conversion_does(face_video):
+def test_i420_frames_convert_each_frame_or_region_as_the_whole_batch_conversion_does(face_video):
     info = media.probe(face_video)
     planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 5))
-    frames = media.BgrFrames(planes)
+    frames = media.I420Frames(planes)
     whole = media.i420_batch_to_bgr(planes)
     assert len(frames) == 5
-    np.testing.assert_array_equal(np.stack(list(frames)), whole)
-    np.testing.assert_array_equal(frames[3], whole[3])
+    np.testing.assert_array_equal(np.stack([frame.bgr() for frame in frames]), whole)
+    frame = frames[3]
+    assert (frame.height, frame.width) == whole.shape[1:3]
+    np.testing.assert_array_equal(frame.bgr(), whole[3])
+    height, width = whole.shape[1:3]
+    # odd and even corners, the frame's edges, a single pixel: widened to whole chroma blocks and cut back
+    for x1, y1, x2, y2 in [(31, 17, 200, 151), (30, 16, 200, 150), (0, 0, width, height), (1, 1, width - 1, height - 1),
+                           (width - 3, height - 5, width, height), (7, 9, 8, 10)]:
+        region = frame.region(x1, y1, x2, y2)
+        np.testing.assert_array_equal(region, whole[3, y1:y2, x1:x2])
+        np.testing.assert_array_equal(frame.region(x1, y1, x2, y2, rgb=True), region[..., ::-1])
+    # resampled: the same from I420 as from the BGR frame, unless the region shrinks to half or less and
+    # is halved in I420 first (then the same picture within a few levels)
+    image = media.BgrImage(whole[3])
+    for box, size in [((31, 17, 201, 151), (120, 90)), ((31, 17, 51, 31), (60, 42)), ((0, 0, width, height), (400, 300))]:
+        np.testing.assert_array_equal(frame.region(*box, rgb=True, size=size), image.region(*box, rgb=True, size=size))
+    halved = frame.region(31, 17, 287, 223, rgb=True, size=(96, 78)).astype(int)
+    expected = image.region(31, 17, 287, 223, rgb=True, size=(96, 78))
+    assert halved.shape == (78, 96, 3) and np.abs(halved - expected).mean() < 4 and np.abs(halved - expected).max() < 64
+    image_bgr = whole[3]
+    image = media.BgrImage(image_bgr)
+    np.testing.assert_array_equal(image.region(31, 17, 200, 151, rgb=True), image_bgr[17:151, 31:200, ::-1])
+    assert image.bgr() is image_bgr
+
+
+@pytest.mark.parametrize("size", [(40, 30), (13, 11), (200, 150), (97, 71)])
+def test_a_resampled_region_puts_the_box_edges_on_the_result_edges(size):
+    # a ramp whose value is the frame x (or y) coordinate: each result pixel must hold the frame coordinate
+    # of its centre, whether the region is enlarged, shrunk a little or halved twice first
+    height, width = 300, 400
+    ramp_x = np.broadcast_to(np.arange(width, dtype=np.float32), (height, width))
+    ramp_y = np.broadcast_to(np.arange(height, dtype=np.float32)[:, None], (height, width))
+    image = np.ascontiguousarray(np.stack([ramp_x, ramp_y], axis=2)[40:260, 60:380])  # origin (60, 40)
+    box = (71, 53, 351, 243)
+    result = media.resample_region(image, (60, 40), 1, box, size)
+    step_x, step_y = (box[2] - box[0]) / size[0], (box[3] - box[1]) / size[1]
+    centre_x = box[0] + (np.arange(size[0]) + 0.5) * step_x - 0.5  # pixel centres as integers, as the ramp counts
+    centre_y = box[1] + (np.arange(size[1]) + 0.5) * step_y - 0.5
+    pixel_size = 1  # frame pixels per pixel of the image the last warp reads: it places samples to 1/32 of those
+    while step_x >= 2 * pixel_size and step_y >= 2 * pixel_size:
+        pixel_size *= 2
+    tolerance = pixel_size / 32 + 0.01
+    np.testing.assert_allclose(result[..., 0], np.broadcast_to(centre_x, (size[1], size[0])), atol=tolerance)
+    np.testing.assert_allclose(result[..., 1], np.broadcast_to(centre_y[:, None], (size[1], size[0])), atol=tolerance)
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,8 @@ class FaceStage:
             for batch in batches:
                 yield self._attach(batch)
             return
+        if self.workers > 1:
+            opencv_on_one_thread()
         self._pool = faces.FinderPool(self.config.face, self.workers, still_images=self.source.is_still,
                                       detector=self._shared_detector())
         try:
@@ -139,3 +141,20 @@ def face_worker_count(config: Config) -> int:
     if config.run.face_workers:
         return config.run.face_workers
     return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
+def opencv_on_one_thread() -> None:
+    """Run OpenCV's calls on the thread that makes them, for the rest of the process.
+
+    The tracking threads are the parallelism: each crops, converts and resizes small images, and
+    OpenCV's own pool (a thread per core) only adds threads that wait for work by spinning. On the
+    16-core GPU machine, 8 tracking threads spent 15.5-17 ms of CPU per 1080p frame with the pool
+    and 8.4-10.1 without it, and tracked 533-566 frames/s instead of 562-658 (docs/benchmarks.md).
+    A thread count the user gave OpenCV through ``OPENCV_FOR_THREADS_NUM`` is kept.
+    """
+    import cv2
+
+    if os.environ.get("OPENCV_FOR_THREADS_NUM") is None and cv2.getNumThreads() != 1:
+        cv2.setNumThreads(1)
+        logger.debug("faces: OpenCV runs on the calling threads (its own pool is off)")
+

@@ -173,6 +173,92 @@ class MediapipeDetector:
         self.close()
 
 
+# one landmark of a NormalizedLandmarkList as the face mesh serializes it: a length-delimited entry
+# (field 1, 15 bytes) holding x, y and z as 32-bit floats (fields 1, 2, 3)
+_LANDMARK_WIRE = np.dtype([("entry_tag", "u1"), ("entry_size", "u1"), ("x_tag", "u1"), ("x", "<f4"),
+                           ("y_tag", "u1"), ("y", "<f4"), ("z_tag", "u1"), ("z", "<f4")])
+_LANDMARK_WIRE_COLUMNS = np.array([0, 1, 2, 7, 12])  # the byte of each tag and of the entry's size
+_LANDMARK_WIRE_BYTES = np.array([0x0A, 15, 0x0D, 0x15, 0x1D], dtype=np.uint8)
+
+
+class FaceMesh:
+    """mediapipe's face mesh on one face: (468, 2) landmarks relative to the image, or None.
+
+    mediapipe's ``process`` builds a new result class on every call and hands the landmarks over
+    as 468 protobuf messages, which Python then reads one attribute at a time: 0.6 ms of holding
+    the interpreter lock per frame, which the other stages of the job wait for. This feeds the
+    same graph the same packet and reads the landmarks' serialized bytes with numpy instead,
+    falling back to ``process`` where mediapipe's internals or the bytes are not as expected.
+    """
+
+    def __init__(self, mp, still_images: bool):
+        self._solution = mp.solutions.face_mesh.FaceMesh(
+            static_image_mode=still_images, max_num_faces=1, refine_landmarks=False,
+            min_detection_confidence=0.3, min_tracking_confidence=0.5)
+        try:
+            from mediapipe.python._framework_bindings import _packet_getter
+
+            self._serialized_list = _packet_getter._get_serialized_proto_list
+            self._image_type = self._solution._input_stream_type_info["image"]
+            self._lean = hasattr(self._solution, "_graph_outputs") and hasattr(self._solution, "_simulated_timestamp")
+        except (ImportError, AttributeError, KeyError, TypeError):  # pragma: no cover - another mediapipe
+            self._lean = False
+
+    def landmarks(self, image_rgb: np.ndarray) -> np.ndarray | None:
+        """(468, 2) float32 x, y in [0, 1] of the face in ``image_rgb`` (H, W, 3) uint8, or None."""
+        if not self._lean:
+            return self._landmarks_by_process(image_rgb)
+        solution = self._solution
+        solution._graph_outputs.clear()
+        solution._simulated_timestamp += 33333  # as process() counts: 30 frames a second
+        packet = solution._make_packet(self._image_type, image_rgb).at(solution._simulated_timestamp)
+        solution._graph.add_packet_to_input_stream(stream="image", packet=packet)
+        solution._graph.wait_until_idle()
+        faces_packet = solution._graph_outputs.get("multi_face_landmarks")
+        if faces_packet is None or faces_packet.is_empty():
+            return None
+        serialized = self._serialized_list(faces_packet)
+        if not serialized:
+            return None
+        points = landmarks_from_wire(serialized[0])
+        if points is None:  # pragma: no cover - written differently: read it as protobuf
+            points = self._parse(serialized[0])
+        return points
+
+    def _landmarks_by_process(self, image_rgb: np.ndarray) -> np.ndarray | None:
+        result = self._solution.process(image_rgb)
+        if not result.multi_face_landmarks:
+            return None
+        return np.array([(p.x, p.y) for p in result.multi_face_landmarks[0].landmark], dtype=np.float32)
+
+    @staticmethod
+    def _parse(serialized: bytes) -> np.ndarray:
+        from mediapipe.framework.formats import landmark_pb2
+
+        landmarks = landmark_pb2.NormalizedLandmarkList.FromString(serialized)
+        return np.array([(p.x, p.y) for p in landmarks.landmark], dtype=np.float32)
+
+    def reset(self) -> None:
+        self._solution.reset()
+
+    def close(self) -> None:
+        self._solution.close()
+
+
+def landmarks_from_wire(serialized: bytes) -> np.ndarray | None:
+    """(N, 2) float32 x, y of a serialized NormalizedLandmarkList whose every landmark holds x, y
+    and z only (as the face mesh writes them), read with numpy; None if it is laid out otherwise."""
+    if len(serialized) == 0 or len(serialized) % _LANDMARK_WIRE.itemsize:
+        return None
+    raw = np.frombuffer(serialized, dtype=np.uint8).reshape(-1, _LANDMARK_WIRE.itemsize)
+    if not np.array_equal(raw[:, _LANDMARK_WIRE_COLUMNS], np.broadcast_to(_LANDMARK_WIRE_BYTES, (len(raw), 5))):
+        return None
+    records = np.frombuffer(serialized, dtype=_LANDMARK_WIRE)
+    points = np.empty((len(records), 2), dtype=np.float32)
+    points[:, 0], points[:, 1] = records["x"], records["y"]
+    return points
+
+
 class FaceFinder:
     """The chosen face's landmarks, frame after frame (video) or in single images.
 
@@ -191,9 +277,7 @@ class FaceFinder:
         self.config = config
         self._owns_detector = detector is None
         self._detector: FaceDetector = detector if detector is not None else MediapipeDetector(config.min_confidence)
-        self._mesh = mp.solutions.face_mesh.FaceMesh(
-            static_image_mode=still_images, max_num_faces=1, refine_landmarks=False,
-            min_detection_confidence=0.3, min_tracking_confidence=0.5)
+        self._mesh = FaceMesh(mp, still_images)
         self._frames_seen = 0
         self._previous_box: np.ndarray | None = None  # tight landmark box of the face followed
 
@@ -274,11 +358,10 @@ class FaceFinder:
             scale = MESH_MIN_PIXELS / longest
         size = (max(1, round((x2 - x1) * scale)), max(1, round((y2 - y1) * scale)))
         crop = frame.region(x1, y1, x2, y2, rgb=True, size=size)  # (h, w, 3) RGB, as the mesh takes it
-        result = self._mesh.process(np.ascontiguousarray(crop))
-        if not result.multi_face_landmarks:
+        points = self._mesh.landmarks(np.ascontiguousarray(crop))  # (468, 2) relative to the crop
+        if points is None:
             return None
-        points = np.array([(p.x, p.y) for p in result.multi_face_landmarks[0].landmark], dtype=np.float32)
-        points *= np.array([x2 - x1, y2 - y1], dtype=np.float32)  # (468, 2) relative -> crop pixels
+        points *= np.array([x2 - x1, y2 - y1], dtype=np.float32)  # -> crop pixels
         return points + np.array([x1, y1], dtype=np.float32)
 
     def track(self, frames: Sequence[Frame]) -> list[np.ndarray | None]:

@@ -32,6 +32,43 @@ def test_frames_tracked_from_i420_give_the_landmarks_of_their_bgr_conversions(fa
         np.testing.assert_array_equal(landmarks, expected)
 
 
+def test_the_face_mesh_read_directly_gives_what_mediapipe_process_gives(face_video):
+    info = media.probe(face_video)
+    planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 12))
+    mp = faces.import_mediapipe()
+    direct, by_process = faces.FaceMesh(mp, still_images=False), faces.FaceMesh(mp, still_images=False)
+    try:
+        assert direct._lean  # mediapipe 0.10.14: its graph is fed and read without process()
+        for frame in media.I420Frames(planes):  # video mode: each result also steers the next frame's crop
+            image = np.ascontiguousarray(frame.region(0, 0, frame.width, frame.height, rgb=True))
+            expected = by_process._landmarks_by_process(image)
+            assert expected is not None and expected.shape == (faces.LANDMARK_COUNT, 2)
+            np.testing.assert_array_equal(direct.landmarks(image), expected)
+        assert direct.landmarks(np.zeros((240, 320, 3), np.uint8)) is None  # no face
+    finally:
+        direct.close()
+        by_process.close()
+
+
+def test_landmarks_are_read_from_their_serialized_bytes_or_refused():
+    from mediapipe.framework.formats import landmark_pb2
+
+    rng = np.random.default_rng(1)
+    points = rng.random((faces.LANDMARK_COUNT, 3), dtype=np.float32)
+    landmarks = landmark_pb2.NormalizedLandmarkList()
+    for x, y, z in points:
+        landmarks.landmark.add(x=x, y=y, z=z)
+    np.testing.assert_array_equal(faces.landmarks_from_wire(landmarks.SerializeToString()), points[:, :2])
+    landmarks.landmark[7].visibility = 0.5  # another layout: not read with numpy
+    assert faces.landmarks_from_wire(landmarks.SerializeToString()) is None
+    landmarks.landmark[7].ClearField("visibility")
+    landmarks.landmark[7].x = points[7, 0] = 0.0  # set, even to zero, a field is written (proto2)
+    np.testing.assert_array_equal(faces.landmarks_from_wire(landmarks.SerializeToString()), points[:, :2])
+    landmarks.landmark[7].ClearField("z")  # a field left out: another layout again
+    assert faces.landmarks_from_wire(landmarks.SerializeToString()) is None
+    assert faces.landmarks_from_wire(b"") is None
+
+
 def test_choice_policy_largest_or_index_from_the_left():
     boxes = np.array([[200, 0, 260, 60], [0, 0, 100, 100], [400, 0, 430, 30]], dtype=np.float32)
     assert faces.choose_face(boxes, None) == 1

@@ -211,6 +211,8 @@ class FaceMesh:
         solution = self._solution
         solution._graph_outputs.clear()
         solution._simulated_timestamp += 33333  # as process() counts: 30 frames a second
+        image_rgb = np.ascontiguousarray(image_rgb).view()
+        image_rgb.flags.writeable = False  # the packet refers to the pixels instead of copying them
         packet = solution._make_packet(self._image_type, image_rgb).at(solution._simulated_timestamp)
         solution._graph.add_packet_to_input_stream(stream="image", packet=packet)
         solution._graph.wait_until_idle()
@@ -401,6 +403,7 @@ class FinderPool:
 
     def __init__(self, config: FaceConfig, size: int, still_images: bool = False,
                  detector: FaceDetector | None = None):
+        self.key = pool_key(config, size, still_images, detector)
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._finders = [FaceFinder(config, still_images=still_images, detector=detector)
                          for _ in range(max(1, size))]
@@ -416,6 +419,11 @@ class FinderPool:
         finally:
             self._idle.put(finder)
 
+    def use_options(self, config: FaceConfig) -> None:
+        """Track with ``config`` from now on (options that the graphs were built with are in :attr:`key`)."""
+        for finder in self._finders:
+            finder.config = config
+
     def close(self) -> None:
         for finder in self._finders:
             finder.close()
@@ -425,6 +433,42 @@ class FinderPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# The finders of the last job that ended well, kept for the next one: building and closing a job's
+# sixteen mediapipe graphs held the interpreter lock for 0.8 s on the 16-core GPU machine, while
+# every other stage of the job waited (docs/benchmarks.md).
+_kept_pool: FinderPool | None = None
+_kept_lock = threading.Lock()
+
+
+def pool_key(config: FaceConfig, size: int, still_images: bool, detector: FaceDetector | None) -> tuple:
+    """What a pool's graphs were built with: pools with equal keys are interchangeable."""
+    return config.min_confidence, max(1, size), still_images, detector
+
+
+def take_pool(config: FaceConfig, size: int, still_images: bool = False,
+              detector: FaceDetector | None = None) -> FinderPool:
+    """The pool the last job left if it was built with the same options, otherwise a new one."""
+    global _kept_pool
+    with _kept_lock:
+        pool, _kept_pool = _kept_pool, None
+    if pool is not None and pool.key != pool_key(config, size, still_images, detector):
+        pool.close()
+        pool = None
+    if pool is None:
+        return FinderPool(config, size, still_images=still_images, detector=detector)
+    pool.use_options(config)
+    return pool
+
+
+def keep_pool(pool: FinderPool) -> None:
+    """Keep ``pool`` (whose job ended well) for the next job of this process, in place of any other."""
+    global _kept_pool
+    with _kept_lock:
+        previous, _kept_pool = _kept_pool, pool
+    if previous is not None:
+        previous.close()
 
 
 class TrackBuilder:

@@ -65,8 +65,9 @@ class FaceStage:
             return
         if self.workers > 1:
             opencv_on_one_thread()
-        self._pool = faces.FinderPool(self.config.face, self.workers, still_images=self.source.is_still,
-                                      detector=self._shared_detector())
+        self._pool = faces.take_pool(self.config.face, self.workers, still_images=self.source.is_still,
+                                     detector=self._shared_detector())
+        ended_well = False
         try:
             waiting: deque[FrameBatch] = deque()
             # one batch waiting beyond the workers' (not one per worker): at 1080p each batch is 65 MiB, and
@@ -83,8 +84,12 @@ class FaceStage:
                 self._end_of_video()
             while waiting:
                 yield self._attach(waiting.popleft())
+            ended_well = True
         finally:
-            self._pool.close()
+            if ended_well:  # its finders are idle and whole: the next job of this process tracks with them
+                faces.keep_pool(self._pool)
+            else:
+                self._pool.close()
 
     @staticmethod
     def _new_runs(batches: Iterator[FrameBatch]) -> Iterator[tuple[FrameBatch, int | None]]:

@@ -107,6 +107,7 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     private_temp = tmp_path / "temp"
     private_temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private_temp))
+    monkeypatch.setattr(faces, "_kept_pool", None)
     fail_in(stage, monkeypatch)
     output_dir = tmp_path / "out"
     with pytest.raises(HeygemError, match=f"broken in {stage}"):
@@ -115,6 +116,28 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     assert children_of_this_process() == []  # no ffmpeg left running
     assert list(private_temp.iterdir()) == []  # no work folder or temporary file left
     assert not output_dir.exists() or list(output_dir.iterdir()) == []  # no partial output
+    assert faces._kept_pool is None  # the failed job's face finders were closed, not kept for the next job
+
+
+def test_the_next_job_tracks_with_the_finders_the_last_one_left_and_gets_the_same_frames(
+        tmp_path, face_video, short_speech, monkeypatch):
+    monkeypatch.setattr(faces, "_kept_pool", None)
+    built = []
+    original_init = faces.FinderPool.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(self)
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(faces.FinderPool, "__init__", counting_init)
+    options = {"run.concurrent": True, "run.face_workers": 2, "media.batch_frames": 8}
+    run(face_video, short_speech, tmp_path / "first.mp4", **options)
+    assert len(built) == 1 and faces._kept_pool is built[0]
+    run(face_video, short_speech, tmp_path / "second.mp4", **options)
+    assert len(built) == 1 and faces._kept_pool is built[0]  # taken, used and kept again
+    np.testing.assert_array_equal(decode_frames(tmp_path / "first.mp4"), decode_frames(tmp_path / "second.mp4"))
+    run(face_video, short_speech, tmp_path / "third.mp4", **options, **{"face.min_confidence": 0.6})
+    assert len(built) == 2 and faces._kept_pool is built[1]  # other detector options: other graphs
 
 
 def rendering_processes() -> set[int]:

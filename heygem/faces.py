@@ -150,7 +150,9 @@ class MediapipeDetector:
         for frame in frames:
             frame = media.as_frame(frame)
             width, height = frame.width, frame.height
-            result = self._detection.process(np.ascontiguousarray(frame.region(0, 0, width, height, rgb=True)))
+            image_rgb = np.ascontiguousarray(frame.region(0, 0, width, height, rgb=True))
+            image_rgb.flags.writeable = False  # mediapipe then refers to the pixels instead of copying them
+            result = self._detection.process(image_rgb)
             boxes = []
             for detection in result.detections or []:
                 relative = detection.location_data.relative_bounding_box

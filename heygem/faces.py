@@ -231,22 +231,24 @@ class FaceMesh:
 
     def _landmarks_by_process(self, image_rgb: np.ndarray) -> np.ndarray | None:
         result = self._solution.process(image_rgb)
-        if not result.multi_face_landmarks:
-            return None
-        return np.array([(p.x, p.y) for p in result.multi_face_landmarks[0].landmark], dtype=np.float32)
+        return landmark_points(result.multi_face_landmarks[0]) if result.multi_face_landmarks else None
 
     @staticmethod
     def _parse(serialized: bytes) -> np.ndarray:
         from mediapipe.framework.formats import landmark_pb2
 
-        landmarks = landmark_pb2.NormalizedLandmarkList.FromString(serialized)
-        return np.array([(p.x, p.y) for p in landmarks.landmark], dtype=np.float32)
+        return landmark_points(landmark_pb2.NormalizedLandmarkList.FromString(serialized))
 
     def reset(self) -> None:
         self._solution.reset()
 
     def close(self) -> None:
         self._solution.close()
+
+
+def landmark_points(landmark_list) -> np.ndarray:
+    """(N, 2) float32 x, y of a NormalizedLandmarkList message, read attribute by attribute."""
+    return np.array([(point.x, point.y) for point in landmark_list.landmark], dtype=np.float32)
 
 
 def landmarks_from_wire(serialized: bytes) -> np.ndarray | None:
@@ -362,7 +364,7 @@ class FaceFinder:
             scale = MESH_MIN_PIXELS / longest
         size = (max(1, round((x2 - x1) * scale)), max(1, round((y2 - y1) * scale)))
         crop = frame.region(x1, y1, x2, y2, rgb=True, size=size)  # (h, w, 3) RGB, as the mesh takes it
-        points = self._mesh.landmarks(np.ascontiguousarray(crop))  # (468, 2) relative to the crop
+        points = self._mesh.landmarks(crop)  # (468, 2) relative to the crop
         if points is None:
             return None
         points *= np.array([x2 - x1, y2 - y1], dtype=np.float32)  # -> crop pixels

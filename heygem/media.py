@@ -484,6 +484,9 @@ class I420Frame:
         """
         import cv2
 
+        code = cv2.COLOR_YUV2RGB_I420 if rgb else cv2.COLOR_YUV2BGR_I420
+        if size is None and (x1, y1, x2, y2) == (0, 0, self.width, self.height):  # the whole frame: no block to cut
+            return cv2.cvtColor(self.planes, code)
         halve = size is not None and x2 - x1 >= 2 * size[0] and y2 - y1 >= 2 * size[1]
         align = 4 if halve else 2  # a halved I420 block needs whole 4x4 blocks for its halved chroma
         block_x1, block_y1 = x1 - x1 % align, y1 - y1 % align
@@ -500,7 +503,7 @@ class I420Frame:
                 cv2.resize(source, block_plane.shape[::-1], dst=block_plane, interpolation=cv2.INTER_LINEAR)
             else:
                 block_plane[:] = source
-        pixels = cv2.cvtColor(block, cv2.COLOR_YUV2RGB_I420 if rgb else cv2.COLOR_YUV2BGR_I420)
+        pixels = cv2.cvtColor(block, code)
         if size is None:
             return pixels[y1 - block_y1: y2 - block_y1, x1 - block_x1: x2 - block_x1]
         return resample_region(pixels, (block_x1, block_y1), pixel_size, (x1, y1, x2, y2), size)

@@ -392,44 +392,48 @@ def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int,
 
 
 _END = object()  # a decoder's pipe is exhausted
+# batches each of several decoders may hold at once, the one it is reading included: one is enough,
+# since together they read faster than the stages take batches (three carried about 600 1080p
+# frames/s into Python on the GPU machine) and the batch handed on waits in a queue anyway
+DECODER_BATCHES = 1
 
 
 def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, count: int) -> Iterator[np.ndarray]:
-    """iter_video_i420 over ``count`` decoders, each read by its own thread into a short queue."""
+    """iter_video_i420 over ``count`` decoders, each read by its own thread, at most
+    :data:`DECODER_BATCHES` batches each in hand (the one it reads included)."""
     import queue
 
     decoders = [_Decoder(info, video_decode_args(info.path, info.fps_fraction, geometry, info,
                                                  DecoderShare(index, count, batch_frames)))
                 for index in range(count)]
-    queues = [queue.Queue(maxsize=1) for _ in decoders]  # with the batch each is reading: two per decoder
+    queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in decoders]
+    slots = [threading.Semaphore(DECODER_BATCHES) for _ in decoders]  # given back when a batch is taken
     stopping = threading.Event()
 
-    def offer(target: queue.Queue, item) -> bool:
-        while not stopping.is_set():
-            try:
-                target.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read(decoder: _Decoder, target: queue.Queue) -> None:
+    def read(decoder: _Decoder, target: queue.SimpleQueue, slot: threading.Semaphore) -> None:
         try:
-            for batch in decoder.batches(batch_frames, geometry):
-                if not offer(target, batch):
+            while not decoder.ended:
+                while not slot.acquire(timeout=0.1):
+                    if stopping.is_set():
+                        return
+                if stopping.is_set():
                     return
-            offer(target, _END)  # its exit status is read by finish(), in the reading thread only
+                batch = decoder.read_batch(batch_frames, geometry)
+                if len(batch):
+                    target.put(batch)
+            target.put(_END)  # its exit status is read by finish(), in the reading thread only
         except BaseException as error:  # noqa: BLE001 - handed to the reading thread
-            offer(target, error)
+            target.put(error)
 
-    threads = [threading.Thread(target=read, args=(decoder, target), name=f"decode-{index}", daemon=True)
-               for index, (decoder, target) in enumerate(zip(decoders, queues))]
+    threads = [threading.Thread(target=read, args=(decoder, target, slot), name=f"decode-{index}", daemon=True)
+               for index, (decoder, target, slot) in enumerate(zip(decoders, queues, slots))]
     for thread in threads:
         thread.start()
     try:
         chunk = 0
         while True:
             item = queues[chunk % count].get()
+            slots[chunk % count].release()
             if item is _END:
                 break
             if isinstance(item, BaseException):

@@ -168,6 +168,36 @@ def test_a_shared_decode_stopped_early_leaves_no_ffmpeg_running(face_video):
     assert not set(child_pids(os.getpid())) - before  # killed and reaped
 
 
+@pytest.mark.parametrize("held", [1, 2])
+def test_shared_decoders_read_no_further_ahead_than_allowed(long_video, monkeypatch, held):
+    """Each decoder holds at most DECODER_BATCHES batches (the one it reads included): a reader
+    that takes batches slowly does not make them pile up."""
+    import threading
+    import time
+
+    monkeypatch.setattr(media, "DECODER_BATCHES", held)
+    reads = []
+    lock = threading.Lock()
+    read_batch = media._Decoder.read_batch
+
+    def counted(self, batch_frames, geometry):
+        batch = read_batch(self, batch_frames, geometry)
+        with lock:
+            reads.append(len(batch))
+        return batch
+
+    monkeypatch.setattr(media._Decoder, "read_batch", counted)
+    info = media.probe(long_video)
+    batches = media.iter_video_i420(info, media.working_geometry(info, None), 4, decoders=3)
+    taken = [next(batches) for _ in range(2)]
+    time.sleep(1.0)  # the decoders have long had time to read whatever they may
+    with lock:
+        read = len(reads)
+    batches.close()
+    # three decoders, each holding `held` batches, plus one more for each of the two taken
+    assert read == 3 * held + 2 and all(len(batch) == 4 for batch in taken)
+
+
 @pytest.mark.parametrize("decoders", [1, 3])
 def test_a_video_gone_after_probing_is_one_clear_error(tmp_path, face_video, decoders):
     moved = tmp_path / "face.mp4"

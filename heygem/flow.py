@@ -63,7 +63,7 @@ class _Stopped(Exception):
     """Raised inside a stage's input when the run is stopping, so the stage unwinds and cleans up."""
 
 
-def run_stages(source: Iterable, stages: Sequence[Stage], *, concurrent: bool, depth: int = 2,
+def run_stages(source: Iterable, stages: Sequence[Stage], *, concurrent: bool, depth: int = 1,
                should_stop: Callable[[], bool] | None = None, clock: StageClock | None = None,
                source_name: str = "decode") -> int:
     """Pull every item from ``source`` through ``stages``; returns how many items left the last stage.

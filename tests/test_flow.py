@@ -90,7 +90,9 @@ def test_the_clock_tells_computing_from_waiting(concurrent):
     assert 0.24 <= clock.cpu_seconds["computes"] < 0.35 and clock.seconds["computes"] >= 0.24, clock.cpu_seconds
 
 
-def test_queues_bound_how_far_the_source_runs_ahead():
+@pytest.mark.parametrize("depth, most", [(2, 4), (None, 3)])
+def test_queues_bound_how_far_the_source_runs_ahead(depth, most):
+    """The default is one item queued per boundary: a 1080p batch is tens of MiB."""
     produced = []
     gate = threading.Event()
 
@@ -105,13 +107,14 @@ def test_queues_bound_how_far_the_source_runs_ahead():
             yield item
 
     runner = threading.Thread(target=run_stages, args=(source(), [Stage("blocked", blocked)]),
-                              kwargs={"concurrent": True, "depth": 2})
+                              kwargs={"concurrent": True, **({"depth": depth} if depth else {})})
     runner.start()
     time.sleep(0.5)
     ahead = len(produced)
     gate.set()
     runner.join(10)
-    assert ahead <= 6, ahead  # one in the stage, two queued, one waiting to be queued, one being made
+    # one in the stage, `depth` queued, one waiting to be queued
+    assert ahead == most, ahead
     assert len(produced) == 1000
 
 

@@ -36,7 +36,7 @@ class MediaConfig:
     preset: str = option("veryfast", "--preset", "x264 speed preset", (
         "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"))
     audio_bitrate: str = option("192k", "--audio-bitrate", "AAC bitrate when the audio has to be re-encoded")
-    batch_frames: int = option(32, "--batch-frames", "frames per batch through the stages (fewer for big frames: a batch stays under 64 MiB); memory is bounded by this, not by the video's length")
+    batch_frames: int = option(32, "--batch-frames", "frames per batch through the stages (fewer for big frames: a batch stays under 32 MiB); memory is bounded by this, not by the video's length")
 
 
 @dataclass

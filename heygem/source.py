@@ -16,9 +16,12 @@ from heygem import media
 from heygem.errors import HeygemError
 from heygem.types import FrameBatch, FrameGeometry, MediaInfo
 
-# a batch of frames holds at most this many bytes of BGR frames (a few batches are in flight at
-# once: decoding, tracking, generating, encoding), but never fewer than MIN_BATCH_FRAMES frames
-BATCH_BYTES = 64 * 2**20
+# a batch of frames holds at most this many bytes (a score of batches are in flight at once: decoding,
+# tracking, rendering, encoding), but never fewer than MIN_BATCH_FRAMES frames. 32 MiB (10 frames at
+# 1080p) rather than 64: with one batch per queue and per decoder, about 1 GiB less at the peak of a
+# 1080p job on the GPU machine, as fast with the track from the avatar cache and 10-15 % slower with
+# every frame tracked (docs/benchmarks.md)
+BATCH_BYTES = 32 * 2**20
 MIN_BATCH_FRAMES = 4
 # a video shorter than the audio by more than this is kept in a frame file as it is decoded
 CACHE_MARGIN_SECONDS = 0.5

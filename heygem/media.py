@@ -410,18 +410,22 @@ def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, co
     slots = [threading.Semaphore(DECODER_BATCHES) for _ in decoders]  # given back when a batch is taken
     stopping = threading.Event()
 
+    def free_slot(slot: threading.Semaphore) -> bool:
+        """Wait until ``slot`` has room for one more batch; False once the reading stops."""
+        while not slot.acquire(timeout=0.1):
+            if stopping.is_set():
+                return False
+        return not stopping.is_set()
+
     def read(decoder: _Decoder, target: queue.SimpleQueue, slot: threading.Semaphore) -> None:
         try:
-            while not decoder.ended:
-                while not slot.acquire(timeout=0.1):
-                    if stopping.is_set():
-                        return
-                if stopping.is_set():
+            batches = decoder.batches(batch_frames, geometry)
+            while free_slot(slot):  # a batch is read only once there is room for it
+                batch = next(batches, None)
+                if batch is None:
+                    target.put(_END)  # its exit status is read by finish(), in the reading thread only
                     return
-                batch = decoder.read_batch(batch_frames, geometry)
-                if len(batch):
-                    target.put(batch)
-            target.put(_END)  # its exit status is read by finish(), in the reading thread only
+                target.put(batch)
         except BaseException as error:  # noqa: BLE001 - handed to the reading thread
             target.put(error)
 

@@ -34,8 +34,6 @@ Any exception goes back as ``("error", text)``; None stops the process.
 
 from __future__ import annotations
 
-import logging
-
 import cv2
 import numpy as np
 
@@ -47,13 +45,10 @@ from heygem.engines.landmark import (
     warp_window,
 )
 from heygem.engines.landmark_torch import FacePlan, RegionFace, plan_face
-
-logger = logging.getLogger("heygem")
-
-STOP_SECONDS = 5.0  # how long close() waits for a rendering process before terminating it
+from heygem.processes import ProcessPool, WorkerProcessError, serve
 
 
-class LandmarkWorkerError(RuntimeError):
+class LandmarkWorkerError(WorkerProcessError):
     """A rendering process failed or died; the message carries its exception and traceback."""
 
 
@@ -96,120 +91,39 @@ def _finish_all(items: list, warped: dict[int, WarpedWindow], blend) -> tuple[st
 
 def _render_process(connection) -> None:
     """A rendering process: runs the protocol above until told to stop."""
-    import traceback
-
     cv2.setNumThreads(1)  # the processes are the parallelism
     warped: dict[int, WarpedWindow] = {}
     blend = None
-    while True:
-        try:
-            message = connection.recv()
-        except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        kind, payload = message
-        try:
-            if kind == "warp":
-                warped.clear()
-                blend, items = payload
-                connection.send(("observed", _warp_all(items, warped)))
-            elif kind == "finish":
-                connection.send(_finish_all(payload, warped, blend))
-            elif kind == "finish+warp":  # the next batch's warp, sent with this one's finishing (a stream)
-                teeth_colours, next_blend, items = payload
-                connection.send(_finish_all(teeth_colours, warped, blend))
-                warped.clear()
-                blend = next_blend
-                connection.send(("observed", _warp_all(items, warped)))
-            elif kind == "plan":
-                frame_size, items = payload
-                connection.send(("plans", [(key, plan_face(face, region, frame_size)) for key, region, face in items]))
-            else:
-                raise ValueError(f"unknown message {kind!r}")
-        except Exception as error:  # noqa: BLE001 - every failure goes back to the engine, which raises it
+
+    def handle(kind: str, payload) -> None:
+        nonlocal blend
+        if kind == "warp":
             warped.clear()
-            connection.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+            blend, items = payload
+            connection.send(("observed", _warp_all(items, warped)))
+        elif kind == "finish":
+            connection.send(_finish_all(payload, warped, blend))
+        elif kind == "finish+warp":  # the next batch's warp, sent with this one's finishing (a stream)
+            teeth_colours, next_blend, items = payload
+            connection.send(_finish_all(teeth_colours, warped, blend))
+            warped.clear()
+            blend = next_blend
+            connection.send(("observed", _warp_all(items, warped)))
+        elif kind == "plan":
+            frame_size, items = payload
+            connection.send(("plans", [(key, plan_face(face, region, frame_size)) for key, region, face in items]))
+        else:
+            raise ValueError(f"unknown message {kind!r}")
+
+    serve(connection, handle, on_error=warped.clear)
 
 
-def _stop_processes(processes: list, connections: list) -> None:
-    """Ask each rendering process to stop, wait a little, then terminate what is left."""
-    for connection in connections:
-        try:
-            connection.send(None)
-        except (OSError, ValueError):
-            pass
-    for process in processes:
-        process.join(STOP_SECONDS)
-        if process.is_alive():
-            process.terminate()
-            process.join(STOP_SECONDS)
-        if process.is_alive():
-            process.kill()
-            process.join()
-    for connection in connections:
-        connection.close()
-
-
-class RenderPool:
-    """Spawned processes that run the protocol above, one pipe each.
-
-    Spawned, never forked: the parent has mediapipe (and maybe CUDA) loaded. Each process
-    imports only the landmark engine's dependencies (numpy, cv2). Closed by close(), by
-    garbage collection or at interpreter exit, whichever comes first.
-    """
+class RenderPool(ProcessPool):
+    """Spawned processes that run the protocol above, one pipe each; each imports only the landmark
+    engine's dependencies (numpy, cv2)."""
 
     def __init__(self, size: int):
-        import multiprocessing
-        import weakref
-
-        context = multiprocessing.get_context("spawn")
-        self.processes, self.connections = [], []
-        self._finalizer = weakref.finalize(self, _stop_processes, self.processes, self.connections)
-        for index in range(size):
-            parent_end, child_end = context.Pipe()
-            process = context.Process(target=_render_process, args=(child_end,), daemon=True,
-                                      name=f"heygem-landmark-{index}")
-            process.start()
-            child_end.close()
-            self.processes.append(process)
-            self.connections.append(parent_end)
-        logger.debug("landmark engine: %d rendering processes started", size)
-
-    @property
-    def size(self) -> int:
-        return len(self.processes)
-
-    def alive(self) -> bool:
-        """Whether every process still runs (a pool kept idle between jobs is checked before reuse)."""
-        return all(process.is_alive() for process in self.processes)
-
-    def send(self, index: int, message: tuple) -> None:
-        try:
-            self.connections[index].send(message)
-        except OSError as error:
-            raise LandmarkWorkerError(f"landmark rendering process {index} is gone "
-                                      f"(exit code {self.processes[index].exitcode}): {error}") from error
-
-    def receive(self, index: int, expected: str) -> list:
-        """The next reply of process ``index``; raises LandmarkWorkerError if it failed or died."""
-        from multiprocessing.connection import wait
-
-        connection, process = self.connections[index], self.processes[index]
-        wait([connection, process.sentinel])
-        try:
-            if not connection.poll():
-                raise EOFError
-            kind, payload = connection.recv()
-        except (EOFError, OSError) as error:
-            process.join(1.0)
-            raise LandmarkWorkerError(f"landmark rendering process {index} exited unexpectedly "
-                                      f"(exit code {process.exitcode})") from error
-        if kind == "error":
-            raise LandmarkWorkerError(f"landmark rendering process {index} failed: {payload}")
-        if kind != expected:
-            raise LandmarkWorkerError(f"landmark rendering process {index} answered {kind!r}, not {expected!r}")
-        return payload
+        super().__init__(_render_process, size, "landmark", "landmark rendering process", LandmarkWorkerError)
 
     def plan_faces(self, faces: list[RegionFace], regions, frame_size: tuple[int, int]) -> list[FacePlan | None]:
         """landmark_torch.plan_face of every face on its region ((F, Hc * 3/2, Wc) uint8), one run of
@@ -222,6 +136,3 @@ class RenderPool:
             for key, plan in self.receive(worker, "plans"):
                 plans[key] = plan
         return plans
-
-    def close(self) -> None:
-        self._finalizer()

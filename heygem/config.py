@@ -88,7 +88,8 @@ class BlendConfig:
 @dataclass
 class RunConfig:
     concurrent: bool = option(True, "--concurrent", "run decoding, face tracking, generation and encoding at the same time (--no-concurrent runs them one after another)")
-    face_workers: int = option(0, "--face-workers", "threads that track faces in parallel, each on its own run of frames; 0 picks from the cores")
+    face_workers: int = option(0, "--face-workers", "face trackers working in parallel, each on its own run of frames; 0 picks from the cores")
+    face_processes: bool = option(True, "--face-processes", "run several face trackers as processes of their own, beside the other stages (--no-face-processes keeps them as threads of the main process)")
     decoders: int = option(0, "--decoders", "ffmpeg processes decoding the face video together, each passing on its share of the frames; 0 picks from the cores and the frame size")
     encoders: int = option(0, "--encoders", "x264 encoders working on consecutive segments of the output; 0 picks from the cores")
     render: str = option("auto", "--render", "where cropping, drawing, restoring and blending run: auto picks torch on a GPU (for the landmark engine without a restorer), else numpy; torch also runs on the CPU",

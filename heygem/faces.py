@@ -428,6 +428,9 @@ class FinderPool:
         for finder in self._finders:
             finder.config = config
 
+    def alive(self) -> bool:
+        return True  # threads of this process: nothing that can have died
+
     def close(self) -> None:
         for finder in self._finders:
             finder.close()
@@ -441,8 +444,8 @@ class FinderPool:
 
 # The finders of the last job that ended well, kept for the next one: building and closing a job's
 # sixteen mediapipe graphs held the interpreter lock for 0.8 s on the 16-core GPU machine, while
-# every other stage of the job waited (docs/benchmarks.md).
-_kept_pool: FinderPool | None = None
+# every other stage of the job waited (docs/benchmarks.md). Tracking processes are kept the same way.
+_kept_pool = None  # a FinderPool or a face_processes.TrackingProcesses
 _kept_lock = threading.Lock()
 
 
@@ -452,21 +455,40 @@ def pool_key(config: FaceConfig, size: int, still_images: bool, detector: FaceDe
 
 
 def take_pool(config: FaceConfig, size: int, still_images: bool = False,
-              detector: FaceDetector | None = None) -> FinderPool:
-    """The pool the last job left if it was built with the same options, otherwise a new one."""
+              detector: FaceDetector | None = None, processes: bool = False):
+    """The pool the last job left if it was built with the same options and still works, otherwise a
+    new one: a FinderPool, or with ``processes`` (mediapipe's own detector only) a pool of spawned
+    tracking processes (heygem.face_processes.TrackingProcesses) with the same interface."""
     global _kept_pool
+    from heygem import face_processes
+
+    if processes and detector is not None:
+        raise ValueError("tracking processes use mediapipe's own detector")
+    key = face_processes.pool_key(config, size, still_images) if processes else \
+        pool_key(config, size, still_images, detector)
     with _kept_lock:
         pool, _kept_pool = _kept_pool, None
-    if pool is not None and pool.key != pool_key(config, size, still_images, detector):
+    if pool is not None and (pool.key != key or not pool.alive()):
         pool.close()
         pool = None
     if pool is None:
+        if processes:
+            return face_processes.TrackingProcesses(config, size, still_images=still_images)
         return FinderPool(config, size, still_images=still_images, detector=detector)
     pool.use_options(config)
     return pool
 
 
-def keep_pool(pool: FinderPool) -> None:
+def release_pool() -> None:
+    """Close the pool kept for the next job, if any (its tracking processes stop)."""
+    global _kept_pool
+    with _kept_lock:
+        pool, _kept_pool = _kept_pool, None
+    if pool is not None:
+        pool.close()
+
+
+def keep_pool(pool) -> None:
     """Keep ``pool`` (whose job ended well) for the next job of this process, in place of any other."""
     global _kept_pool
     with _kept_lock:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import allocator, audio, encode, media
+from heygem import allocator, audio, encode, faces, media
 from heygem.config import (
     REPO_ROOT,
     Config,
@@ -319,13 +319,15 @@ def _keep_pool(owner: int, pool) -> None:
 
 def release_kept(owner: int | None = None) -> None:
     """Drop what was kept for the next job of thread ``owner`` (every thread's when None): its
-    generator, and stop its rendering processes. A job worker calls it when it stops."""
+    generator, and stop its rendering processes; and the face trackers kept for any next job (a
+    job that is running holds its own). A job worker calls it when it stops."""
     with _KEPT_LOCK:
         for key in [key for key in _KEPT_ENGINES if owner is None or key[0] == owner]:
             del _KEPT_ENGINES[key]
         pools = [_KEPT_POOLS.pop(key) for key in list(_KEPT_POOLS) if owner is None or key == owner]
     for pool in pools:
         pool.close()
+    faces.release_pool()
 
 
 def landmark_worker_count(config: Config) -> int:

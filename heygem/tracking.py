@@ -2,8 +2,9 @@
 
 The face video's tracking comes from the avatar cache when the same video was tracked before
 with the same face options. Otherwise every batch of new source frames is tracked as a run of
-its own from a fresh start (heygem.faces), several runs at once on a pool of threads, and a
-batch moves on as soon as the boxes of all its frames are final.
+its own from a fresh start (heygem.faces), several runs at once in tracking processes
+(heygem.face_processes) or on threads, and a batch moves on as soon as the boxes of all its frames
+are final.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class FaceStage:
 
     The face video's tracking comes from the avatar cache when it was tracked before with
     the same options; otherwise each batch of new source frames is tracked as a run from a
-    fresh start, on several threads at once, and a batch is passed on once the boxes of all
-    its frames are final (box smoothing looks half a window ahead).
+    fresh start, several at once (in processes, or on threads with --no-face-processes or the
+    S3FD detector, which the threads share), and a batch is passed on once the boxes of all its
+    frames are final (box smoothing looks half a window ahead).
     """
 
     def __init__(self, source: SourceFrames, config: Config, geometry: FrameGeometry, fps_fraction: str,
@@ -65,8 +67,10 @@ class FaceStage:
             return
         if self.workers > 1:
             opencv_on_one_thread()
+        detector = self._shared_detector()
+        processes = self.config.run.face_processes and self.workers > 1 and detector is None
         self._pool = faces.take_pool(self.config.face, self.workers, still_images=self.source.is_still,
-                                     detector=self._shared_detector())
+                                     detector=detector, processes=processes)
         ended_well = False
         try:
             waiting: deque[FrameBatch] = deque()
@@ -141,12 +145,16 @@ class FaceStage:
 
 
 def face_worker_count(config: Config) -> int:
-    """Threads that track faces at once: --face-workers, or half the cores (at most 8) when concurrent."""
+    """Face trackers at once: --face-workers, or when concurrent half the cores, at most 4 processes
+    (--face-processes, mediapipe's detector) or 8 threads. Four processes tracked 1080p nearly as
+    fast as eight on the 16-core GPU machine with half their memory (docs/benchmarks.md); threads
+    take less memory but share the main process's interpreter lock, so more of them help."""
     if not config.run.concurrent:
         return 1
     if config.run.face_workers:
         return config.run.face_workers
-    return max(1, min(8, (os.cpu_count() or 1) // 2))
+    most = 4 if config.run.face_processes and config.face.detector != "s3fd" else 8
+    return max(1, min(most, (os.cpu_count() or 1) // 2))
 
 
 def opencv_on_one_thread() -> None:

@@ -79,7 +79,9 @@ def fail_in(stage: str, monkeypatch) -> None:
         return wrapper
 
     if stage == "faces":
+        from heygem.face_processes import TrackingProcesses
         monkeypatch.setattr(faces.FinderPool, "track_run", failing(faces.FinderPool.track_run))
+        monkeypatch.setattr(TrackingProcesses, "track_run", failing(TrackingProcesses.track_run))
     elif stage == "generate":
         from heygem.engines.landmark import LandmarkEngine
         monkeypatch.setattr(LandmarkEngine, "generate", failing(LandmarkEngine.generate))
@@ -107,7 +109,7 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     private_temp = tmp_path / "temp"
     private_temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private_temp))
-    monkeypatch.setattr(faces, "_kept_pool", None)
+    faces.release_pool()  # trackers an earlier test kept (tracking processes are children too)
     fail_in(stage, monkeypatch)
     output_dir = tmp_path / "out"
     with pytest.raises(HeygemError, match=f"broken in {stage}"):
@@ -119,25 +121,66 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     assert faces._kept_pool is None  # the failed job's face finders were closed, not kept for the next job
 
 
+@pytest.mark.parametrize("processes", [True, False])
 def test_the_next_job_tracks_with_the_finders_the_last_one_left_and_gets_the_same_frames(
-        tmp_path, face_video, short_speech, monkeypatch):
-    monkeypatch.setattr(faces, "_kept_pool", None)
+        tmp_path, face_video, short_speech, monkeypatch, processes):
+    from heygem.face_processes import TrackingProcesses
+
+    faces.release_pool()
     built = []
-    original_init = faces.FinderPool.__init__
+    pool_class = TrackingProcesses if processes else faces.FinderPool
+    original_init = pool_class.__init__
 
     def counting_init(self, *args, **kwargs):
         built.append(self)
         original_init(self, *args, **kwargs)
 
-    monkeypatch.setattr(faces.FinderPool, "__init__", counting_init)
+    monkeypatch.setattr(pool_class, "__init__", counting_init)
+    options = {"run.concurrent": True, "run.face_workers": 2, "media.batch_frames": 8,
+               "run.face_processes": processes}
+    try:
+        run(face_video, short_speech, tmp_path / "first.mp4", **options)
+        assert len(built) == 1 and faces._kept_pool is built[0]
+        run(face_video, short_speech, tmp_path / "second.mp4", **options)
+        assert len(built) == 1 and faces._kept_pool is built[0]  # taken, used and kept again
+        np.testing.assert_array_equal(decode_frames(tmp_path / "first.mp4"), decode_frames(tmp_path / "second.mp4"))
+        run(face_video, short_speech, tmp_path / "third.mp4", **options, **{"face.min_confidence": 0.6})
+        assert len(built) == 2 and faces._kept_pool is built[1]  # other detector options: other graphs
+    finally:
+        pipeline.release_kept()
+    assert faces._kept_pool is None and children_of_this_process() == []  # released: no tracker left running
+
+
+def test_a_tracking_process_that_dies_fails_the_job_and_the_next_job_starts_new_ones(
+        tmp_path, face_video, short_speech, monkeypatch):
+    from heygem.face_processes import TrackingProcesses
+    from heygem.processes import WorkerProcessError
+
+    faces.release_pool()
     options = {"run.concurrent": True, "run.face_workers": 2, "media.batch_frames": 8}
-    run(face_video, short_speech, tmp_path / "first.mp4", **options)
-    assert len(built) == 1 and faces._kept_pool is built[0]
-    run(face_video, short_speech, tmp_path / "second.mp4", **options)
-    assert len(built) == 1 and faces._kept_pool is built[0]  # taken, used and kept again
-    np.testing.assert_array_equal(decode_frames(tmp_path / "first.mp4"), decode_frames(tmp_path / "second.mp4"))
-    run(face_video, short_speech, tmp_path / "third.mp4", **options, **{"face.min_confidence": 0.6})
-    assert len(built) == 2 and faces._kept_pool is built[1]  # other detector options: other graphs
+    original_track_run = TrackingProcesses.track_run
+    runs = {"count": 0}
+
+    def killing_track_run(self, frames):
+        runs["count"] += 1
+        if runs["count"] == 3:  # as if the system had killed one for memory
+            for process in self._processes.processes:
+                process.kill()
+                process.join()
+        return original_track_run(self, frames)
+
+    monkeypatch.setattr(TrackingProcesses, "track_run", killing_track_run)
+    try:
+        with pytest.raises(WorkerProcessError, match="face tracking process . (exited unexpectedly|is gone)"):
+            run(face_video, short_speech, tmp_path / "failed.mp4", **options)
+        assert faces._kept_pool is None and children_of_this_process() == []
+        assert not (tmp_path / "failed.mp4").exists()
+        monkeypatch.undo()
+        run(face_video, short_speech, tmp_path / "next.mp4", **options)
+        run(face_video, short_speech, tmp_path / "threads.mp4", **options, **{"run.face_processes": False})
+        np.testing.assert_array_equal(decode_frames(tmp_path / "next.mp4"), decode_frames(tmp_path / "threads.mp4"))
+    finally:
+        pipeline.release_kept()
 
 
 def rendering_processes() -> set[int]:

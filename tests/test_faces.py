@@ -1,5 +1,7 @@
 """Face finding, the choice among several faces, padding and smoothing, ping-pong indices."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import cv2
 import numpy as np
 import pytest
@@ -30,6 +32,37 @@ def test_frames_tracked_from_i420_give_the_landmarks_of_their_bgr_conversions(fa
     assert all(landmarks is not None for landmarks in from_bgr)
     for expected, landmarks in zip(from_bgr, from_i420, strict=True):
         np.testing.assert_array_equal(landmarks, expected)
+
+
+def test_tracking_processes_give_the_landmarks_of_a_finder_here_and_report_a_failed_run(face_video):
+    from heygem.face_processes import TrackingProcesses
+    from heygem.processes import WorkerProcessError
+
+    info = media.probe(face_video)
+    planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 24))
+    config = FaceConfig(redetect_every=5)
+    with faces.FaceFinder(config) as finder:
+        expected = [finder.track(media.I420Frames(planes[:12]))]
+        finder.reset()
+        expected.append(finder.track(media.I420Frames(planes[12:])))
+    pool = TrackingProcesses(config, 2)
+    try:
+        with ThreadPoolExecutor(2) as threads:  # two runs at once, one per process
+            tracked = list(threads.map(pool.track_run, [media.I420Frames(planes[:12]), media.I420Frames(planes[12:])]))
+        for expected_run, tracked_run in zip(expected, tracked, strict=True):
+            assert len(tracked_run) == 12 and all(landmarks is not None for landmarks in tracked_run)
+            for landmarks, wanted in zip(tracked_run, expected_run, strict=True):
+                np.testing.assert_array_equal(landmarks, wanted)
+        with pytest.raises(WorkerProcessError, match="face tracking process . failed: .*sz.height % 3 == 0"):
+            pool.track_run(media.I420Frames(planes[:, :-1]))  # rows that are no I420 frame
+        assert pool.alive()  # the process that failed goes on
+        again = [pool.track_run(media.I420Frames(planes[:12])) for _ in range(2)]  # each process once
+        for run in again:
+            for landmarks, wanted in zip(run, expected[0], strict=True):
+                np.testing.assert_array_equal(landmarks, wanted)
+    finally:
+        pool.close()
+    assert not any(process.is_alive() for process in pool._processes.processes)
 
 
 def test_the_face_mesh_read_directly_gives_what_mediapipe_process_gives(face_video):

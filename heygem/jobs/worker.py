@@ -179,7 +179,7 @@ class Worker(threading.Thread):
                 self.current_job_id = None
         pipeline = sys.modules.get("heygem.pipeline")  # loaded by the first job this process ran
         if pipeline is not None:
-            pipeline.release_kept(threading.get_ident())  # this thread's generator and rendering processes
+            pipeline.release_kept(threading.get_ident())  # this thread's generator and rendering processes, the face trackers
 
     def stop(self, wait: float | None = None) -> None:
         """Stop after the current job (cancel it first to stop sooner)."""

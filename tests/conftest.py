@@ -49,6 +49,34 @@ def decode_frames(path: Path) -> np.ndarray:
     return frames.reshape(-1, info.height, info.width, 3)
 
 
+# the portrait's face: the box around its face-mesh landmarks, in assets/astronaut.jpg's pixels
+PORTRAIT_FACE_BOX = (178.7, 69.2, 273.2, 176.1)
+
+
+def face_crop(margin: float, size: int, shift: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
+    """A ``size`` x ``size`` (H, W, 3) uint8 BGR crop of the bundled portrait: a square ``margin`` times its
+    face's box around the face's centre (moved by ``shift`` times the square's side), and the affine map
+    (2, 3) from portrait to crop pixels. ``face_crop(1.0, 112)`` is a face-recognition crop."""
+    import cv2
+
+    x1, y1, x2, y2 = PORTRAIT_FACE_BOX
+    side = margin * max(x2 - x1, y2 - y1)
+    left = (x1 + x2) / 2 - side / 2 + shift[0] * side
+    top = (y1 + y2) / 2 - side / 2 + shift[1] * side
+    scale = size / side
+    to_crop = np.array([[scale, 0, -left * scale], [0, scale, -top * scale]])
+    return cv2.warpAffine(cv2.imread(str(ASSETS / "astronaut.jpg")), to_crop, (size, size), flags=cv2.INTER_AREA), \
+        to_crop
+
+
+def write_tight_face_photo(path: Path, size: int = 112) -> Path:
+    """A real face photo whose face fills it, ``size`` pixels square, written to ``path``."""
+    import cv2
+
+    cv2.imwrite(str(path), face_crop(1.0, size)[0])
+    return path
+
+
 @pytest.fixture(scope="session")
 def face_photo() -> Path:
     return ASSETS / "astronaut.jpg"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
+from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg, write_tight_face_photo
 from heygem.batch import item_key, plan_items, resolve_under_roots, run_batch, BatchItem
 from heygem.errors import HeygemError
 from heygem.media import probe
@@ -97,7 +97,8 @@ def test_item_key_changes_with_inputs_and_options(tmp_path):
 
 @pytest.fixture(scope="module")
 def batch_folder(tmp_path_factory) -> Path:
-    """Two good pairs (one with a non-ASCII name), a corrupt face, a face-less picture, an audio without a face."""
+    """Three good pairs (one with a non-ASCII name, one a small photo the face fills), a corrupt face, a face-less
+    picture, an audio without a face."""
     import cv2
 
     folder = tmp_path_factory.mktemp("batch input")
@@ -106,6 +107,8 @@ def batch_folder(tmp_path_factory) -> Path:
     shutil.copyfile(ASSETS / "astronaut.jpg", folder / "anna.jpg")
     shutil.copyfile(ASSETS / "astronaut.jpg", folder / "bé 2.jpg")
     shutil.copyfile(speech, folder / "bé 2.wav")
+    write_tight_face_photo(folder / "tight.png")
+    shutil.copyfile(speech, folder / "tight.wav")
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all" * 30)
     shutil.copyfile(speech, folder / "broken.wav")
     gradient = np.tile(np.linspace(30, 220, 256, dtype=np.uint8)[None, :, None], (256, 1, 3))
@@ -121,22 +124,24 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
     results = {result.item.name: result for result in run_batch(
         batch_folder, output, "stem", {"media.output_height": 256}, jobs_dir=jobs_dir, show_progress=False)}
     assert {name: result.status for name, result in results.items()} == {
-        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed", "notes": "failed"}
+        "anna": "done", "bé 2": "done", "tight": "done", "blank": "failed", "broken": "failed", "lonely": "failed",
+        "notes": "failed"}
     assert "notes.txt has no face" in results["notes"].error
     assert "broken.jpg" in results["broken"].error
     assert "face" in results["blank"].error.lower()
     assert "no face" in results["lonely"].error
     audio_seconds = probe(batch_folder / "anna.wav").duration
-    for name in ("anna", "bé 2"):
+    for name in ("anna", "bé 2", "tight"):
         assert_playable_mp4(output / f"{name}.mp4", audio_seconds)
         assert json.loads((output / f"{name}.json").read_text(encoding="utf-8"))["seconds_per_stage"]
     with open(output / "summary.csv", newline="", encoding="utf-8") as handle:
         rows = {row["name"]: row for row in csv.DictReader(handle)}
     assert {name: row["status"] for name, row in rows.items()} == {
-        "anna": "done", "bé 2": "done", "blank": "failed", "broken": "failed", "lonely": "failed", "notes": "failed"}
+        "anna": "done", "bé 2": "done", "tight": "done", "blank": "failed", "broken": "failed", "lonely": "failed",
+        "notes": "failed"}
     assert rows["anna"]["output"] == "anna.mp4" and rows["broken"]["error"]
     assert rows["anna"]["device"] == "auto" and rows["lonely"]["device"] == ""  # no --devices: the engine picks
-    first_run = {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
+    first_run = {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2", "tight")}
 
     # The rerun goes through the command line: finished items are skipped, failed ones are tried again,
     # here on a worker placed by --devices.
@@ -146,14 +151,14 @@ def test_batch_makes_the_good_items_reports_the_bad_and_resumes(batch_folder, tm
          "--jobs-dir", str(jobs_dir), "--quiet", "--devices", "cpu"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 1, completed.stderr  # some items failed
-    assert "2 skipped" in completed.stdout and "4 failed" in completed.stdout, completed.stdout
+    assert "3 skipped" in completed.stdout and "4 failed" in completed.stdout, completed.stdout
     with open(output / "summary.csv", newline="", encoding="utf-8") as handle:
         rerun_rows = {row["name"]: row for row in csv.DictReader(handle)}
     rerun = {name: row["status"] for name, row in rerun_rows.items()}
     assert rerun_rows["blank"]["device"] == "cpu"  # it ran again, and failed, on the cpu worker
-    assert rerun == {"anna": "skipped", "bé 2": "skipped", "blank": "failed", "broken": "failed", "lonely": "failed",
-                     "notes": "failed"}
-    assert first_run == {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2")}
+    assert rerun == {"anna": "skipped", "bé 2": "skipped", "tight": "skipped", "blank": "failed", "broken": "failed",
+                     "lonely": "failed", "notes": "failed"}
+    assert first_run == {name: (output / f"{name}.mp4").stat().st_mtime_ns for name in ("anna", "bé 2", "tight")}
 
 
 def test_stem_pairing_speaks_text_files_and_audio_wins(tmp_path):
@@ -203,6 +208,8 @@ def test_batch_speaks_text_items_with_subtitles(tmp_path):
     folder.mkdir()
     shutil.copyfile(ASSETS / "astronaut.jpg", folder / "carl.jpg")
     (folder / "carl.txt").write_text("Hello there. Nice to meet you.", encoding="utf-8")
+    write_tight_face_photo(folder / "tight.png")  # a small photo the face fills
+    (folder / "tight.txt").write_text("Hello.", encoding="utf-8")
     (folder / "list.csv").write_text("face,audio,text,name\n"
                                      "carl.jpg,,carl.txt,from-file\n"
                                      f"carl.jpg,,\"{'Far too long. ' * 3}\",too-long\n", encoding="utf-8")
@@ -211,6 +218,7 @@ def test_batch_speaks_text_items_with_subtitles(tmp_path):
         {"media.output_height": 160, "engine.name": "landmark", "text.max_characters": 40},
         jobs_dir=tmp_path / "jobs", show_progress=False)}
     assert results["carl"].status == "done", results["carl"].error
+    assert results["tight"].status == "done", results["tight"].error
     with av.open(str(tmp_path / "out" / "carl.mp4")) as container:
         assert sorted(stream.type for stream in container.streams) == ["audio", "subtitle", "video"]
     cues = (tmp_path / "out" / "carl.srt").read_text(encoding="utf-8")

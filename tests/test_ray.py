@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ASSETS, REPO, assert_playable_mp4, decode_frames, run_ffmpeg
+from conftest import ASSETS, REPO, assert_playable_mp4, decode_frames, run_ffmpeg, write_tight_face_photo
 from heygem.jobs import CANCELLED, DONE, RUNNING, JobStore
 from heygem.media import probe
 
@@ -43,7 +43,8 @@ def media(tmp_path_factory) -> dict[str, Path]:
     run_ffmpeg("-loop", "1", "-i", str(face), "-i", str(speech), "-vf", "scale=320:240,format=yuv420p",
                "-r", "25", "-t", "1.2", "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac", "-shortest",
                str(video))
-    return {"speech": speech, "face": face, "video": video}
+    tight = write_tight_face_photo(folder / "tight.png")  # a small photo the face fills
+    return {"speech": speech, "face": face, "video": video, "tight": tight}
 
 
 def follow(store: JobStore, job_ids: list[str], timeout: float = 180.0) -> set[str]:
@@ -70,19 +71,24 @@ def test_jobs_from_the_store_run_as_ray_tasks(tmp_path, media):
     photo = store.create_job(media["face"], media["speech"], options)
     own_audio = store.create_job(media["video"], None, options)
     interrupted = store.create_job(media["face"], media["speech"], options)
-    # The last one was running in an app that was killed: the next start queues it again.
+    tight = store.create_job(media["tight"], media["speech"], {"engine.name": "landmark"})
+    # The first one was running in an app that was killed: the next start queues it again.
     finished_process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                                       text=True, check=True)
     assert store.claim_next(f"{socket.gethostname()}:{finished_process.stdout.strip()}:0:ray-0").id == photo
     assert store.get(photo).status == RUNNING
     workers = start_ray_workers(store)
     try:
-        stages = follow(store, [photo, own_audio, interrupted])
+        stages = follow(store, [photo, own_audio, interrupted, tight])
     finally:
         stop(workers)
     assert [worker.name for worker in workers] == ["heygem-ray-0", "heygem-ray-1"]  # two CPUs: two at once
     assert stages & {"prepare", "generate", "finish"}, stages  # the pipeline's stages came back while they ran
     audio_seconds = probe(media["speech"]).duration
+    tight_job = store.get(tight)
+    assert tight_job.status == DONE, tight_job.error
+    assert_playable_mp4(tight_job.result_path, audio_seconds)
+    assert json.loads(tight_job.summary_path.read_text(encoding="utf-8"))["frames_without_face"] == 0
     for job_id in (photo, own_audio, interrupted):
         job = store.get(job_id)
         assert job.status == DONE and job.progress == 1.0 and job.engine == "landmark", job

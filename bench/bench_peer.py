@@ -92,8 +92,8 @@ def main() -> None:
         raise SystemExit(f"{args.wav2lip} has no inference.py")
 
     import torch
-
     from bench_pipeline import machine_description, make_inputs
+
     from heygem.media import ffmpeg_binary
     from heygem.models.wav2lip import Wav2Lip
 

@@ -62,8 +62,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import cv2
-
     from bench_pipeline import make_inputs
+
     from heygem import faces
     from heygem.config import FaceConfig
 

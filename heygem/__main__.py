@@ -1,9 +1,9 @@
-"""``python -m heygem``: see heygem.cli.
+"""``python -m heygem`` and the ``heygem`` command: see heygem.cli.
 
 A command that finished leaves without tearing the interpreter down: the teardown after
 ``import torch`` alone takes 0.4 s on a 2-core CPU, and at that point nothing is left to do.
-The exit is the last exit handler: threads are joined and every handler registered after this
-module's start (logging's, temporary folders' finalizers, multiprocessing's) has run before it.
+The exit is the last exit handler: threads are joined and every handler registered after the
+command's start (logging's, temporary folders' finalizers, multiprocessing's) has run before it.
 """
 
 import atexit
@@ -25,10 +25,15 @@ def _leave_now() -> None:
     os._exit(_exit_code[0])
 
 
-atexit.register(_leave_now)
+def run() -> None:
+    """Run the command line and exit with its status (the ``heygem`` console script)."""
+    atexit.register(_leave_now)
+    # imported after the exit handler is registered: the handlers the command registers run before it
+    from heygem.cli import main
 
-# imported after the exit handler is registered: the handlers the command registers run before it
-from heygem.cli import main
+    _exit_code.append(main() or 0)
+    sys.exit(_exit_code[0])
 
-_exit_code.append(main() or 0)
-sys.exit(_exit_code[0])
+
+if __name__ == "__main__":
+    run()

@@ -25,7 +25,7 @@ import json
 import logging
 import re
 import secrets
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -36,8 +36,7 @@ from starlette.datastructures import UploadFile
 from heygem.batch import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from heygem.config import limit_remote_options
 from heygem.errors import HeygemError
-from heygem.jobs import (DONE, JobStore, NotEnoughDisk, QueueFull, Upload, UploadTooLarge, flatten_options,
-                         human_size)
+from heygem.jobs import DONE, JobStore, NotEnoughDisk, QueueFull, Upload, UploadTooLarge, flatten_options, human_size
 from heygem.pipeline import weights_dir
 
 logger = logging.getLogger("heygem")

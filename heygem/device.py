@@ -11,7 +11,8 @@ import logging
 import os
 import sys
 import threading
-from typing import Callable, Iterator, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 from heygem.errors import HeygemError
 

@@ -30,11 +30,10 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from heygem import __version__
 
@@ -119,7 +118,7 @@ class Benchmark:
         return {"ran": self.ran, "note": self.note, "result": result}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Benchmark":
+    def from_dict(cls, data: dict) -> Benchmark:
         result = data.get("result")
         if result is not None:
             fields = {field.name for field in dataclasses.fields(BenchmarkResult)}

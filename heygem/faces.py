@@ -194,7 +194,7 @@ class MediapipeDetector:
         self._full_range.close()
         self._short_range.close()
 
-    def __enter__(self) -> "MediapipeDetector":
+    def __enter__(self) -> MediapipeDetector:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -333,7 +333,7 @@ class FaceFinder:
         self._mesh.reset()
         self._detector.reset()
 
-    def __enter__(self) -> "FaceFinder":
+    def __enter__(self) -> FaceFinder:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -466,7 +466,7 @@ class FinderPool:
         for finder in self._finders:
             finder.close()
 
-    def __enter__(self) -> "FinderPool":
+    def __enter__(self) -> FinderPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -104,7 +104,7 @@ class _Timed:
     """An inline stage's output: adds the time spent inside the stage itself (its input's time
     taken out) to the clock, and closes the stage and everything before it when closed."""
 
-    def __init__(self, items: Iterator, name: str, clock: StageClock, upstream: "_Timed | None"):
+    def __init__(self, items: Iterator, name: str, clock: StageClock, upstream: _Timed | None):
         self.items = iter(items)
         self.name = name
         self.clock = clock

@@ -43,7 +43,7 @@ _ABSL_STUB = re.compile(rb"[IWEF]\d{0,4}")
 _PROTOBUF_WARNING = r"SymbolDatabase\.GetPrototype\(\) is deprecated"
 
 _lock = threading.Lock()
-_filter: "_StderrFilter | None" = None
+_filter: _StderrFilter | None = None
 
 
 def library_logs_shown() -> bool:

@@ -70,7 +70,7 @@ class SourceFrames:
 
     @classmethod
     def open(cls, info: MediaInfo, geometry: FrameGeometry, frames_needed: int, audio_seconds: float,
-             work_dir: Path, decoders: int = 1) -> "SourceFrames":
+             work_dir: Path, decoders: int = 1) -> SourceFrames:
         still = media.bgr_to_yuv420(media.load_image(info, geometry)) if info.kind == "image" else None
         return cls(info, geometry, frames_needed, still, work_dir, audio_seconds, decoders)
 

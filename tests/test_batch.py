@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg, write_tight_face_photo
-from heygem.batch import item_key, plan_items, resolve_under_roots, run_batch, BatchItem
+
+from heygem.batch import BatchItem, item_key, plan_items, resolve_under_roots, run_batch
 from heygem.errors import HeygemError
 from heygem.media import probe
 

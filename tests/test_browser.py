@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ASSETS, REPO, assert_playable_mp4
+
 from heygem.media import ffmpeg_binary, probe
 
 CHROMIUM = Path("/usr/bin/chromium")

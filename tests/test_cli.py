@@ -6,8 +6,8 @@ import sys
 import cv2
 import numpy as np
 import pytest
-
 from conftest import REPO, decode_frames
+
 from heygem import media
 
 
@@ -104,7 +104,6 @@ def test_wav2lip_checkpoint_in_the_official_layout_runs_end_to_end(tmp_path, fac
 
 def test_text_becomes_speech_a_talking_video_and_its_subtitles(tmp_path):
     import av
-
     from conftest import ASSETS
 
     output = tmp_path / "from text.mp4"

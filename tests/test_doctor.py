@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from heygem import doctor
 
 

@@ -9,8 +9,8 @@ import av
 import cv2
 import numpy as np
 import pytest
-
 from conftest import decode_frames, run_ffmpeg
+
 from heygem import encode, media
 from heygem.errors import HeygemError
 from heygem.types import FrameGeometry, MediaInfo

@@ -14,11 +14,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
+
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.jobs import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobStore, Upload, UploadTooLarge, devices_from_flags,
-                         parse_devices, plan_devices, process_owner, sanitize_filename, start_workers)
+from heygem.jobs import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    JobStore,
+    Upload,
+    UploadTooLarge,
+    devices_from_flags,
+    parse_devices,
+    plan_devices,
+    process_owner,
+    sanitize_filename,
+    start_workers,
+)
 from heygem.media import probe
 
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ASSETS, REPO, run_ffmpeg
+
 from heygem.library_logs import filter_lines
 
 ABSL = b"W0000 00:00:1796159067.957187    1067 inference_feedback_manager.cc:114] Feedback manager requires a model.\n"

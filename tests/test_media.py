@@ -7,8 +7,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from conftest import ASSETS, run_ffmpeg
+
 from heygem import media
 from heygem.errors import HeygemError
 from heygem.types import MediaInfo
@@ -96,7 +96,7 @@ def test_a_failed_look_up_of_the_bundled_ffmpeg_is_tried_again(monkeypatch):
     real_lookup.cache_clear()
     calls = []
 
-    @functools.lru_cache()
+    @functools.lru_cache
     def flaky_lookup():
         calls.append(1)
         return None if len(calls) == 1 else real_lookup()

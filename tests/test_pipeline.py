@@ -5,8 +5,8 @@ import json
 import cv2
 import numpy as np
 import pytest
-
 from conftest import decode_frames, run_ffmpeg, silent_frames
+
 from heygem import faces, media
 from heygem.audio import load_audio_16k
 from heygem.config import FaceConfig

@@ -14,8 +14,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
 from conftest import ASSETS, assert_playable_mp4, decode_frames, run_ffmpeg
+
 from heygem import gpu_blend
 from heygem.blend import blend_patch
 from heygem.config import BlendConfig, Config, FaceConfig, RestoreConfig, apply_overrides
@@ -23,9 +23,18 @@ from heygem.engines.wav2lip import resize_to_box
 from heygem.errors import HeygemError
 from heygem.models.gfpgan import GFPGANClean
 from heygem.restore import Restoration, choose_restorer, restore_patches
-from heygem.restore_gfpgan import (FFHQ_TEMPLATE_512, GfpganRestorer, alignment_matrices, crop_footprints,
-                                   even_batch_size, five_points, invert_affine, restore_masks, restore_patches_gfpgan,
-                                   warp_images)
+from heygem.restore_gfpgan import (
+    FFHQ_TEMPLATE_512,
+    GfpganRestorer,
+    alignment_matrices,
+    crop_footprints,
+    even_batch_size,
+    five_points,
+    invert_affine,
+    restore_masks,
+    restore_patches_gfpgan,
+    warp_images,
+)
 from heygem.types import Face, FacePatch
 
 BLEND = BlendConfig()

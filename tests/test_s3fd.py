@@ -511,8 +511,8 @@ def test_the_detector_option_round_trips_through_flag_yaml_and_cache_key(tmp_pat
 def test_s3fd_tracks_a_clip_through_the_pipeline_and_the_mesh_follows_its_box(tmp_path, no_weights, face_photo,
                                                                                short_speech):
     import cv2
-
     from conftest import decode_frames, run_ffmpeg
+
     from heygem.pipeline import generate
 
     still = tmp_path / "two astronauts.png"

@@ -14,9 +14,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import ASSETS, PORTRAIT_FACE_BOX, REPO, assert_playable_mp4, face_crop, run_ffmpeg, write_tight_face_photo
 
-from conftest import (ASSETS, PORTRAIT_FACE_BOX, REPO, assert_playable_mp4, face_crop, run_ffmpeg,
-                      write_tight_face_photo)
 from heygem import faces, media
 from heygem.config import FaceConfig
 

@@ -7,8 +7,8 @@ import wave
 
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from heygem import tts
 from heygem.errors import HeygemError
 
@@ -239,6 +239,7 @@ def test_burn_draws_cues_only_during_their_time(grey_clip, tmp_path):
     import shutil
 
     from conftest import decode_frames
+
     from heygem import media
 
     clip = tmp_path / "clip.mp4"
@@ -266,6 +267,7 @@ def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_pa
     import shutil
 
     from conftest import decode_frames
+
     from heygem import media
 
     assert media.characters_missing_from_font("Hello, world!") == []

@@ -10,11 +10,38 @@ and read jobs through :class:`JobStore` and run them on :class:`Worker` threads.
   (imported only then, and it imports ray only then).
 """
 
-from heygem.jobs.files import (DATABASE_NAME, DEFAULT_OUTPUTS, LOG_NAME, OPTIONS_NAME, RESERVED_NAMES, RESULT_NAME,
-                               SUMMARY_NAME, Upload, UploadTooLarge, human_size, sanitize_filename)
-from heygem.jobs.store import (CANCELLED, DONE, FAILED, FINISHED, QUEUED, RUNNING, STATUSES, Job, JobLimits, JobStore,
-                               NotEnoughDisk, QueueFull, flatten_options, iso_time, job_device, new_job_id,
-                               process_owner)
+from heygem.jobs.files import (
+                               DATABASE_NAME,
+                               DEFAULT_OUTPUTS,
+                               LOG_NAME,
+                               OPTIONS_NAME,
+                               RESERVED_NAMES,
+                               RESULT_NAME,
+                               SUMMARY_NAME,
+                               Upload,
+                               UploadTooLarge,
+                               human_size,
+                               sanitize_filename,
+)
+from heygem.jobs.store import (
+                               CANCELLED,
+                               DONE,
+                               FAILED,
+                               FINISHED,
+                               QUEUED,
+                               RUNNING,
+                               STATUSES,
+                               Job,
+                               JobLimits,
+                               JobStore,
+                               NotEnoughDisk,
+                               QueueFull,
+                               flatten_options,
+                               iso_time,
+                               job_device,
+                               new_job_id,
+                               process_owner,
+)
 from heygem.jobs.worker import Worker, devices_from_flags, parse_devices, plan_devices, run_job, start_workers
 
 __all__ = [

@@ -27,8 +27,9 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_NAME
@@ -227,7 +228,7 @@ class RemoteFailure(Exception):
     """An unexpected error inside a Ray task (its traceback is in the job log)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _remote(function: Callable):
     """``function`` as a Ray remote function (made once per process, after ray is imported).
 

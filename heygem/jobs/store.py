@@ -23,16 +23,27 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
-from heygem.jobs.files import (DATABASE_NAME, DEFAULT_OUTPUTS, LOG_NAME, OPTIONS_NAME, RESULT_NAME, SPEECH_NAME,
-                               SUBTITLES_NAME, SUMMARY_NAME,
-                               Upload, append_log, human_size, store_input)
+from heygem.jobs.files import (
+    DATABASE_NAME,
+    DEFAULT_OUTPUTS,
+    LOG_NAME,
+    OPTIONS_NAME,
+    RESULT_NAME,
+    SPEECH_NAME,
+    SUBTITLES_NAME,
+    SUMMARY_NAME,
+    Upload,
+    append_log,
+    human_size,
+    store_input,
+)
 from heygem.media import probe_inputs
 
 logger = logging.getLogger("heygem")

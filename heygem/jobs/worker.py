@@ -16,8 +16,8 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from heygem.device import pick_device, worker_devices
 from heygem.errors import GenerationCancelled, HeygemError

@@ -23,7 +23,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from heygem import __version__, library_logs
+from heygem import __version__
 from heygem.api import create_router, remote_options
 from heygem.batch import (
     collect_files,
@@ -47,6 +47,7 @@ from heygem.jobs import (
 )
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.pipeline import warm_up, weights_dir
+from heygem.runtime import library_logs
 
 logger = logging.getLogger("heygem")
 

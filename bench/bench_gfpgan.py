@@ -1,7 +1,7 @@
 """GFPGAN v1.4 restorer throughput on this machine, in faces per second at 512x512.
 
 Times the network alone (random-init weights in the released layout; aligned faces already
-on the device; no alignment or pasting) through heygem.device.FixedBatchRunner, the runner
+on the device; no alignment or pasting) through heygem.runtime.device.FixedBatchRunner, the runner
 the restorer uses, for each batch size and configuration: the modulated convolutions as
 per-sample grouped convolutions or in the fused form (one shared convolution, input scaled
 by the style, output by the demodulation factors), fp32/fp16/bf16, channels_last on or off,
@@ -95,7 +95,7 @@ def compile_runner(runner, faces, mode: str = "default", backend: str = "inducto
     (an out-of-memory error is re-raised as it is)."""
     import torch
 
-    from heygem.device import is_out_of_memory
+    from heygem.runtime.device import is_out_of_memory
 
     torch._dynamo.reset()  # each configuration compiles from scratch, so its compile time is its own
     started = time.perf_counter()
@@ -118,7 +118,7 @@ def time_variant(model, variant: Variant, batch_size: int, device, seconds: floa
     seconds torch.compile took (None when the variant is not compiled)."""
     import torch
 
-    from heygem.device import FixedBatchRunner
+    from heygem.runtime.device import FixedBatchRunner
 
     network = copy.deepcopy(model).set_fused_modulation(variant.fused)
     runner = FixedBatchRunner(network, device, batch_size, precision=variant.precision,
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
     import torch
 
-    from heygem.device import configure_backends, pick_device
     from heygem.models.gfpgan import GFPGANClean
+    from heygem.runtime.device import configure_backends, pick_device
 
     device = pick_device(args.device)
     configure_backends(device=device)

@@ -98,7 +98,7 @@ def main() -> None:
                              faces=faces)
 
     # the render stages as the pipeline runs them: each in a thread of its own, queues between them
-    from heygem.flow import Stage, StageClock, run_stages
+    from heygem.runtime.flow import Stage, StageClock, run_stages
 
     clock = StageClock()
     warm = threading.Event()

@@ -129,7 +129,7 @@ def time_configuration(model, frames_bgr: np.ndarray, max_side: int, precision: 
     import torch
 
     from heygem.detect_s3fd import detect_faces, model_layout, prepare_images, resized_size
-    from heygem.device import inference_context
+    from heygem.runtime.device import inference_context
 
     on_cuda = device.type == "cuda"
     batch_size = len(frames_bgr)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from heygem.detect_s3fd import prepare_s3fd, resized_size
-    from heygem.device import configure_backends, pick_device
+    from heygem.runtime.device import configure_backends, pick_device
 
     device = pick_device(args.device)
     configure_backends(device=device)

@@ -2,7 +2,7 @@
 
 Times the generator alone (random-init weights with BatchNorm folded, as the
 engine runs it; inputs already on the device; no face cropping or video work)
-through heygem.device.FixedBatchRunner, the runner the wav2lip engine uses, for
+through heygem.runtime.device.FixedBatchRunner, the runner the wav2lip engine uses, for
 several precisions and batch sizes. On CUDA the time comes from CUDA events; on
 the CPU from the wall clock. Prints the machine and a markdown table.
 
@@ -92,7 +92,7 @@ def measure(base_model, device, variant: Variant, batch_size: int, batches_per_c
     """Faces per second of the generator for one variant and batch size, through the engine's runner."""
     import torch
 
-    from heygem.device import FixedBatchRunner, configure_backends
+    from heygem.runtime.device import FixedBatchRunner, configure_backends
 
     configure_backends(cudnn=variant.cudnn, device=device)
     try:
@@ -137,8 +137,8 @@ def main() -> None:
 
     import torch
 
-    from heygem.device import pick_device
     from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
+    from heygem.runtime.device import pick_device
 
     if arguments.threads:
         torch.set_num_threads(arguments.threads)

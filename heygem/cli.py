@@ -12,10 +12,10 @@ import logging
 import sys
 from pathlib import Path
 
-from heygem import library_logs
 from heygem.config import load_config
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.flags import add_option_flags, option_overrides
+from heygem.runtime import library_logs
 
 logger = logging.getLogger("heygem")
 

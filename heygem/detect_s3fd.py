@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem.device import inference_context, pick_device, run_in_batches
 from heygem.errors import HeygemError
+from heygem.runtime.device import inference_context, pick_device, run_in_batches
 
 logger = logging.getLogger("heygem")
 
@@ -288,7 +288,7 @@ def prepare_s3fd(model, precision: str = "auto", *, cast_weights: bool | None = 
 
     import torch
 
-    from heygem.device import autocast_dtype
+    from heygem.runtime.device import autocast_dtype
 
     device = next(model.parameters()).device
     on_cuda = device.type == "cuda"

@@ -467,8 +467,8 @@ def benchmark_generator(device_name: str = "cuda", batch_size: int = BENCHMARK_B
     """
     import torch
 
-    from heygem.device import inference_context
     from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
+    from heygem.runtime.device import inference_context
 
     device = torch.device(device_name)
     if device.type == "cuda" and device.index is None:

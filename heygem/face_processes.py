@@ -1,7 +1,7 @@
 """Face tracking in spawned processes, each with its own face finder, so that tracking runs beside
 the main process's other stages instead of taking turns with them for its interpreter lock.
 
-Protocol, one pipe per process (heygem.processes), one run of frames at a time:
+Protocol, one pipe per process (heygem.runtime.processes), one run of frames at a time:
 ``("track", (face_config, shape))`` followed by the run's I420 planes as raw bytes ((N, H * 3/2, W)
 uint8 of ``shape``); the process tracks them from a fresh start (faces.FaceFinder.reset, then
 track) and answers ``("landmarks", [(468, 2) float32 frame pixels or None per frame])``. The same
@@ -14,9 +14,10 @@ import queue
 
 import numpy as np
 
-from heygem import allocator, faces, media
+from heygem import faces, media
 from heygem.config import FaceConfig
-from heygem.processes import ProcessPool, serve
+from heygem.runtime import allocator
+from heygem.runtime.processes import ProcessPool, serve
 
 
 def _tracking_process(connection, config: FaceConfig, still_images: bool) -> None:

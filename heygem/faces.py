@@ -32,9 +32,10 @@ from typing import Protocol
 
 import numpy as np
 
-from heygem import library_logs, media
+from heygem import media
 from heygem.config import FaceConfig
 from heygem.errors import HeygemError
+from heygem.runtime import library_logs
 from heygem.types import Face
 
 Frame = media.Frame
@@ -120,7 +121,7 @@ def import_mediapipe():
     does not use, import matplotlib.pyplot when mediapipe loads (half a second of every job's start
     on a 2-core CPU). While mediapipe loads, stand-ins take matplotlib's place, and the helpers keep a
     stand-in that imports the real pyplot if they are ever used. The native libraries' log lines are
-    dropped from standard error first (heygem.library_logs)."""
+    dropped from standard error first (heygem.runtime.library_logs)."""
     library_logs.quiet()
     if "mediapipe" in sys.modules or "matplotlib" in sys.modules:
         import mediapipe

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import allocator, audio, encode, faces, media
+from heygem import audio, encode, faces, media
 from heygem.config import (
     REPO_ROOT,
     Config,
@@ -41,9 +41,10 @@ from heygem.config import (
     load_config,
 )
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.flow import Stage, StageClock, run_stages
 from heygem.render import Prepared, choose_render
 from heygem.restore import choose_restorer, create_restoration
+from heygem.runtime import allocator
+from heygem.runtime.flow import Stage, StageClock, run_stages
 from heygem.source import SourceFrames, frames_per_batch
 from heygem.tracking import FaceStage
 from heygem.types import FrameBatch, GenerationSummary

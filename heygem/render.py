@@ -23,8 +23,8 @@ from heygem import audio, media
 from heygem.blend import blend_patch
 from heygem.config import Config
 from heygem.errors import HeygemError
-from heygem.flow import Stage, StageClock
 from heygem.restore import Restoration, restore_patches
+from heygem.runtime.flow import Stage, StageClock
 from heygem.types import EngineBatch, FrameBatch
 
 
@@ -79,7 +79,7 @@ class Prepared:
 def choose_render(engine_name: str, prepared: Prepared, config: Config, restorer: str = "none"):
     """The render stages for this engine, restorer and device (see the --render option); decided
     before the networks have loaded, from the options and whether this machine has an NVIDIA GPU."""
-    from heygem.device import gpu_present
+    from heygem.runtime.device import gpu_present
 
     wanted = config.run.render
     auto_on_gpu = wanted == "auto" and config.engine.device != "cpu" and gpu_present()
@@ -364,8 +364,8 @@ class LandmarkTorchRender(_RegionRender):
         return [Stage("plan", self.plan), Stage("render", self.render), Stage("paste", self.paste)]
 
     def plan(self, batches: Iterator[FrameBatch]) -> Iterator[_Planned]:
-        from heygem.device import pick_device
         from heygem.engines import landmark_torch
+        from heygem.runtime.device import pick_device
 
         for batch in batches:
             engine = self.prepared.engine

@@ -161,7 +161,7 @@ class GfpganRestorer:
     """A loaded GFPGAN on its device: restores aligned faces, or faces in I420 regions in place.
 
     The weights are shared by every thread; each thread gets its own batch runner
-    (heygem.device.FixedBatchRunner: fixed batch shape, fp16 on CUDA, halving on out-of-memory).
+    (heygem.runtime.device.FixedBatchRunner: fixed batch shape, fp16 on CUDA, halving on out-of-memory).
     """
 
     def __init__(self, model, device, precision: str = "auto", batch_size: int | None = None,
@@ -179,7 +179,7 @@ class GfpganRestorer:
     def _runner(self, face_count: int):
         """This thread's runner; made on its first call with batches that split ``face_count`` faces (the
         pipeline's batch) evenly: 21 faces in 3 passes of 7, not 8 + 8 + 5 padded to 24 on a GPU."""
-        from heygem.device import FixedBatchRunner
+        from heygem.runtime.device import FixedBatchRunner
 
         runner = getattr(self._threads, "runner", None)
         if runner is None:
@@ -314,8 +314,8 @@ MAX_KEPT = 2
 def load_restorer(checkpoint: Path, config: EngineConfig) -> GfpganRestorer:
     """The GFPGAN restorer for ``checkpoint`` on the engine's device and precision, loaded once per
     process and kept for later jobs while the file and those options stay the same."""
-    from heygem.device import configure_backends, pick_device
     from heygem.models.gfpgan import load_gfpgan
+    from heygem.runtime.device import configure_backends, pick_device
 
     device = pick_device(config.device)
     status = Path(checkpoint).stat()

@@ -18,7 +18,7 @@ from pathlib import Path
 from heygem import faces, media
 from heygem.config import Config
 from heygem.errors import HeygemError
-from heygem.flow import ordered_map
+from heygem.runtime.flow import ordered_map
 from heygem.source import SourceFrames
 from heygem.types import FrameBatch, FrameGeometry
 

@@ -451,7 +451,7 @@ def _speak_in_order(voice: Voice, sentences: list[str], speed: float) -> Iterato
             with _SYNTHESIS_LOCK:
                 yield _espeak_sentence(voice, sentence, speed)
         return
-    from heygem.flow import ordered_map
+    from heygem.runtime.flow import ordered_map
 
     workers = min(synthesis_workers(), len(sentences))
     yield from ordered_map(lambda sentence: _piper_sentence(voice, sentence, speed), sentences, workers, ahead=0)

@@ -1,4 +1,4 @@
-"""heygem.allocator: frame-sized buffers go back to the kernel once the allocator is tuned."""
+"""heygem.runtime.allocator: frame-sized buffers go back to the kernel once the allocator is tuned."""
 
 import os
 import platform
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
 # say where that address lies then.
 SCRIPT = r"""
 import numpy as np
-from heygem import allocator
+from heygem.runtime import allocator
 
 
 def mapping_of(address):
@@ -66,7 +66,7 @@ def test_left_alone_on_request_where_glibc_moves_frames_into_the_heap():
 
 
 def test_by_default_tuned_on_machines_of_many_cores_only():
-    from heygem import allocator
+    from heygem.runtime import allocator
 
     outcome, held, freed = _where_a_frame_lies()
     if (os.cpu_count() or 1) >= allocator.MIN_CORES:
@@ -79,6 +79,6 @@ def test_by_default_tuned_on_machines_of_many_cores_only():
 
 
 def test_tune_acts_once():
-    from heygem import allocator
+    from heygem.runtime import allocator
 
     assert allocator.tune() == allocator.tune()

@@ -59,7 +59,7 @@ def test_s3fd_candidate_count_is_set_through_the_face_logits(face_photo):
 
 
 def tiny_runner():
-    from heygem.device import FixedBatchRunner
+    from heygem.runtime.device import FixedBatchRunner
 
     torch.manual_seed(0)
     network = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU())

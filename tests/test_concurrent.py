@@ -154,7 +154,7 @@ def test_the_next_job_tracks_with_the_finders_the_last_one_left_and_gets_the_sam
 def test_a_tracking_process_that_dies_fails_the_job_and_the_next_job_starts_new_ones(
         tmp_path, face_video, short_speech, monkeypatch):
     from heygem.face_processes import TrackingProcesses
-    from heygem.processes import WorkerProcessError
+    from heygem.runtime.processes import WorkerProcessError
 
     faces.release_pool()
     options = {"run.concurrent": True, "run.face_workers": 2, "media.batch_frames": 8}

@@ -1,4 +1,4 @@
-"""heygem.device: the backend flags and the fixed-shape batch runner, on the CPU."""
+"""heygem.runtime.device: the backend flags and the fixed-shape batch runner, on the CPU."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from heygem import device as device_module
-from heygem.device import FixedBatchRunner, configure_backends, cudnn_problem
 from heygem.errors import HeygemError
+from heygem.runtime import device as device_module
+from heygem.runtime.device import FixedBatchRunner, configure_backends, cudnn_problem
 
 CPU = torch.device("cpu")
 
@@ -183,7 +183,7 @@ def test_the_fast_mode_does_not_import_torchs_compiler():
     import subprocess
     import sys
 
-    code = ("import sys, torch; from heygem.device import configure_backends; configure_backends(device='cpu'); "
+    code = ("import sys, torch; from heygem.runtime.device import configure_backends; configure_backends(device='cpu'); "
             "print('torch._inductor' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
@@ -227,8 +227,8 @@ def test_channels_last_runner_takes_networks_with_five_dimensional_weights():
     form: the runner converts the 4-D weights only, and the output is the network's own."""
     import torch
 
-    from heygem.device import FixedBatchRunner
     from heygem.models.gfpgan import StyleConv
+    from heygem.runtime.device import FixedBatchRunner
 
     class Network(torch.nn.Module):
         def __init__(self):

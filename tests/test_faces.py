@@ -36,7 +36,7 @@ def test_frames_tracked_from_i420_give_the_landmarks_of_their_bgr_conversions(fa
 
 def test_tracking_processes_give_the_landmarks_of_a_finder_here_and_report_a_failed_run(face_video):
     from heygem.face_processes import TrackingProcesses
-    from heygem.processes import WorkerProcessError
+    from heygem.runtime.processes import WorkerProcessError
 
     info = media.probe(face_video)
     planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 24))

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.flow import Stage, StageClock, ordered_map, run_stages
+from heygem.runtime.flow import Stage, StageClock, ordered_map, run_stages
 
 
 def collect(into: list):

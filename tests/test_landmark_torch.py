@@ -20,7 +20,6 @@ from heygem.config import BlendConfig, EngineConfig, load_config
 from heygem.engines import landmark_torch
 from heygem.engines.landmark import LandmarkEngine, MouthGeometry, patch_box
 from heygem.errors import HeygemError
-from heygem.flow import StageClock
 from heygem.pipeline import generate
 from heygem.render import (
     CpuRender,
@@ -29,6 +28,7 @@ from heygem.render import (
     _region_windows,
     choose_render,
 )
+from heygem.runtime.flow import StageClock
 from heygem.types import EngineBatch, Face, FrameBatch
 
 WIDTH, HEIGHT = 640, 360
@@ -245,13 +245,13 @@ def test_the_render_stages_give_the_frames_of_the_cpu_engine(sample):
 
 
 def test_render_choice_for_the_landmark_engine(monkeypatch):
-    import heygem.device
+    import heygem.runtime.device
 
     prepared = prepared_for(LandmarkEngine(EngineConfig(), FPS), 1)
     auto = load_config(overrides={"engine.name": "landmark", "run.render": "auto"})
-    monkeypatch.setattr(heygem.device, "gpu_present", lambda: False)
+    monkeypatch.setattr(heygem.runtime.device, "gpu_present", lambda: False)
     assert isinstance(choose_render("landmark", prepared, auto), CpuRender)  # no GPU: the CPU processes
-    monkeypatch.setattr(heygem.device, "gpu_present", lambda: True)
+    monkeypatch.setattr(heygem.runtime.device, "gpu_present", lambda: True)
     assert isinstance(choose_render("landmark", prepared, auto), LandmarkTorchRender)  # measured faster there
     assert isinstance(choose_render("landmark", prepared, auto, restorer="gfpgan"), CpuRender)
     on_cpu = load_config(overrides={"engine.name": "landmark", "run.render": "auto", "engine.device": "cpu"})

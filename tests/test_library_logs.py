@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import ASSETS, REPO, run_ffmpeg
 
-from heygem.library_logs import filter_lines
+from heygem.runtime.library_logs import filter_lines
 
 ABSL = b"W0000 00:00:1796159067.957187    1067 inference_feedback_manager.cc:114] Feedback manager requires a model.\n"
 EGL = b"I0000 00:00:1796159058.088466     829 gl_context_egl.cc:85] Successfully initialized EGL. Major : 1 Minor: 5\n"

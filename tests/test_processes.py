@@ -1,4 +1,4 @@
-"""Spawned helper processes (heygem.processes): what they run and what they leave out."""
+"""Spawned helper processes (heygem.runtime.processes): what they run and what they leave out."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from heygem.config import EngineConfig
-from heygem.device import inference_context, is_out_of_memory, pick_device, run_in_batches
 from heygem.engines.wav2lip import Wav2LipEngine, prepare_faces
 from heygem.errors import HeygemError
 from heygem.models.wav2lip import Wav2Lip
+from heygem.runtime.device import inference_context, is_out_of_memory, pick_device, run_in_batches
 from heygem.types import EngineBatch, Face
 from heygem.weights import find_wav2lip_checkpoint, load_state_dict_strict
 

@@ -45,7 +45,7 @@ from heygem.engines.landmark import (
     warp_window,
 )
 from heygem.engines.landmark_torch import FacePlan, RegionFace, plan_face
-from heygem.processes import ProcessPool, WorkerProcessError, serve
+from heygem.runtime.processes import ProcessPool, WorkerProcessError, serve
 
 
 class LandmarkWorkerError(WorkerProcessError):

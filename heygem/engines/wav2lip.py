@@ -5,7 +5,7 @@ run the generator on the masked crop plus the unmasked crop as reference and the
 frame's mel window, and scale the 96x96 result back to the box size. Pasting the
 patch into the frame is the blend stage's job.
 
-The generator runs through heygem.device.FixedBatchRunner: batches of one fixed
+The generator runs through heygem.runtime.device.FixedBatchRunner: batches of one fixed
 size (the last one padded), so cuDNN autotunes once and, on a GPU, each batch
 is one CUDA graph replay. ``generate_faces`` is the tensor-in, tensor-out entry
 for callers that keep their batches on the GPU.
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from heygem.config import EngineConfig
-from heygem.device import FixedBatchRunner, configure_backends, pick_device
 from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
+from heygem.runtime.device import FixedBatchRunner, configure_backends, pick_device
 from heygem.types import Box, EngineBatch, FacePatch
 from heygem.weights import load_state_dict_strict
 

@@ -137,10 +137,10 @@ def serve(connection, handle, on_error=None) -> None:
     """A helper process's loop: ``handle(kind, payload)`` for each ``(kind, payload)`` request until it
     reads None or its pipe closes. ``handle`` sends its own replies; an exception it raises goes back as
     ``("error", text)`` with its traceback, after ``on_error()`` when given, and the loop goes on.
-    Native libraries' log lines are dropped from its standard error first (heygem.library_logs)."""
+    Native libraries' log lines are dropped from its standard error first (heygem.runtime.library_logs)."""
     import traceback
 
-    from heygem import library_logs
+    from heygem.runtime import library_logs
 
     library_logs.quiet()
 

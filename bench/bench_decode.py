@@ -2,7 +2,7 @@
 
     python bench/bench_decode.py [--size 1920x1080] [--seconds 20] [--decoders 1 2 3 4] [--batch 32]
 
-Makes the bench_pipeline.py input, then reads it whole through heygem.media.iter_video_i420
+Makes the bench_pipeline.py input, then reads it whole through heygem.media.decode.iter_video_i420
 with each decoder count (DecoderShare: every process decodes the video, only its share of the
 frames crosses its pipe), timed from the first ffmpeg start to the last batch; the first count
 is repeated at the end so that a warming disk cache does not flatter the later ones. Every run
@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def decode_once(info, geometry, batch_frames: int, decoders: int) -> tuple[int, float, str]:
     """(frames, seconds, digest of the bytes) of one whole decode."""
-    from heygem import media
+    from heygem.media.decode import iter_video_i420
 
     digest = hashlib.sha256()
     frames = 0
     started = time.perf_counter()
-    for batch in media.iter_video_i420(info, geometry, batch_frames, decoders):
+    for batch in iter_video_i420(info, geometry, batch_frames, decoders):
         frames += len(batch)
         digest.update(batch[:, ::64, ::64].tobytes())  # a sparse sample: hashing every byte would be the bottleneck
     return frames, time.perf_counter() - started, digest.hexdigest()
@@ -46,14 +46,14 @@ def main() -> None:
 
     from bench_pipeline import machine_description, make_inputs
 
-    from heygem import media
+    from heygem.media.probing import probe, working_geometry
 
     width, height = (int(value) for value in args.size.lower().split("x"))
     print(f"machine: {machine_description()}")
     with tempfile.TemporaryDirectory(prefix="heygem-decode-") as folder:
         video, _ = make_inputs(Path(folder), args.seconds, width, height)
-        info = media.probe(video)
-        geometry = media.working_geometry(info, None)
+        info = probe(video)
+        geometry = working_geometry(info, None)
         print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s; batches of {args.batch} frames\n")
         print("| decoders | frames | seconds | frames/s |")
         print("| ---: | ---: | ---: | ---: |")

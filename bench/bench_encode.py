@@ -1,7 +1,7 @@
 """Output encoding throughput on this machine: frames per second of write + close.
 
 Feeds synthetic moving frames (already I420, or BGR converted by the encoder)
-to heygem.encode.open_encoder with one or several x264 processes and times
+to heygem.media.encode.open_encoder with one or several x264 processes and times
 everything from the first write to the finished MP4, audio muxed. "cpu" adds
 up the CPU seconds of this process and its ffmpeg children: on a shared or
 busy machine it shows the work done when the wall time does not.
@@ -57,23 +57,26 @@ def synthetic_frames(width: int, height: int, count: int) -> np.ndarray:
 def main() -> None:
     from fractions import Fraction
 
-    from heygem import encode, media
+    from heygem.media import encode
+    from heygem.media.ffmpeg import ffmpeg_binary
+    from heygem.media.frames import bgr_to_yuv420
+    from heygem.media.probing import probe
     from heygem.types import FrameGeometry
 
     arguments = parse_arguments()
     fps = float(Fraction(arguments.fps))
     frame_count = int(round(arguments.seconds * fps))
-    print(f"{os.cpu_count()} cores, ffmpeg {media.ffmpeg_binary()}, preset {arguments.preset}, "
+    print(f"{os.cpu_count()} cores, ffmpeg {ffmpeg_binary()}, preset {arguments.preset}, "
           f"crf {arguments.crf}, {frame_count} frames at {arguments.fps}, fed {arguments.input}")
     with tempfile.TemporaryDirectory(prefix="heygem-bench-") as folder:
         audio_path = Path(folder) / "tone.wav"
-        subprocess.run([media.ffmpeg_binary(), "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+        subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-f", "lavfi", "-i",
                         f"sine=frequency=220:duration={frame_count / fps:.6f}", str(audio_path)], check=True)
-        audio_info = media.probe(audio_path)
+        audio_info = probe(audio_path)
         for size in arguments.sizes:
             width, height = (int(value) for value in size.lower().split("x"))
             pool_bgr = synthetic_frames(width, height, 50)
-            pool = np.stack([media.bgr_to_yuv420(frame) for frame in pool_bgr]) if arguments.input == "i420" \
+            pool = np.stack([bgr_to_yuv420(frame) for frame in pool_bgr]) if arguments.input == "i420" \
                 else pool_bgr
             for encoders in arguments.encoders:
                 output_path = Path(folder) / f"out-{size}-{encoders}.mp4"

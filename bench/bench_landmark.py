@@ -86,9 +86,9 @@ def make_batches(frames: np.ndarray, landmarks: list[np.ndarray], windows: np.nd
 
 def i420_batches(batches) -> list[tuple[np.ndarray, list, np.ndarray]]:
     """(frames_i420 (N, H * 3/2, W) uint8, faces, mel_windows) of each batch, for generate_i420."""
-    from heygem import media
+    from heygem.media.frames import bgr_to_yuv420
 
-    return [(np.stack([media.bgr_to_yuv420(frame) for frame in batch.frames_bgr]), batch.faces, batch.mel_windows)
+    return [(np.stack([bgr_to_yuv420(frame) for frame in batch.frames_bgr]), batch.faces, batch.mel_windows)
             for batch in batches]
 
 
@@ -160,12 +160,12 @@ def time_threads(batches, threads: int) -> float:
 
 def pasted_frames(batches, windows) -> np.ndarray:
     """The I420 frames of ``batches`` (from i420_batches) with the CPU engine's ``windows`` pasted in."""
-    from heygem import media
+    from heygem.media.frames import paste_i420_window
 
     frames = np.concatenate([batch[0] for batch in batches])
     for frame, window in zip(frames, windows):
         if window is not None:
-            media.paste_i420_window(frame, window.box, window.planes)
+            paste_i420_window(frame, window.box, window.planes)
     return frames
 
 

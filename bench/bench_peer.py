@@ -94,7 +94,7 @@ def main() -> None:
     import torch
     from bench_pipeline import machine_description, make_inputs
 
-    from heygem.media import ffmpeg_binary
+    from heygem.media.ffmpeg import ffmpeg_binary
     from heygem.models.wav2lip import Wav2Lip
 
     width, height = (int(value) for value in args.size.lower().split("x"))

@@ -220,7 +220,7 @@ class MemorySampler:
 def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[Path, Path]:
     """A width x height, 25 fps video of the portrait drifting slowly (limited-range 4:2:0, as cameras
     and phones write), and speech of the same length."""
-    from heygem.media import ffmpeg_binary
+    from heygem.media.ffmpeg import ffmpeg_binary
 
     video = folder / f"face_{width}x{height}_{seconds:g}s.mp4"
     audio = folder / f"speech_{seconds:g}s.wav"

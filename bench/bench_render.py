@@ -140,15 +140,15 @@ def _portrait_batch(width: int, height: int, count: int):
     import numpy as np
 
     from bench.bench_landmark import make_frames
-    from heygem import media
     from heygem.config import FaceConfig
     from heygem.faces import crop_boxes, tight_box
+    from heygem.media.frames import bgr_to_yuv420
     from heygem.types import Face
 
     frames_bgr, landmarks = make_frames(width, height)
     raw_boxes = np.stack([tight_box(points) for points in landmarks])
     boxes = crop_boxes(raw_boxes, np.ones(len(raw_boxes), bool), FaceConfig(), width, height)
-    frames = np.stack([media.bgr_to_yuv420(frames_bgr[i % len(frames_bgr)]) for i in range(count)])
+    frames = np.stack([bgr_to_yuv420(frames_bgr[i % len(frames_bgr)]) for i in range(count)])
     faces = [Face(box=tuple(int(v) for v in boxes[i % len(boxes)]), landmarks=landmarks[i % len(landmarks)])
              for i in range(count)]
     return frames, faces

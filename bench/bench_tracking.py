@@ -29,18 +29,19 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def decoded_frames(video: Path) -> np.ndarray:
     """(N, H * 3/2, W) uint8 I420 frames of ``video``."""
-    from heygem import media
+    from heygem.media.decode import iter_video_i420
+    from heygem.media.probing import probe, working_geometry
 
-    info = media.probe(video)
-    return np.concatenate(list(media.iter_video_i420(info, media.working_geometry(info, None), 32)))
+    info = probe(video)
+    return np.concatenate(list(iter_video_i420(info, working_geometry(info, None), 32)))
 
 
 def track_all(pool, frames: np.ndarray, threads: int, run_frames: int, passes: int) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, frames) for tracking every run of ``frames`` ``passes`` times."""
-    from heygem import media
+    from heygem.media.frames import I420Frames
 
     starts = [start for _ in range(passes) for start in range(0, len(frames), run_frames)]
-    runs = [media.I420Frames(frames[start:start + run_frames]) for start in starts]
+    runs = [I420Frames(frames[start:start + run_frames]) for start in starts]
     wall, cpu = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(max_workers=threads) as executor:
         results = list(executor.map(pool.track_run, runs))

@@ -56,7 +56,8 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from bench_pipeline import process_table
 
-from heygem.media import ffmpeg_binary, probe
+from heygem.media.ffmpeg import ffmpeg_binary
+from heygem.media.probing import probe
 
 ASSETS = REPO / "assets"
 FINISHED = ("done", "failed", "cancelled")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from heygem.errors import HeygemError
-from heygem.media import ffmpeg_binary
+from heygem.media.ffmpeg import ffmpeg_binary
 
 SAMPLE_RATE = 16_000
 N_FFT = 800

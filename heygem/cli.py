@@ -139,7 +139,8 @@ def run_generate(args: argparse.Namespace) -> int:
 def generate_from_text(args: argparse.Namespace, config, progress):
     """Speak --text (or --text-file) into OUT.wav, make the video with that speech, write its cues to
     OUT.srt and give the video its subtitles as text.subtitles says (soft track, burned in, or none)."""
-    from heygem import media, tts
+    from heygem import tts
+    from heygem.media.subtitles import add_subtitles
     from heygem.pipeline import generate, weights_dir
 
     if args.text_file is not None:
@@ -158,7 +159,7 @@ def generate_from_text(args: argparse.Namespace, config, progress):
     speech_path = tts.write_wav(speech, output_path.with_suffix(".wav"))
     summary = generate(args.face, speech_path, output_path, config, progress=progress)
     subtitles = tts.write_srt(speech.cues, output_path.with_suffix(".srt"))
-    media.add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
+    add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
                         preset=config.media.preset)
     return summary
 

@@ -258,7 +258,7 @@ def gpu_check(torch, index: int) -> Check:
 def check_ffmpeg() -> list[Check]:
     """The ffmpeg binary heygem runs, its version line, and the encoders the MP4 needs."""
     from heygem.errors import HeygemError
-    from heygem.media import ffmpeg_binary
+    from heygem.media.ffmpeg import ffmpeg_binary
 
     fix = ("install ffmpeg (apt install ffmpeg, brew install ffmpeg) or pip install imageio-ffmpeg; "
            "if HEYGEM_FFMPEG is set it must name an ffmpeg executable")

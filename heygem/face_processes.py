@@ -14,8 +14,9 @@ import queue
 
 import numpy as np
 
-from heygem import faces, media
+from heygem import faces
 from heygem.config import FaceConfig
+from heygem.media.frames import I420Frames
 from heygem.runtime import allocator
 from heygem.runtime.processes import ProcessPool, serve
 
@@ -35,7 +36,7 @@ def _tracking_process(connection, config: FaceConfig, still_images: bool) -> Non
         planes = np.frombuffer(connection.recv_bytes(), dtype=np.uint8).reshape(shape)
         finder.config = run_config
         finder.reset()
-        connection.send(("landmarks", finder.track(media.I420Frames(planes))))
+        connection.send(("landmarks", finder.track(I420Frames(planes))))
 
     try:
         serve(connection, handle)
@@ -57,7 +58,7 @@ class TrackingProcesses:
         for index in range(size):
             self._idle.put(index)
 
-    def track_run(self, frames: media.I420Frames) -> list[np.ndarray | None]:
+    def track_run(self, frames: I420Frames) -> list[np.ndarray | None]:
         """Landmarks (or None) for each frame of a run, tracked from a fresh start in one process."""
         planes = np.ascontiguousarray(frames.planes)
         index = self._idle.get()

@@ -32,13 +32,14 @@ from typing import Protocol
 
 import numpy as np
 
-from heygem import media
 from heygem.config import FaceConfig
 from heygem.errors import HeygemError
+from heygem.media import frames as frames_module
+from heygem.media.frames import as_frame
 from heygem.runtime import library_logs
 from heygem.types import Face
 
-Frame = media.Frame
+Frame = frames_module.Frame
 
 logger = logging.getLogger("heygem")
 
@@ -164,7 +165,7 @@ class MediapipeDetector:
     def detect(self, frames: list[Frame], min_confidence: float = 0.5) -> list[np.ndarray]:
         results = []
         for frame in frames:
-            frame = media.as_frame(frame)
+            frame = as_frame(frame)
             width, height = frame.width, frame.height
             image_rgb = np.ascontiguousarray(frame.region(0, 0, width, height, rgb=True))
             whole = self._boxes(self._full_range, image_rgb, 0.0, 0.0, 1.0)
@@ -355,7 +356,7 @@ class FaceFinder:
         tiled = [index for index, boxes in enumerate(found) if len(boxes) == 0]
         tiles, placements = [], []  # placements: (frame index, x offset, y offset, tile pixels per input pixel)
         for index in tiled:
-            frame = media.as_frame(frames[index])
+            frame = as_frame(frames[index])
             if TILE_FRACTION * min(frame.height, frame.width) < TILE_MIN_PIXELS:
                 continue
             frame_bgr = frame.bgr()
@@ -381,7 +382,7 @@ class FaceFinder:
 
     def mesh_around(self, frame: Frame, box: np.ndarray) -> np.ndarray | None:
         """Face-mesh landmarks (468, 2) float32 frame pixels of the face in ``box``, or None."""
-        frame = media.as_frame(frame)
+        frame = as_frame(frame)
         center_x, center_y = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
         half = CROP_FACTOR * max(box[2] - box[0], box[3] - box[1]) / 2
         # the whole square, also where it reaches past the frame (black there): a face at the frame's
@@ -406,7 +407,7 @@ class FaceFinder:
         """Landmarks (or None) for each of the next frames of the stream, as :meth:`find` gives them;
         the frames where detection is due are detected together first, in one batched call."""
         redetect_every = self.config.redetect_every
-        frames = [media.as_frame(frame) for frame in frames]
+        frames = [as_frame(frame) for frame in frames]
         due = [offset for offset in range(len(frames)) if (self._frames_seen + offset) % redetect_every == 0]
         detected = dict(zip(due, self.detect_many([frames[offset] for offset in due]))) if due else {}
         return [self.find(frame, detected.get(offset)) for offset, frame in enumerate(frames)]
@@ -416,7 +417,7 @@ class FaceFinder:
 
         ``boxes`` (K, 4) are this frame's detections when they were made already (see :meth:`track`).
         """
-        frame = media.as_frame(frame)
+        frame = as_frame(frame)
         frame_number = self._frames_seen
         self._frames_seen += 1
         landmarks = None
@@ -633,7 +634,7 @@ def zoomed_out(frame: Frame, margin: float = ZOOM_OUT_MARGIN,
     fills the frame fills about half of the canvas, as the faces the detectors were trained on do."""
     import cv2
 
-    frame = media.as_frame(frame)
+    frame = as_frame(frame)
     width, height = frame.width, frame.height
     scale = min(1.0, most_pixels / ((1 + 2 * margin) * max(height, width)))
     size = (max(1, round(width * scale)), max(1, round(height * scale)))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import audio, encode, faces, media
+from heygem import audio, faces
 from heygem.config import (
     REPO_ROOT,
     Config,
@@ -41,11 +41,14 @@ from heygem.config import (
     load_config,
 )
 from heygem.errors import GenerationCancelled, HeygemError
+from heygem.media import encode
+from heygem.media.decode import decoder_count
+from heygem.media.probing import fps_to_fraction, probe, probe_inputs, working_geometry
+from heygem.media.source import SourceFrames, frames_per_batch
 from heygem.render import Prepared, choose_render
 from heygem.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator
 from heygem.runtime.flow import Stage, StageClock, run_stages
-from heygem.source import SourceFrames, frames_per_batch
 from heygem.tracking import FaceStage
 from heygem.types import FrameBatch, GenerationSummary
 
@@ -94,10 +97,10 @@ def generate(
 
     # 1. inputs, output size, rate and length
     with _timed(clock, "probe"):
-        face_info, audio_info = media.probe_inputs(face_path, audio_path)
-        geometry = media.working_geometry(face_info, config.media.output_height)
+        face_info, audio_info = probe_inputs(face_path, audio_path)
+        geometry = working_geometry(face_info, config.media.output_height)
         fps = face_info.fps if face_info.kind == "video" else config.media.fps
-        fps_fraction = face_info.fps_fraction if face_info.kind == "video" else media.fps_to_fraction(fps)
+        fps_fraction = face_info.fps_fraction if face_info.kind == "video" else fps_to_fraction(fps)
     report("prepare", 0.3)
 
     # 2. audio: decode now (the output's length follows it); the mel is computed in the
@@ -127,7 +130,7 @@ def generate(
     try:
         # 4. faces: the tracking of this face video if it was tracked before, else tracked as it streams
         source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir,
-                                   media.decoder_count(config.run.decoders, geometry))
+                                   decoder_count(config.run.decoders, geometry))
         face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir, detector_checkpoint)
 
         # 5. decode -> faces -> generate -> restore -> blend -> encode, in bounded batches
@@ -361,7 +364,7 @@ def close_engine(engine_future, keep_for: int | None = None) -> None:
 
 def check_output(output_path: Path, frame_count: int, fps: float) -> None:
     """Probe the written MP4: a video and an audio stream, the expected length."""
-    info = media.probe(output_path)
+    info = probe(output_path)
     if info.kind != "video" or not info.has_audio:
         raise HeygemError(f"the output {output_path.name} is missing its video or audio stream")
     expected_seconds = frame_count / fps

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heygem import audio, media
+from heygem import audio
 from heygem.blend import blend_patch
 from heygem.config import Config
 from heygem.errors import HeygemError
+from heygem.media.frames import i420_batch_to_bgr, i420_planes, paste_i420_window, write_region_i420
 from heygem.restore import Restoration, restore_patches
 from heygem.runtime.flow import Stage, StageClock
 from heygem.types import EngineBatch, FrameBatch
@@ -117,7 +118,7 @@ class CpuRender:
             return
         for batch in batches:
             engine = self.prepared.engine
-            batch.frames_bgr = media.i420_batch_to_bgr(batch.frames_i420)
+            batch.frames_bgr = i420_batch_to_bgr(batch.frames_i420)
             batch.patches = engine.generate(EngineBatch(
                 frame_indices=batch.output_indices, frames_bgr=batch.frames_bgr, faces=batch.faces,
                 mel_windows=self.prepared.mel_windows(batch.output_indices), fps=self.prepared.fps))
@@ -156,11 +157,11 @@ class CpuRender:
         for batch in batches:
             for index, window in enumerate(batch.windows_i420):
                 if window is not None:  # finished by the engine: only its bytes to paste
-                    media.paste_i420_window(batch.frames_i420[index], window.box, window.planes)
+                    paste_i420_window(batch.frames_i420[index], window.box, window.planes)
             for index, patch in enumerate(batch.patches):
                 if patch is not None:  # frames without a patch keep their decoded I420 bytes
                     blend_patch(batch.frames_bgr[index], patch, self.config.blend)
-                    media.write_region_i420(batch.frames_i420[index], batch.frames_bgr[index], patch.box)
+                    write_region_i420(batch.frames_i420[index], batch.frames_bgr[index], patch.box)
             batch.frames_bgr = None
             yield batch
 
@@ -400,7 +401,7 @@ def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], or
     """For each face and each I420 plane: (the plane of its region (F, Hc * 3/2, Wc), the same window of
     its frame's plane (N, H * 3/2, W) as a view, at the region's even ``origins`` (F, 2) x, y)."""
     for region, row, (x, y) in zip(regions, rows, origins):
-        for region_plane, frame_plane, scale in zip(media.i420_planes(region), media.i420_planes(frames[row]),
+        for region_plane, frame_plane, scale in zip(i420_planes(region), i420_planes(frames[row]),
                                                     (1, 2, 2)):
             height, width = region_plane.shape
             yield region_plane, frame_plane[y // scale: y // scale + height, x // scale: x // scale + width]

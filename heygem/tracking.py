@@ -15,11 +15,12 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from heygem import faces, media
+from heygem import faces
 from heygem.config import Config
 from heygem.errors import HeygemError
+from heygem.media.frames import I420Frames
+from heygem.media.source import SourceFrames
 from heygem.runtime.flow import ordered_map
-from heygem.source import SourceFrames
 from heygem.types import FrameBatch, FrameGeometry
 
 logger = logging.getLogger("heygem")
@@ -122,7 +123,7 @@ class FaceStage:
         new_frames = batch.frames_i420[batch.source_indices >= start]
         if self.source.is_still:
             new_frames = new_frames[:1]
-        return batch, start, self._pool.track_run(media.I420Frames(new_frames))
+        return batch, start, self._pool.track_run(I420Frames(new_frames))
 
     def _end_of_video(self) -> None:
         builder = self.builder

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heygem.media import ffmpeg_binary, probe
+from heygem.media.ffmpeg import ffmpeg_binary
+from heygem.media.probing import probe
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "assets"

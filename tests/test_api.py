@@ -14,7 +14,7 @@ import pytest
 from conftest import ASSETS, assert_playable_mp4, run_ffmpeg
 from faults import Server  # the fault script's `python app.py` on a free port
 
-from heygem.media import probe
+from heygem.media.probing import probe
 
 OPTIONS = {"media.output_height": 256}
 

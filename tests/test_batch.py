@@ -16,7 +16,7 @@ from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg, write_tight_
 
 from heygem.batch import BatchItem, item_key, plan_items, resolve_under_roots, run_batch
 from heygem.errors import HeygemError
-from heygem.media import probe
+from heygem.media.probing import probe
 
 
 def touch(folder: Path, *names: str) -> list[Path]:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ASSETS, REPO, assert_playable_mp4
 
-from heygem.media import ffmpeg_binary, probe
+from heygem.media.ffmpeg import ffmpeg_binary
+from heygem.media.probing import probe
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

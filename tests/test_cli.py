@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import REPO, decode_frames
 
-from heygem import media
+from heygem.media.ffmpeg import ffmpeg_binary
 
 
 def heygem(*args, env_weights=None):
@@ -35,7 +35,7 @@ def user_error_inputs(tmp_path_factory, face_video):
     (folder / "notes.txt").write_text("hello")
     cv2.imwrite(str(folder / "wall.png"), np.full((64, 64, 3), 90, np.uint8))
     silent_video = folder / "silent.mp4"
-    subprocess.run([media.ffmpeg_binary(), "-v", "error", "-i", str(face_video), "-an", "-c:v", "copy",
+    subprocess.run([ffmpeg_binary(), "-v", "error", "-i", str(face_video), "-an", "-c:v", "copy",
                     str(silent_video)], check=True)
     return folder
 

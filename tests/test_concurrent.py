@@ -12,8 +12,10 @@ import torch
 from bench_pipeline import child_pids
 from conftest import decode_frames
 
-from heygem import faces, media, pipeline, render
+from heygem import faces, pipeline, render
 from heygem.errors import HeygemError
+from heygem.media.decode import iter_video_i420
+from heygem.media.frames import paste_i420_window
 from heygem.models.wav2lip import Wav2Lip
 from heygem.pipeline import generate
 
@@ -88,9 +90,9 @@ def fail_in(stage: str, monkeypatch) -> None:
         monkeypatch.setattr(LandmarkEngine, "generate_i420", failing(LandmarkEngine.generate_i420))
     elif stage == "blend":
         monkeypatch.setattr(render, "blend_patch", failing(render.blend_patch))
-        monkeypatch.setattr(media, "paste_i420_window", failing(media.paste_i420_window))
+        monkeypatch.setattr(render, "paste_i420_window", failing(paste_i420_window))
     elif stage == "decode":
-        monkeypatch.setattr(media, "iter_video_i420", _failing_decoder(media.iter_video_i420))
+        monkeypatch.setattr("heygem.media.source.iter_video_i420", _failing_decoder(iter_video_i420))
 
 
 def _failing_decoder(original):

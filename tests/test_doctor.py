@@ -81,11 +81,11 @@ def test_a_non_executable_ffmpeg_fails_the_doctor_with_its_fix(tmp_path, no_weig
 @pytest.fixture()
 def fresh_ffmpeg_lookup():
     """heygem.media caches the ffmpeg it found: forget it before and after a test that changes HEYGEM_FFMPEG."""
-    from heygem import media
+    from heygem.media.ffmpeg import ffmpeg_binary
 
-    media.ffmpeg_binary.cache_clear()
+    ffmpeg_binary.cache_clear()
     yield
-    media.ffmpeg_binary.cache_clear()
+    ffmpeg_binary.cache_clear()
 
 
 def test_an_ffmpeg_without_aac_is_a_problem(tmp_path, no_weights, monkeypatch, fresh_ffmpeg_lookup):

@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 from conftest import decode_frames, run_ffmpeg
 
-from heygem import encode, media
 from heygem.errors import HeygemError
+from heygem.media import encode
+from heygem.media.ffmpeg import ffmpeg_binary
+from heygem.media.frames import bgr_to_yuv420
+from heygem.media.probing import probe
 from heygem.types import FrameGeometry, MediaInfo
 
 WIDTH, HEIGHT = 160, 120
@@ -34,7 +37,7 @@ def moving_pattern(frame_count: int) -> np.ndarray:
 
 
 def to_i420(frames_bgr: np.ndarray) -> np.ndarray:
-    return np.stack([media.bgr_to_yuv420(frame) for frame in frames_bgr])  # (N, H * 3/2, W)
+    return np.stack([bgr_to_yuv420(frame) for frame in frames_bgr])  # (N, H * 3/2, W)
 
 
 def psnr(decoded: np.ndarray, expected: np.ndarray) -> float:
@@ -88,7 +91,7 @@ def ffmpeg_children() -> list[int]:
 
 
 def assert_clean_decode(path: Path) -> None:
-    result = subprocess.run([media.ffmpeg_binary(), "-nostdin", "-v", "warning", "-i", str(path), "-f", "null", "-"],
+    result = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "warning", "-i", str(path), "-f", "null", "-"],
                             capture_output=True, text=True)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
 
@@ -192,7 +195,7 @@ def single_output(tmp_path_factory, wav_speech) -> tuple[Path, np.ndarray]:
     """187 frames at 30000/1001 fps from one encoder (veryfast: B-frames), and the frames written."""
     frames = moving_pattern(187)
     output = tmp_path_factory.mktemp("single") / "single.mp4"
-    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, media.probe(wav_speech), output,
+    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, probe(wav_speech), output,
                                   crf=18, preset="veryfast", audio_bitrate="128k", frame_count=187)
     assert isinstance(encoder, encode.VideoEncoder)
     return encode_all(encoder, frames, batch=16, as_i420=True), frames
@@ -201,7 +204,7 @@ def single_output(tmp_path_factory, wav_speech) -> tuple[Path, np.ndarray]:
 @pytest.mark.parametrize("encoders, as_i420", [(3, True), (3, False)])
 def test_segments_match_one_encoder_at_29_97(tmp_path, wav_speech, single_output, encoders, as_i420):
     single_path, frames = single_output
-    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, media.probe(wav_speech),
+    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, probe(wav_speech),
                                   tmp_path / "out.mp4", crf=18, preset="veryfast", audio_bitrate="128k",
                                   frame_count=187, encoders=encoders)
     assert isinstance(encoder, encode.SegmentedEncoder) and len(encoder.processes) == 0
@@ -222,7 +225,7 @@ def test_segments_match_one_encoder_at_29_97(tmp_path, wav_speech, single_output
         assert np.abs(decoded[index].astype(int) - frames[index]).mean() < 3, index
     assert_clean_decode(output)
 
-    info = media.probe(output)
+    info = probe(output)
     assert info.has_audio and info.audio_codec == "aac" and info.fps_fraction == "30000/1001"
     assert abs(info.audio_duration - float(duration)) <= 1001 / 30000
     with av.open(str(output)) as container:
@@ -235,7 +238,7 @@ def test_segments_match_one_encoder_at_29_97(tmp_path, wav_speech, single_output
 
 def test_more_segments_than_encoders_with_aac_copied(tmp_path, aac_speech):
     frames = moving_pattern(160)
-    audio_info = media.probe(aac_speech)
+    audio_info = probe(aac_speech)
     encoder = encode.SegmentedEncoder(GEOMETRY, "25/1", aac_speech, audio_info, tmp_path / "out.mp4",
                                       [40, 40, 40, 40], encoders=2, crf=18, preset="veryfast",
                                       audio_bitrate="128k")
@@ -250,7 +253,7 @@ def test_more_segments_than_encoders_with_aac_copied(tmp_path, aac_speech):
     assert times == [Fraction(index, 25) for index in range(160)]
     assert psnr(decode_frames(output), frames) > 35
     assert_clean_decode(output)
-    info = media.probe(output)
+    info = probe(output)
     assert abs(info.audio_duration - 160 / 25) <= 1 / 25
     assert audio_packets(output) == audio_packets(aac_speech)  # copied, not encoded again
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out.mp4"]
@@ -258,7 +261,7 @@ def test_more_segments_than_encoders_with_aac_copied(tmp_path, aac_speech):
 
 def test_single_encoder_writes_an_mp4_with_audio(tmp_path, short_speech):
     geometry = FrameGeometry(width=64, height=48)
-    audio_info = media.probe(short_speech)
+    audio_info = probe(short_speech)
     encoder = encode.open_encoder(geometry, "25/1", short_speech, audio_info, tmp_path / "out.mp4",
                                   crf=18, preset="ultrafast", audio_bitrate="128k", frame_count=60)
     frames = np.zeros((10, 48, 64, 3), dtype=np.uint8)
@@ -266,7 +269,7 @@ def test_single_encoder_writes_an_mp4_with_audio(tmp_path, short_speech):
         frames[:] = value * 40
         encoder.write(frames.copy())
     encoder.close()
-    info = media.probe(tmp_path / "out.mp4")
+    info = probe(tmp_path / "out.mp4")
     assert info.kind == "video" and info.has_audio and info.audio_codec == "aac"
     assert info.frame_count == 60 and (info.width, info.height) == (64, 48)
     decoded = decode_frames(tmp_path / "out.mp4")
@@ -281,7 +284,7 @@ def test_single_encoder_writes_an_mp4_with_audio(tmp_path, short_speech):
 def test_killed_ffmpeg_fails_close_and_leaves_nothing(tmp_path, wav_speech, encoders):
     frames = moving_pattern(187)
     out_dir = tmp_path / "out"
-    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, media.probe(wav_speech), out_dir / "o.mp4",
+    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, probe(wav_speech), out_dir / "o.mp4",
                                   crf=18, preset="veryfast", audio_bitrate="128k", frame_count=187,
                                   encoders=encoders)
     encoder.write_i420(to_i420(frames[:70]))  # with 3 encoders: segment 0 is full, segment 1 has begun
@@ -304,7 +307,7 @@ def test_killed_ffmpeg_fails_close_and_leaves_nothing(tmp_path, wav_speech, enco
 @pytest.mark.parametrize("encoders", [1, 3])
 def test_abort_leaves_nothing(tmp_path, wav_speech, encoders):
     frames = moving_pattern(100)
-    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, media.probe(wav_speech), tmp_path / "o.mp4",
+    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, probe(wav_speech), tmp_path / "o.mp4",
                                   crf=18, preset="veryfast", audio_bitrate="128k", frame_count=187,
                                   encoders=encoders)
     encoder.write(frames[:70])
@@ -317,7 +320,7 @@ def test_abort_leaves_nothing(tmp_path, wav_speech, encoders):
 
 
 def test_close_without_frames_is_an_error(tmp_path, wav_speech):
-    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, media.probe(wav_speech), tmp_path / "o.mp4",
+    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, probe(wav_speech), tmp_path / "o.mp4",
                                   crf=18, preset="veryfast", audio_bitrate="128k", frame_count=187, encoders=3)
     with pytest.raises(HeygemError, match="no frames were written"):
         encoder.close()
@@ -326,7 +329,7 @@ def test_close_without_frames_is_an_error(tmp_path, wav_speech):
 
 @pytest.mark.parametrize("encoders", [1, 3])
 def test_ffmpeg_message_reaches_the_error(tmp_path, wav_speech, encoders):
-    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, media.probe(wav_speech), tmp_path / "o.mp4",
+    encoder = encode.open_encoder(GEOMETRY, "30000/1001", wav_speech, probe(wav_speech), tmp_path / "o.mp4",
                                   crf=18, preset="no-such-preset", audio_bitrate="128k", frame_count=187,
                                   encoders=encoders)
     with pytest.raises(HeygemError, match="encoding the output failed: ") as raised:
@@ -344,7 +347,7 @@ def test_ffmpeg_message_reaches_the_error(tmp_path, wav_speech, encoders):
 def test_a_full_disk_is_named_in_the_encoder_message():
     import tempfile
 
-    from heygem.media import ffmpeg_message
+    from heygem.media.ffmpeg import ffmpeg_message
 
     with tempfile.TemporaryFile() as stderr_file:
         stderr_file.write(b"frame=  10\n[out#0/mp4 @ 0x1234] Error closing file: No space left on device\n")

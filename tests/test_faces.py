@@ -6,9 +6,12 @@ import cv2
 import numpy as np
 import pytest
 
-from heygem import faces, media
+from heygem import faces
 from heygem.config import FaceConfig
-from heygem.source import pingpong_indices
+from heygem.media.decode import iter_video_i420
+from heygem.media.frames import I420Frames, i420_batch_to_bgr
+from heygem.media.probing import probe, working_geometry
+from heygem.media.source import pingpong_indices
 
 
 def test_the_portrait_face_is_found_with_its_mouth_where_it_belongs(face_photo):
@@ -23,12 +26,12 @@ def test_the_portrait_face_is_found_with_its_mouth_where_it_belongs(face_photo):
 
 
 def test_frames_tracked_from_i420_give_the_landmarks_of_their_bgr_conversions(face_video):
-    info = media.probe(face_video)
-    planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 24))
+    info = probe(face_video)
+    planes = next(iter_video_i420(info, working_geometry(info, None), 24))
     with faces.FaceFinder(FaceConfig(redetect_every=5)) as finder:
-        from_bgr = finder.track(list(media.i420_batch_to_bgr(planes)))
+        from_bgr = finder.track(list(i420_batch_to_bgr(planes)))
         finder.reset()
-        from_i420 = finder.track(media.I420Frames(planes))  # only the crops around the face are converted
+        from_i420 = finder.track(I420Frames(planes))  # only the crops around the face are converted
     assert all(landmarks is not None for landmarks in from_bgr)
     for expected, landmarks in zip(from_bgr, from_i420, strict=True):
         np.testing.assert_array_equal(landmarks, expected)
@@ -38,25 +41,25 @@ def test_tracking_processes_give_the_landmarks_of_a_finder_here_and_report_a_fai
     from heygem.face_processes import TrackingProcesses
     from heygem.runtime.processes import WorkerProcessError
 
-    info = media.probe(face_video)
-    planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 24))
+    info = probe(face_video)
+    planes = next(iter_video_i420(info, working_geometry(info, None), 24))
     config = FaceConfig(redetect_every=5)
     with faces.FaceFinder(config) as finder:
-        expected = [finder.track(media.I420Frames(planes[:12]))]
+        expected = [finder.track(I420Frames(planes[:12]))]
         finder.reset()
-        expected.append(finder.track(media.I420Frames(planes[12:])))
+        expected.append(finder.track(I420Frames(planes[12:])))
     pool = TrackingProcesses(config, 2)
     try:
         with ThreadPoolExecutor(2) as threads:  # two runs at once, one per process
-            tracked = list(threads.map(pool.track_run, [media.I420Frames(planes[:12]), media.I420Frames(planes[12:])]))
+            tracked = list(threads.map(pool.track_run, [I420Frames(planes[:12]), I420Frames(planes[12:])]))
         for expected_run, tracked_run in zip(expected, tracked, strict=True):
             assert len(tracked_run) == 12 and all(landmarks is not None for landmarks in tracked_run)
             for landmarks, wanted in zip(tracked_run, expected_run, strict=True):
                 np.testing.assert_array_equal(landmarks, wanted)
         with pytest.raises(WorkerProcessError, match="face tracking process . failed: .*sz.height % 3 == 0"):
-            pool.track_run(media.I420Frames(planes[:, :-1]))  # rows that are no I420 frame
+            pool.track_run(I420Frames(planes[:, :-1]))  # rows that are no I420 frame
         assert pool.alive()  # the process that failed goes on
-        again = [pool.track_run(media.I420Frames(planes[:12])) for _ in range(2)]  # each process once
+        again = [pool.track_run(I420Frames(planes[:12])) for _ in range(2)]  # each process once
         for run in again:
             for landmarks, wanted in zip(run, expected[0], strict=True):
                 np.testing.assert_array_equal(landmarks, wanted)
@@ -66,13 +69,13 @@ def test_tracking_processes_give_the_landmarks_of_a_finder_here_and_report_a_fai
 
 
 def test_the_face_mesh_read_directly_gives_what_mediapipe_process_gives(face_video):
-    info = media.probe(face_video)
-    planes = next(media.iter_video_i420(info, media.working_geometry(info, None), 12))
+    info = probe(face_video)
+    planes = next(iter_video_i420(info, working_geometry(info, None), 12))
     mp = faces.import_mediapipe()
     direct, by_process = faces.FaceMesh(mp, still_images=False), faces.FaceMesh(mp, still_images=False)
     try:
         assert direct._lean  # mediapipe 0.10.14: its graph is fed and read without process()
-        for frame in media.I420Frames(planes):  # video mode: each result also steers the next frame's crop
+        for frame in I420Frames(planes):  # video mode: each result also steers the next frame's crop
             image = np.ascontiguousarray(frame.region(0, 0, frame.width, frame.height, rgb=True))
             expected = by_process._landmarks_by_process(image)
             assert expected is not None and expected.shape == (faces.LANDMARK_COUNT, 2)

@@ -33,7 +33,7 @@ from heygem.jobs import (
     sanitize_filename,
     start_workers,
 )
-from heygem.media import probe
+from heygem.media.probing import probe
 
 
 @pytest.fixture(scope="module")

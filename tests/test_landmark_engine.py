@@ -14,11 +14,19 @@ import cv2
 import numpy as np
 import pytest
 
-from heygem import media
 from heygem.blend import blend_patch
 from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.landmark import LOWER_INNER_LIP, UPPER_INNER_LIP, LandmarkEngine
 from heygem.engines.mouth_shapes import MouthShapeTracker
+from heygem.media.frames import (
+    bgr_to_yuv420,
+    cut_i420_window,
+    even_box,
+    i420_batch_to_bgr,
+    i420_planes,
+    paste_i420_window,
+    write_region_i420,
+)
 from heygem.types import EngineBatch, Face, FacePatch
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -398,17 +406,17 @@ def test_even_aligned_i420_windows_convert_as_the_whole_frame_does():
     whole_i420 = cv2.cvtColor(noise_bgr, cv2.COLOR_BGR2YUV_I420)
     for box in [(0, 0, 96, 72), (0, 0, 10, 8), (2, 4, 30, 20), (40, 30, 96, 72), (86, 0, 96, 72), (18, 62, 64, 72)]:
         x1, y1, x2, y2 = box
-        window = media.cut_i420_window(frame_i420, box)
+        window = cut_i420_window(frame_i420, box)
         assert window.shape == ((y2 - y1) * 3 // 2, x2 - x1)
         assert np.array_equal(cv2.cvtColor(window, cv2.COLOR_YUV2BGR_I420), frame_bgr[y1:y2, x1:x2])
         # and back: the window's I420 is the whole frame's I420 in that box
-        back = media.i420_planes(cv2.cvtColor(np.ascontiguousarray(noise_bgr[y1:y2, x1:x2]), cv2.COLOR_BGR2YUV_I420))
-        for window_plane, whole_plane, scale in zip(back, media.i420_planes(whole_i420), (1, 2, 2)):
+        back = i420_planes(cv2.cvtColor(np.ascontiguousarray(noise_bgr[y1:y2, x1:x2]), cv2.COLOR_BGR2YUV_I420))
+        for window_plane, whole_plane, scale in zip(back, i420_planes(whole_i420), (1, 2, 2)):
             assert np.array_equal(window_plane, whole_plane[y1 // scale:y2 // scale, x1 // scale:x2 // scale])
     # An odd-aligned window splits 2x2 chroma blocks: its conversion is not the frame's.
     odd = np.ascontiguousarray(noise_bgr[1:21, 1:31])
     assert not np.array_equal(cv2.cvtColor(odd, cv2.COLOR_BGR2YUV_I420)[20:],
-                              media.cut_i420_window(whole_i420, (0, 0, 30, 20))[20:])
+                              cut_i420_window(whole_i420, (0, 0, 30, 20))[20:])
 
 
 def test_i420_windows_cut_and_paste_only_their_box():
@@ -417,20 +425,20 @@ def test_i420_windows_cut_and_paste_only_their_box():
     other = rng.integers(0, 256, frame.shape, dtype=np.uint8)
     box = (6, 10, 26, 40)
     pasted = frame.copy()
-    media.paste_i420_window(pasted, box, media.cut_i420_window(other, box))
+    paste_i420_window(pasted, box, cut_i420_window(other, box))
     frame_bgr, pasted_bgr, other_bgr = (cv2.cvtColor(image, cv2.COLOR_YUV2BGR_I420) for image in (frame, pasted, other))
     inside = np.zeros((48, 64), bool)
     inside[10:40, 6:26] = True
     assert np.array_equal(pasted_bgr[inside], other_bgr[inside])
     assert np.array_equal(pasted_bgr[~inside], frame_bgr[~inside])
-    media.paste_i420_window(pasted, box, media.cut_i420_window(frame, box))
+    paste_i420_window(pasted, box, cut_i420_window(frame, box))
     assert np.array_equal(pasted, frame)
-    assert media.even_box((5, 9, 25, 39), 64, 48) == (4, 8, 26, 40)
-    assert media.even_box((1, 1, 63, 47), 64, 48) == (0, 0, 64, 48)
+    assert even_box((5, 9, 25, 39), 64, 48) == (4, 8, 26, 40)
+    assert even_box((1, 1, 63, 47), 64, 48) == (0, 0, 64, 48)
     with pytest.raises(ValueError, match="even"):
-        media.cut_i420_window(frame, (5, 10, 26, 40))
+        cut_i420_window(frame, (5, 10, 26, 40))
     with pytest.raises(ValueError, match="does not fit"):
-        media.paste_i420_window(frame, box, np.zeros((30, 20), np.uint8))
+        paste_i420_window(frame, box, np.zeros((30, 20), np.uint8))
 
 
 def whole_frame_render(batches: list[EngineBatch], frames_i420: np.ndarray, blend: BlendConfig) -> np.ndarray:
@@ -439,13 +447,13 @@ def whole_frame_render(batches: list[EngineBatch], frames_i420: np.ndarray, blen
     result = frames_i420.copy()
     engine = LandmarkEngine(EngineConfig(), FPS)
     for batch in batches:
-        frames_bgr = media.i420_batch_to_bgr(result[batch.frame_indices])
+        frames_bgr = i420_batch_to_bgr(result[batch.frame_indices])
         for row, patch in enumerate(engine.generate(EngineBatch(
                 frame_indices=batch.frame_indices, frames_bgr=frames_bgr, faces=batch.faces,
                 mel_windows=batch.mel_windows, fps=FPS))):
             if patch is not None:
                 blend_patch(frames_bgr[row], patch, blend)
-                media.write_region_i420(result[batch.frame_indices[row]], frames_bgr[row], patch.box)
+                write_region_i420(result[batch.frame_indices[row]], frames_bgr[row], patch.box)
     return result
 
 
@@ -460,7 +468,7 @@ def window_render(engine: LandmarkEngine, batches: list[EngineBatch], frames_i42
             assert np.array_equal(decoded, frames_i420[batch.frame_indices])  # the input is left alone
             for row, window in zip(batch.frame_indices, batch_windows):
                 if window is not None:
-                    media.paste_i420_window(result[row], window.box, window.planes)
+                    paste_i420_window(result[row], window.box, window.planes)
             windows.extend(batch_windows)
     finally:
         engine.close()
@@ -477,7 +485,7 @@ def stream_render(engine: LandmarkEngine, batches: list[EngineBatch], frames_i42
         for batch, batch_windows in zip(batches, stream, strict=True):
             for row, window in zip(batch.frame_indices, batch_windows):
                 if window is not None:
-                    media.paste_i420_window(result[row], window.box, window.planes)
+                    paste_i420_window(result[row], window.box, window.planes)
     finally:
         engine.close()
     return result
@@ -495,7 +503,7 @@ def rebatched(batches: list[EngineBatch], size: int) -> list[EngineBatch]:
 
 
 def test_a_stream_of_batches_gives_the_bytes_of_one_batch_at_a_time(talking_sequence):
-    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
+    frames_i420 = np.stack([bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
     talking_sequence = rebatched(talking_sequence, 7)  # 6 batches: the stream's steady state, and a short last one
     blend = BlendConfig()
     expected, _ = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence, frames_i420, blend)
@@ -515,7 +523,7 @@ def test_a_stream_of_batches_gives_the_bytes_of_one_batch_at_a_time(talking_sequ
 
 
 def test_a_stream_stopped_early_stops_its_processes(talking_sequence):
-    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
+    frames_i420 = np.stack([bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
     engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
     inputs = ((frames_i420[batch.frame_indices], batch.faces, batch.mel_windows)
               for batch in rebatched(talking_sequence, 7))
@@ -527,7 +535,7 @@ def test_a_stream_stopped_early_stops_its_processes(talking_sequence):
 
 
 def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talking_sequence):
-    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
+    frames_i420 = np.stack([bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
     blend = BlendConfig()
     expected = whole_frame_render(talking_sequence, frames_i420, blend)
     inline, windows = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence, frames_i420, blend)
@@ -554,7 +562,7 @@ def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talki
     for row, window in enumerate(windows):
         if window is not None:
             outside = frames_i420[row].copy()
-            media.paste_i420_window(outside, window.box, window.planes)
+            paste_i420_window(outside, window.box, window.planes)
             assert np.array_equal(outside, inline[row])
 
     # The blend options reach the processes: without colour matching the bytes differ, and still agree.

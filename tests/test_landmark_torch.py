@@ -15,11 +15,12 @@ import torch
 from bench_landmark import make_frames, speech_windows
 from conftest import ASSETS, decode_frames, run_ffmpeg
 
-from heygem import audio, media
+from heygem import audio
 from heygem.config import BlendConfig, EngineConfig, load_config
 from heygem.engines import landmark_torch
 from heygem.engines.landmark import LandmarkEngine, MouthGeometry, patch_box
 from heygem.errors import HeygemError
+from heygem.media.frames import bgr_to_yuv420, even_box, i420_batch_to_bgr, i420_planes, paste_i420_window
 from heygem.pipeline import generate
 from heygem.render import (
     CpuRender,
@@ -40,7 +41,7 @@ BLEND = BlendConfig()
 def sample():
     """(8, H * 3/2, W) I420 frames of the drifting portrait and their (468, 2) landmarks."""
     frames_bgr, landmarks = make_frames(WIDTH, HEIGHT)
-    frames_i420 = np.stack([media.bgr_to_yuv420(frame) for frame in frames_bgr])
+    frames_i420 = np.stack([bgr_to_yuv420(frame) for frame in frames_bgr])
     return frames_i420, landmarks
 
 
@@ -54,7 +55,7 @@ def cpu_render(frames_i420: np.ndarray, faces: list, windows: np.ndarray) -> tup
     frames = frames_i420.copy()
     for frame, window in zip(frames, engine.generate_i420(frames_i420, faces, windows, BLEND)):
         if window is not None:
-            media.paste_i420_window(frame, window.box, window.planes)
+            paste_i420_window(frame, window.box, window.planes)
     return frames, engine
 
 
@@ -83,8 +84,8 @@ def to_bgr(frame_i420: np.ndarray) -> np.ndarray:
 
 def changed_pixels(frame_i420: np.ndarray, source_i420: np.ndarray) -> np.ndarray:
     """(H, W) bool: pixels whose Y byte or 2x2 block's U/V bytes differ from the source."""
-    y, u, v = media.i420_planes(frame_i420)
-    source_y, source_u, source_v = media.i420_planes(source_i420)
+    y, u, v = i420_planes(frame_i420)
+    source_y, source_u, source_v = i420_planes(source_i420)
     chroma = (u != source_u) | (v != source_v)
     return (y != source_y) | np.kron(chroma, np.ones((2, 2), bool)).astype(bool)
 
@@ -92,7 +93,7 @@ def changed_pixels(frame_i420: np.ndarray, source_i420: np.ndarray) -> np.ndarra
 def box_mask(landmarks: np.ndarray) -> np.ndarray:
     """(H, W) bool: the face's patch box, where the engines may change pixels (even-widened)."""
     box = patch_box(MouthGeometry.from_landmarks(landmarks), WIDTH, HEIGHT)
-    x1, y1, x2, y2 = media.even_box(box, WIDTH, HEIGHT)
+    x1, y1, x2, y2 = even_box(box, WIDTH, HEIGHT)
     inside = np.zeros((HEIGHT, WIDTH), bool)
     inside[y1:y2, x1:x2] = True
     return inside
@@ -102,7 +103,7 @@ def dark_pixels(frame_i420: np.ndarray, landmarks: np.ndarray) -> int:
     """Dark pixels (an open mouth's cavity) from corner to corner, nose to chin."""
     x1, x2 = int(landmarks[61, 0]) - 4, int(landmarks[291, 0]) + 4
     y1, y2 = int(landmarks[2, 1]), int(landmarks[152, 1])
-    return int((media.i420_planes(frame_i420)[0][y1:y2, x1:x2] < 60).sum())
+    return int((i420_planes(frame_i420)[0][y1:y2, x1:x2] < 60).sum())
 
 
 def test_torch_drawing_matches_the_cpu_engine_frame_by_frame(sample):
@@ -170,7 +171,7 @@ def test_a_closed_mouth_with_a_closed_target_keeps_its_bytes(closed_sample):
     frames = np.repeat(frame, 4, axis=0)
     faces = with_faces(frames, [landmarks] * 4)
     patches = LandmarkEngine(EngineConfig(), FPS).generate(EngineBatch(
-        frame_indices=np.arange(4), frames_bgr=media.i420_batch_to_bgr(frames), faces=faces, mel_windows=silence,
+        frame_indices=np.arange(4), frames_bgr=i420_batch_to_bgr(frames), faces=faces, mel_windows=silence,
         fps=FPS))
     assert all(patch is not None and not patch.mask.any() for patch in patches)  # the CPU engine's all-zero masks
     drawn, _ = torch_render(frames, faces, silence)
@@ -237,7 +238,7 @@ def test_the_render_stages_give_the_frames_of_the_cpu_engine(sample):
     windows = cpu_engine.generate_i420(frames, faces, cpu_prepared.mel_windows(np.arange(count)), BLEND)
     for frame, window in zip(expected, windows):
         if window is not None:
-            media.paste_i420_window(frame, window.box, window.planes)
+            paste_i420_window(frame, window.box, window.planes)
     np.testing.assert_array_equal(drawn[0][[2, 7]], frames[[2, 7]])
     for index in set(range(count)) - {2, 7}:
         assert changed_pixels(drawn[0][index], frames[index]).sum() > 1000

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from conftest import decode_frames, run_ffmpeg, silent_frames
 
-from heygem import faces, media
+from heygem import faces
 from heygem.audio import load_audio_16k
 from heygem.config import FaceConfig
+from heygem.media.probing import probe
 from heygem.pipeline import generate
 
 
@@ -32,8 +33,8 @@ def mouth_box(face_photo):
 
 def test_photo_and_speech_make_a_valid_mp4(photo_result, short_speech):
     summary, output, stages = photo_result
-    info = media.probe(output)
-    audio_in = media.probe(short_speech)
+    info = probe(output)
+    audio_in = probe(short_speech)
     assert info.kind == "video" and (info.width, info.height) == (512, 512)
     assert info.fps_fraction == "25/1" and info.audio_codec == "aac" and info.has_audio
     expected_frames = round(3.4 * 25)
@@ -81,7 +82,7 @@ def test_pixels_far_from_the_mouth_equal_the_input(photo_result, face_photo):
 def test_video_input_keeps_its_rate_and_size(tmp_path, face_video, short_speech):
     output = tmp_path / "video.mp4"
     summary = generate(face_video, short_speech, output)
-    info = media.probe(output)
+    info = probe(output)
     assert info.fps_fraction == "30000/1001" and (info.width, info.height) == (320, 240)
     assert summary.frames == round(3.4 * 30000 / 1001) == len(decode_frames(output))
     assert summary.frames_without_face == 0
@@ -112,7 +113,7 @@ def test_video_longer_than_audio_is_cut_and_its_own_audio_can_be_used(tmp_path, 
     own = tmp_path / "own audio.mp4"
     summary = generate(face_video, face_video, own)
     own_seconds = len(load_audio_16k(face_video)) / 16000  # 2 s of AAC, plus its padding
-    assert summary.frames == round(own_seconds * 30000 / 1001) and media.probe(own).has_audio
+    assert summary.frames == round(own_seconds * 30000 / 1001) and probe(own).has_audio
 
 
 def test_frames_without_a_face_pass_through_unchanged(tmp_path, face_video, short_speech):
@@ -144,7 +145,7 @@ def test_video_whose_own_track_outlasts_its_frames_still_plays_back_and_forth(tm
     run_ffmpeg("-loop", "1", "-t", "1.5", "-i", str(face_photo), "-f", "lavfi", "-i", "sine=frequency=200:duration=4",
                "-vf", "scale=256:256,format=yuv420p", "-r", "20", "-c:v", "libx264", "-preset", "ultrafast",
                "-c:a", "aac", str(padded))
-    assert media.probe(padded).duration > 3.9
+    assert probe(padded).duration > 3.9
     output = tmp_path / "out.mp4"
     summary = generate(padded, short_speech, output)
     assert summary.frames == 68 and len(decode_frames(output)) == 68  # 3.4 s at 20 fps from 30 source frames
@@ -175,7 +176,7 @@ def test_containers_rates_and_phone_rotation(tmp_path, face_photo, container, ra
     run_ffmpeg("-i", str(face_photo.parent / "speech_en.wav"), "-t", "1.2", "-ar", "44100", "-ac", "2", str(speech))
     output = tmp_path / "out.mp4"
     summary = generate(face, speech, output)
-    info = media.probe(output)
+    info = probe(output)
     assert (info.width, info.height) == (240, 300)  # upright, whatever the file's storage
     top = decode_frames(output)[0, 30:90].astype(np.int16)  # the picture's top, under the black bar
     upright = cv2.resize(cv2.imread(str(face_photo)), (240, 240), interpolation=cv2.INTER_AREA).astype(np.int16)

@@ -16,7 +16,7 @@ import pytest
 from conftest import ASSETS, REPO, assert_playable_mp4, decode_frames, run_ffmpeg, write_tight_face_photo
 
 from heygem.jobs import CANCELLED, DONE, RUNNING, JobStore
-from heygem.media import probe
+from heygem.media.probing import probe
 
 ray = pytest.importorskip("ray")
 

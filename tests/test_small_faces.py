@@ -16,8 +16,12 @@ import numpy as np
 import pytest
 from conftest import ASSETS, PORTRAIT_FACE_BOX, REPO, assert_playable_mp4, face_crop, run_ffmpeg, write_tight_face_photo
 
-from heygem import faces, media
+from heygem import faces
 from heygem.config import FaceConfig
+from heygem.media.decode import iter_video_i420
+from heygem.media.ffmpeg import ffmpeg_binary
+from heygem.media.frames import BgrImage, I420Frame, I420Frames
+from heygem.media.probing import probe, working_geometry
 
 SIZES = (64, 96, 112, 128, 160)
 LIPS_AND_CHIN = [13, 14, 61, 291, 152]
@@ -32,15 +36,15 @@ def drifting_video(folder: Path, name: str, frame_bgr_at, count: int = 12) -> Pa
     frames = np.stack([frame_bgr_at(index) for index in range(count)])
     height, width = frames.shape[1:3]
     path = folder / f"{name}.mp4"
-    subprocess.run([media.ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24",
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24",
                     "-s", f"{width}x{height}", "-r", "25", "-i", "pipe:", "-c:v", "libx264", "-crf", "12",
                     "-pix_fmt", "yuv420p", str(path)], input=frames.tobytes(), check=True)
     return path
 
 
 def decoded_i420(path: Path) -> np.ndarray:
-    info = media.probe(path)
-    return np.concatenate(list(media.iter_video_i420(info, media.working_geometry(info, None), 64)))
+    info = probe(path)
+    return np.concatenate(list(iter_video_i420(info, working_geometry(info, None), 64)))
 
 
 def reference_landmarks() -> np.ndarray:
@@ -56,7 +60,7 @@ def reference() -> np.ndarray:
 def track_every_frame(path: Path, config: FaceConfig | None = None, detector=None) -> list[np.ndarray | None]:
     """The landmarks of each frame of ``path``, tracked as the pipeline tracks a run of frames."""
     with faces.FinderPool(config or FaceConfig(), 1, detector=detector) as pool:
-        return pool.track_run(media.I420Frames(decoded_i420(path)))
+        return pool.track_run(I420Frames(decoded_i420(path)))
 
 
 def crop_cases() -> list[tuple[str, float]]:
@@ -117,7 +121,7 @@ def test_the_mesh_crop_reaching_past_the_frame_is_black_there_and_the_frame_insi
     frame_bgr = face_crop(1.0, 112)[0]
     planes = cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2YUV_I420)
     converted = cv2.cvtColor(planes, cv2.COLOR_YUV2BGR_I420)  # what the pipeline's frame holds
-    for frame in (media.I420Frame(planes), media.BgrImage(converted)):
+    for frame in (I420Frame(planes), BgrImage(converted)):
         around = frame.region(-56, -40, 168, 184, size=(224, 224))  # one pixel per pixel, a margin on every side
         np.testing.assert_array_equal(around[40:152, 56:168], converted)  # the frame, to the edge, unchanged
         outside = np.ones((224, 224), bool)
@@ -154,4 +158,4 @@ def test_the_cli_makes_a_video_of_a_tight_112_pixel_face_photo(tmp_path):
                                 str(speech), "-o", str(output)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     assert "frames without a face: 0" in completed.stdout
-    assert_playable_mp4(output, media.probe(speech).duration)
+    assert_playable_mp4(output, probe(speech).duration)

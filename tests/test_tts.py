@@ -240,14 +240,15 @@ def test_burn_draws_cues_only_during_their_time(grey_clip, tmp_path):
 
     from conftest import decode_frames
 
-    from heygem import media
+    from heygem.media.probing import probe
+    from heygem.media.subtitles import add_subtitles
 
     clip = tmp_path / "clip.mp4"
     shutil.copyfile(grey_clip, clip)
     before = decode_frames(clip).astype(np.int16)  # (20, 120, 160, 3)
     cues = [tts.Cue(0.5, 1.2, "Hello there, friend.")]
     srt = tts.write_srt(cues, tmp_path / "clip.srt")
-    assert media.add_subtitles(clip, srt, cues, "burn", crf=18, preset="ultrafast") == "burn"
+    assert add_subtitles(clip, srt, cues, "burn", crf=18, preset="ultrafast") == "burn"
     after = decode_frames(clip).astype(np.int16)
     assert after.shape == before.shape  # same frame count and size
     changed = np.abs(after - before).max(axis=(1, 2, 3))  # (20,) largest change per frame
@@ -260,7 +261,7 @@ def test_burn_draws_cues_only_during_their_time(grey_clip, tmp_path):
     rows = np.flatnonzero(difference.max(axis=1) > 60)
     assert rows.min() > 120 // 2, rows
     assert stream_types(clip) == ["audio", "video"]  # no subtitle track
-    assert abs(media.probe(clip).audio_duration - media.probe(grey_clip).audio_duration) < 0.05
+    assert abs(probe(clip).audio_duration - probe(grey_clip).audio_duration) < 0.05
 
 
 def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_path, caplog):
@@ -268,17 +269,17 @@ def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_pa
 
     from conftest import decode_frames
 
-    from heygem import media
+    from heygem.media.subtitles import add_subtitles, characters_missing_from_font
 
-    assert media.characters_missing_from_font("Hello, world!") == []
-    assert media.characters_missing_from_font("Hi 你好") == ["你", "好"]
+    assert characters_missing_from_font("Hello, world!") == []
+    assert characters_missing_from_font("Hi 你好") == ["你", "好"]
     clip = tmp_path / "clip.mp4"
     shutil.copyfile(grey_clip, clip)
     before = decode_frames(clip)
     cues = [tts.Cue(0.0, 1.0, "你好，世界。")]
     srt = tts.write_srt(cues, tmp_path / "clip.srt")
     with caplog.at_level("WARNING", logger="heygem"):
-        assert media.add_subtitles(clip, srt, cues, "burn") == "soft"
+        assert add_subtitles(clip, srt, cues, "burn") == "soft"
     warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
     assert len(warnings) == 1 and "soft track instead of burned" in warnings[0] and "你" in warnings[0]
     assert stream_types(clip) == ["audio", "subtitle", "video"]
@@ -288,16 +289,16 @@ def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_pa
 def test_subtitle_mode_none_and_bad_mode(grey_clip, tmp_path):
     import shutil
 
-    from heygem import media
+    from heygem.media.subtitles import add_subtitles
 
     clip = tmp_path / "clip.mp4"
     shutil.copyfile(grey_clip, clip)
     cues = [tts.Cue(0.0, 1.0, "Hello.")]
     srt = tts.write_srt(cues, tmp_path / "clip.srt")
-    assert media.add_subtitles(clip, srt, cues, "none") == "none"
+    assert add_subtitles(clip, srt, cues, "none") == "none"
     assert clip.read_bytes() == grey_clip.read_bytes()
     with pytest.raises(HeygemError, match="none, soft, burn"):
-        media.add_subtitles(clip, srt, cues, "hard")
+        add_subtitles(clip, srt, cues, "hard")
 
 
 def test_cli_text_run_burns_subtitles_keeps_its_speech_and_respects_the_limit(tmp_path):
@@ -312,9 +313,9 @@ def test_cli_text_run_burns_subtitles_keeps_its_speech_and_respects_the_limit(tm
     assert summary["audio_path"] == str(speech_path) and speech_path.is_file()  # the speech the video was made from
     with wave.open(str(speech_path), "rb") as wav:
         speech_seconds = wav.getnframes() / wav.getframerate()
-    from heygem import media
+    from heygem.media.probing import probe
 
-    assert abs(media.probe(output).audio_duration - speech_seconds) < 0.1
+    assert abs(probe(output).audio_duration - speech_seconds) < 0.1
     assert tts.read_srt(output.with_suffix(".srt"))[0].text == "Hello there."
 
     too_long = heygem("generate", "--face", face, "--text", "Hello there, friend.", "--max-text-chars", "10",

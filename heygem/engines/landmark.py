@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from heygem import media
 from heygem.blend import blend_patch
 from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.mouth_shapes import MouthShapeTracker, clip, smoothstep
+from heygem.media.frames import bgr_to_yuv420, cut_i420_window, even_box
 from heygem.types import Box, EngineBatch, Face, FacePatch, I420Window
 
 logger = logging.getLogger("heygem")
@@ -774,8 +774,8 @@ def cut_window(frame: np.ndarray, box: Box) -> tuple[np.ndarray, tuple[int, int]
     the region; of a (H * 3/2, W) I420 frame the box widened to even coordinates (whole 2x2 chroma
     blocks), packed as a (h * 3/2, w) I420 image."""
     if frame.ndim == 2:
-        box = media.even_box(box, frame.shape[1], frame.shape[0] * 2 // 3)
-        return media.cut_i420_window(frame, box), (box[0], box[1])
+        box = even_box(box, frame.shape[1], frame.shape[0] * 2 // 3)
+        return cut_i420_window(frame, box), (box[0], box[1])
     x1, y1, x2, y2 = box
     return np.ascontiguousarray(frame[y1:y2, x1:x2]), (x1, y1)
 
@@ -813,9 +813,9 @@ def blend_window(warped: WarpedWindow, teeth_bgr: np.ndarray | None, blend: Blen
     x1, y1, x2, y2 = warped.warped.box
     local_box = (x1 - origin_x, y1 - origin_y, x2 - origin_x, y2 - origin_y)
     blend_patch(warped.window_bgr, FacePatch(box=local_box, image_bgr=image, mask=mask), blend)
-    even_x1, even_y1, even_x2, even_y2 = media.even_box(warped.warped.box, *warped.frame_size)
+    even_x1, even_y1, even_x2, even_y2 = even_box(warped.warped.box, *warped.frame_size)
     region = warped.window_bgr[even_y1 - origin_y:even_y2 - origin_y, even_x1 - origin_x:even_x2 - origin_x]
-    planes = media.bgr_to_yuv420(np.ascontiguousarray(region))  # ((y2 - y1) * 3/2, x2 - x1) I420
+    planes = bgr_to_yuv420(np.ascontiguousarray(region))  # ((y2 - y1) * 3/2, x2 - x1) I420
     return I420Window(box=(even_x1, even_y1, even_x2, even_y2), planes=planes)
 
 

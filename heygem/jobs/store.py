@@ -44,7 +44,7 @@ from heygem.jobs.files import (
     human_size,
     store_input,
 )
-from heygem.media import probe_inputs
+from heygem.media.probing import probe_inputs
 
 logger = logging.getLogger("heygem")
 

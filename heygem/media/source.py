@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import media
 from heygem.errors import HeygemError
+from heygem.media.decode import FrameFile, iter_video_i420, load_image
+from heygem.media.frames import bgr_to_yuv420
 from heygem.types import FrameBatch, FrameGeometry, MediaInfo
 
 # a batch of frames holds at most this many bytes (a score of batches are in flight at once: decoding,
@@ -63,15 +64,15 @@ class SourceFrames:
         self.frames_needed = frames_needed
         self.still_i420 = still_i420  # (H * 3/2, W) uint8 for a photo
         self.work_dir = work_dir
-        self.frame_file: media.FrameFile | None = None
+        self.frame_file: FrameFile | None = None
         if still_i420 is None and info.duration + CACHE_MARGIN_SECONDS < audio_seconds:
-            self.frame_file = media.FrameFile(work_dir / "frames.yuv", geometry)
+            self.frame_file = FrameFile(work_dir / "frames.yuv", geometry)
         self.frame_count = 1 if still_i420 is not None else None  # source frames, once known
 
     @classmethod
     def open(cls, info: MediaInfo, geometry: FrameGeometry, frames_needed: int, audio_seconds: float,
              work_dir: Path, decoders: int = 1) -> SourceFrames:
-        still = media.bgr_to_yuv420(media.load_image(info, geometry)) if info.kind == "image" else None
+        still = bgr_to_yuv420(load_image(info, geometry)) if info.kind == "image" else None
         return cls(info, geometry, frames_needed, still, work_dir, audio_seconds, decoders)
 
     @property
@@ -91,7 +92,7 @@ class SourceFrames:
                 yield FrameBatch(output_indices, np.zeros_like(output_indices), frames)
             return
         produced = 0
-        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
+        for frames in iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
             frames = frames[: frame_count - produced]
             if self.frame_file is not None:
                 self.frame_file.append(frames)
@@ -114,8 +115,8 @@ class SourceFrames:
             self.frame_file.close()
 
     def _fill_frame_file(self, batch_frames: int) -> None:
-        self.frame_file = media.FrameFile(self.work_dir / "frames.yuv", self.geometry)
-        for frames in media.iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
+        self.frame_file = FrameFile(self.work_dir / "frames.yuv", self.geometry)
+        for frames in iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
             self.frame_file.append(frames[: self.frame_count - self.frame_file.count])
             if self.frame_file.count >= self.frame_count:
                 break

@@ -52,7 +52,8 @@ from pathlib import Path
 import numpy as np
 
 from heygem.errors import HeygemError
-from heygem.media import bgr_to_yuv420, enlarge_pipe, ffmpeg_binary, ffmpeg_message
+from heygem.media.ffmpeg import enlarge_pipe, ffmpeg_binary, ffmpeg_message
+from heygem.media.frames import bgr_to_yuv420
 from heygem.types import FrameGeometry, MediaInfo
 
 logger = logging.getLogger("heygem")

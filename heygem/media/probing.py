@@ -1,0 +1,124 @@
+"""Step 1: probe the inputs: what kind of file each is, its display size, rate, length and audio,
+and the frame size and rate the output is made at.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+from heygem.errors import HeygemError
+from heygem.types import FrameGeometry, MediaInfo
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
+
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
+_IMAGE_FORMATS = {"image2", "png_pipe", "jpeg_pipe", "webp_pipe", "bmp_pipe", "tiff_pipe", "jpegls_pipe"}
+
+
+
+def probe(path: str | Path) -> MediaInfo:
+    """Describe a face or audio file: kind, display size (rotation applied), fps, audio stream."""
+    import av
+
+    path = Path(path)
+    if not path.is_file():
+        raise HeygemError(f"file not found: {path}")
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError, ValueError):
+        raise HeygemError(f"{path.name} is not a media file heygem can read (expected a video, image or audio file)") from None
+    with container:
+        video = next((s for s in container.streams.video), None)
+        audio = next((s for s in container.streams.audio), None)
+        format_names = set(container.format.name.split(","))
+        container_seconds = float(container.duration / 1_000_000) if container.duration else 0.0
+
+        audio_fields = {}
+        if audio is not None:
+            audio_seconds = float(audio.duration * audio.time_base) if audio.duration else container_seconds
+            audio_fields = dict(
+                has_audio=True,
+                audio_codec=audio.codec_context.name,
+                audio_sample_rate=int(audio.codec_context.sample_rate or 0),
+                audio_channels=int(audio.codec_context.channels or 0),
+                audio_duration=audio_seconds,
+            )
+        if video is None:
+            if audio is None:
+                raise HeygemError(f"{path.name} has neither video nor audio")
+            return MediaInfo(path=path, kind="audio", duration=audio_fields["audio_duration"], **audio_fields)
+
+        is_image = bool(format_names & _IMAGE_FORMATS) or (
+            path.suffix.lower() in IMAGE_SUFFIXES and (video.frames or 1) <= 1
+        )
+        width, height, rotation = video.codec_context.width, video.codec_context.height, 0
+        try:
+            first_frame = next(container.decode(video))
+            width, height = first_frame.width, first_frame.height
+            rotation = int(getattr(first_frame, "rotation", 0) or 0)
+            # decoded as it is stored, no scaler needed: 4:2:0 in limited range, not rotated
+            plain_yuv420 = (first_frame.format.name == "yuv420p" and int(first_frame.color_range or 1) != 2
+                            and rotation == 0)
+        except (av.error.FFmpegError, StopIteration):
+            raise HeygemError(f"{path.name}: its video stream cannot be decoded") from None
+        if rotation % 180 == 90 or rotation % 180 == -90:
+            width, height = height, width
+        if is_image:
+            return MediaInfo(path=path, kind="image", width=width, height=height, frame_count=1, **audio_fields)
+
+        rate = video.average_rate or video.guessed_rate or video.base_rate
+        if not rate or rate <= 0:
+            raise HeygemError(f"{path.name}: cannot tell its frame rate")
+        rate = Fraction(rate).limit_denominator(1001)
+        video_seconds = float(video.duration * video.time_base) if video.duration else container_seconds
+        frame_count = int(video.frames) if video.frames else int(round(video_seconds * float(rate)))
+        return MediaInfo(
+            path=path,
+            kind="video",
+            width=width,
+            height=height,
+            plain_yuv420=plain_yuv420,
+            fps=float(rate),
+            fps_fraction=f"{rate.numerator}/{rate.denominator}",
+            frame_count=max(frame_count, 1),
+            duration=max(video_seconds, audio_fields.get("audio_duration", 0.0)),
+            **audio_fields,
+        )
+
+
+
+def probe_inputs(face_path: Path, audio_path: Path | None) -> tuple[MediaInfo, MediaInfo]:
+    """Probe a face and its speech and refuse what cannot work; returns (face info, audio info).
+
+    ``audio_path`` None (or the face's own path) means the face video's own sound.
+    """
+    face_info = probe(face_path)
+    if face_info.kind == "audio":
+        raise HeygemError(f"{Path(face_path).name} has no picture: the face must be a video or an image")
+    if audio_path is None or Path(audio_path) == Path(face_path):
+        if not face_info.has_audio:
+            raise HeygemError(f"{Path(face_path).name} has no sound of its own: add an audio file")
+        return face_info, face_info
+    audio_info = probe(audio_path)
+    if not audio_info.has_audio:
+        raise HeygemError(f"{Path(audio_path).name} has no audio stream")
+    return face_info, audio_info
+
+
+
+def working_geometry(info: MediaInfo, output_height: int | None) -> FrameGeometry:
+    """The frame size heygem works at: the display size made even, or scaled to ``output_height``."""
+    if output_height:
+        height = output_height - output_height % 2
+        width = int(round(info.width * height / info.height / 2)) * 2
+        return FrameGeometry(width=max(width, 2), height=max(height, 2))
+    return FrameGeometry(width=info.width - info.width % 2, height=info.height - info.height % 2)
+
+
+
+def fps_to_fraction(fps: float) -> str:
+    """A frame rate as an exact ffmpeg fraction: 29.97 -> 30000/1001, 25 -> 25/1."""
+    rate = Fraction(fps).limit_denominator(1001)
+    return f"{rate.numerator}/{rate.denominator}"

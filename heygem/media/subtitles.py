@@ -1,0 +1,222 @@
+"""Subtitles on a finished MP4: a soft track muxed in, or the cues drawn into the frames.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from heygem.errors import HeygemError
+from heygem.media.ffmpeg import enlarge_pipe, ffmpeg_binary, read_into
+from heygem.media.probing import probe
+
+logger = logging.getLogger("heygem")
+
+
+
+def soft_subtitle_args(video_path: Path, srt_path: Path, output_path: Path) -> list[str]:
+    """ffmpeg arguments that copy ``video_path``'s streams and add ``srt_path`` as a mov_text subtitle track."""
+    return ["-nostdin", "-v", "error", "-y", "-i", str(video_path), "-i", str(srt_path), "-map", "0", "-map", "1",
+            "-c", "copy", "-c:s", "mov_text", "-metadata:s:s:0", "handler_name=Subtitles",
+            "-movflags", "+faststart", "-f", "mp4", str(output_path)]
+
+
+
+def add_soft_subtitles(video_path: Path, srt_path: Path) -> None:
+    """Mux ``srt_path`` into the MP4 ``video_path`` as a soft subtitle track (nothing is re-encoded)."""
+    video_path = Path(video_path)
+    partial = video_path.with_name(f".{video_path.stem}.{os.getpid()}.{threading.get_ident()}.subtitled.mp4")
+    try:
+        completed = subprocess.run([ffmpeg_binary(), *soft_subtitle_args(video_path, srt_path, partial)],
+                                   capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if completed.returncode != 0:
+            lines = completed.stderr.strip().splitlines()
+            raise HeygemError(f"adding subtitles failed: {lines[-1] if lines else 'ffmpeg failed'}")
+        os.replace(partial, video_path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+
+SUBTITLE_MODES = ("none", "soft", "burn")
+
+
+
+@functools.lru_cache(maxsize=8)
+def subtitle_font(size: int):
+    """Pillow's built-in scalable font (Pillow >= 10.1) at ``size`` pixels: no system font is needed."""
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size)
+
+
+
+def _glyph_signature(font, character: str) -> tuple:
+    mask = font.getmask(character)
+    return mask.size, bytes(mask)
+
+
+
+def characters_missing_from_font(text: str, font=None) -> list[str]:
+    """The characters of ``text`` that ``font`` (default: the subtitle font) has no glyph for, in order.
+
+    A missing glyph is drawn as the font's empty box; a character whose mask equals that box's is missing.
+    """
+    font = font if font is not None else subtitle_font(24)
+    empty_box = _glyph_signature(font, "\U000f0000")  # a private-use code point no font draws
+    missing: list[str] = []
+    for character in dict.fromkeys(text):
+        if character.isspace() or not character.isprintable():
+            continue
+        if _glyph_signature(font, character) == empty_box:
+            missing.append(character)
+    return missing
+
+
+
+def _wrap_words(text: str, font, max_width: float) -> list[str]:
+    """Break ``text`` into lines no wider than ``max_width`` pixels, at spaces (a longer word stays whole)."""
+    lines: list[str] = []
+    current = ""
+    for word in text.split():
+        candidate = f"{current} {word}" if current else word
+        if current and font.getlength(candidate) > max_width:
+            lines.append(current)
+            current = word
+        else:
+            current = candidate
+    if current:
+        lines.append(current)
+    return lines
+
+
+
+def render_subtitle(text: str, width: int, height: int) -> tuple[np.ndarray, int]:
+    """One cue drawn for a ``width`` x ``height`` frame: ((h, width, 4) uint8 RGBA overlay, its top row).
+
+    White text on a half-transparent dark band in the lower part of the frame; wrapped to 90% of the width.
+    """
+    from PIL import Image, ImageDraw
+
+    size = max(12, int(round(height / 16)))
+    font = subtitle_font(size)
+    lines = _wrap_words(text, font, width * 0.9) or [""]
+    line_height = int(round(size * 1.25))
+    padding = max(4, size // 3)
+    band_height = min(height, line_height * len(lines) + 2 * padding)
+    top = max(0, height - band_height - max(2, height // 20))
+    band = Image.new("RGBA", (width, band_height), (0, 0, 0, 140))
+    draw = ImageDraw.Draw(band)
+    for number, line in enumerate(lines):
+        x = (width - font.getlength(line)) / 2
+        draw.text((x, padding + number * line_height), line, font=font, fill=(255, 255, 255, 255),
+                  stroke_width=max(1, size // 14), stroke_fill=(0, 0, 0, 255))
+    return np.asarray(band), top
+
+
+
+def burn_encode_args(width: int, height: int, fps_fraction: str, source_path: Path, output_path: Path,
+                     crf: int = 18, preset: str = "veryfast") -> list[str]:
+    """ffmpeg arguments that encode raw RGB frames from stdin with x264 and copy ``source_path``'s audio."""
+    return ["-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}",
+            "-framerate", fps_fraction, "-i", "pipe:", "-i", str(source_path), "-map", "0:v:0", "-map", "1:a?",
+            "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p", "-c:a", "copy",
+            "-movflags", "+faststart", "-f", "mp4", str(output_path)]
+
+
+
+def burn_decode_args(source_path: Path) -> list[str]:
+    """ffmpeg arguments that decode ``source_path``'s video, frame for frame, to raw RGB on stdout.
+
+    (No -fps_mode: ffmpeg before 5.1 lacks it, 8 and later lack -vsync; the video is heygem's own
+    constant-rate output, which the default constant-rate output keeps frame for frame.)"""
+    return ["-nostdin", "-v", "error", "-i", str(source_path), "-map", "0:v:0",
+            "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:"]
+
+
+
+def burn_subtitles(video_path: Path, cues, crf: int = 18, preset: str = "veryfast") -> None:
+    """Draw ``cues`` (objects with start, end in seconds and text) into the frames of the MP4 ``video_path``.
+
+    The video is decoded once, each frame whose time (index / fps) falls in a cue's [start, end) gets the
+    cue's text in its lower part, and the frames are encoded again with x264; the audio is copied. The
+    file is replaced only when all went well. See ``characters_missing_from_font`` for what can be drawn.
+    """
+    video_path = Path(video_path)
+    info = probe(video_path)
+    if info.kind != "video":
+        raise HeygemError(f"{video_path.name} has no video to draw subtitles into")
+    width, height, fps = info.width, info.height, info.fps
+    overlays = [render_subtitle(cue.text, width, height) for cue in cues]
+    frame_bytes = width * height * 3
+    partial = video_path.with_name(f".{video_path.stem}.{os.getpid()}.{threading.get_ident()}.burned.mp4")
+    with tempfile.TemporaryFile() as decode_errors, tempfile.TemporaryFile() as encode_errors:
+        decoder = subprocess.Popen([ffmpeg_binary(), *burn_decode_args(video_path)], stdout=subprocess.PIPE,
+                                   stderr=decode_errors, stdin=subprocess.DEVNULL)
+        encoder = subprocess.Popen(
+            [ffmpeg_binary(), *burn_encode_args(width, height, info.fps_fraction, video_path, partial, crf, preset)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=encode_errors)
+        enlarge_pipe(decoder.stdout)
+        frame = np.empty((height, width, 3), dtype=np.uint8)  # (H, W, 3) RGB
+        index = 0
+        try:
+            while read_into(decoder.stdout, frame.reshape(-1)) == frame_bytes:
+                seconds = index / fps
+                for cue, (overlay, top) in zip(cues, overlays):
+                    if cue.start <= seconds < cue.end:
+                        region = frame[top:top + overlay.shape[0]]  # (h, W, 3)
+                        alpha = overlay[:, :, 3:4].astype(np.float32) / 255.0  # (h, W, 1)
+                        region[:] = (overlay[:, :, :3] * alpha + region * (1.0 - alpha) + 0.5).astype(np.uint8)
+                encoder.stdin.write(frame.data)
+                index += 1
+            encoder.stdin.close()
+            decoded, encoded = decoder.wait(), encoder.wait()
+            if decoded != 0 or encoded != 0 or index == 0:
+                errors = encode_errors if encoded != 0 else decode_errors
+                errors.seek(0)
+                lines = errors.read().decode(errors="replace").strip().splitlines()
+                raise HeygemError(f"drawing the subtitles into {video_path.name} failed: "
+                                  f"{lines[-1] if lines else 'ffmpeg made no frames'}")
+            os.replace(partial, video_path)
+        except BrokenPipeError:
+            encode_errors.seek(0)
+            lines = encode_errors.read().decode(errors="replace").strip().splitlines()
+            raise HeygemError(f"drawing the subtitles failed: {lines[-1] if lines else 'the encoder stopped'}") from None
+        finally:
+            for process in (decoder, encoder):
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            if decoder.stdout:
+                decoder.stdout.close()
+            partial.unlink(missing_ok=True)
+
+
+
+def add_subtitles(video_path: Path, srt_path: Path, cues, mode: str = "soft", crf: int = 18,
+                  preset: str = "veryfast") -> str:
+    """Give the MP4 ``video_path`` its subtitles by ``mode`` and return the mode used.
+
+    "none": nothing; "soft": ``srt_path`` as a mov_text track; "burn": ``cues`` drawn into the frames, or
+    soft with one warning when the font has no glyph for some of the text (Chinese, say).
+    """
+    if mode not in SUBTITLE_MODES:
+        raise HeygemError(f"subtitles must be one of {', '.join(SUBTITLE_MODES)}, not {mode!r}")
+    if mode == "burn":
+        missing = characters_missing_from_font(" ".join(cue.text for cue in cues))
+        if missing:
+            logger.warning("subtitles are added as a soft track instead of burned in: the built-in font cannot "
+                           "draw %s", "".join(missing[:10]) + ("..." if len(missing) > 10 else ""))
+            mode = "soft"
+        else:
+            burn_subtitles(video_path, cues, crf=crf, preset=preset)
+    if mode == "soft":
+        add_soft_subtitles(video_path, srt_path)
+    return mode

@@ -259,10 +259,10 @@ def voice_choices() -> list[tuple[str, str]]:
     espeak-ng for a language without a Piper voice)."""
     choices = [("auto (natural English; espeak-ng for other languages)", "auto")]
     try:
-        from heygem import tts
+        from heygem.speech.tts import list_voices
         from heygem.pipeline import weights_dir
 
-        choices += [(f"{voice.name} ({voice.language})", voice.name) for voice in tts.list_voices(weights_dir())]
+        choices += [(f"{voice.name} ({voice.language})", voice.name) for voice in list_voices(weights_dir())]
     except Exception as error:  # a page must not fail to build over a voice file
         logger.warning("text-to-speech voices could not be listed: %s", error)
     return choices
@@ -341,12 +341,12 @@ def generate_tab(store: JobStore) -> None:
         """Speak the typed text as a job would (same voice, speed and length limit): the audio and a note."""
         import numpy as np
 
-        from heygem import tts
+        from heygem.speech.tts import HOW_TO_ADD_A_VOICE, synthesize
         from heygem.pipeline import weights_dir
 
         limit = store.limits.max_text_characters
         try:
-            speech = tts.synthesize(text or "", voice=None if voice in (None, "", "auto") else voice,
+            speech = synthesize(text or "", voice=None if voice in (None, "", "auto") else voice,
                                     speed=float(speed), weights_dir=weights_dir(),
                                     max_characters=store.base_config.text.max_characters if limit is None else limit)
         except HeygemError as error:
@@ -357,7 +357,7 @@ def generate_tab(store: JobStore) -> None:
         if speech.voice_note:
             note += f" Note: {speech.voice_note}."
         elif speech.voice.kind == "espeak":
-            note += f" espeak-ng sounds robotic: {tts.HOW_TO_ADD_A_VOICE}."
+            note += f" espeak-ng sounds robotic: {HOW_TO_ADD_A_VOICE}."
         return (speech.sample_rate, pcm), note
 
     examples = example_pairs()

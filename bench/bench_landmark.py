@@ -63,7 +63,7 @@ def make_frames(width: int, height: int, landmarks: np.ndarray | None = None) ->
 
 def speech_windows(count: int) -> np.ndarray:
     """(count, 80, 16) mel windows of the bundled speech, looped."""
-    from heygem import audio
+    from heygem.speech import audio
 
     mel = audio.melspectrogram(audio.load_audio_16k(REPO / "assets" / "speech_en.wav"))
     starts = audio.mel_window_starts(int(mel.shape[1] * FPS / 80), FPS, mel.shape[1])

@@ -47,7 +47,7 @@ def main() -> None:
 
     torch_seconds = time.perf_counter() - started
 
-    from heygem import audio
+    from heygem.speech import audio
     from heygem.config import Config, EngineConfig
     from heygem.engines.wav2lip import Wav2LipEngine
     from heygem.models.wav2lip import Wav2Lip

@@ -89,18 +89,18 @@ def run_breakdown(checkout: Path) -> list[str]:
     timings = {}
     started = time.perf_counter()
     sys.path.insert(0, str(checkout))
-    from heygem import tts
+    from heygem.speech.tts import choose_voice, load_voice, synthesize
 
-    timings["import heygem.tts"] = time.perf_counter() - started
+    timings["import heygem.speech.tts"] = time.perf_counter() - started
     step = time.perf_counter()
-    voice = tts.choose_voice(PARAGRAPH).voice
-    tts.load_voice(voice)
+    voice = choose_voice(PARAGRAPH).voice
+    load_voice(voice)
     timings["voice load (onnxruntime session)"] = time.perf_counter() - step
     step = time.perf_counter()
-    first = tts.synthesize(PARAGRAPH, voice=voice)
+    first = synthesize(PARAGRAPH, voice=voice)
     timings["first call"] = time.perf_counter() - step
     step = time.perf_counter()
-    tts.synthesize(PARAGRAPH, voice=voice)
+    synthesize(PARAGRAPH, voice=voice)
     timings["second call"] = time.perf_counter() - step
     lines = ["| step | seconds |", "| --- | ---: |"] + [f"| {name} | {seconds:.2f} |" for name, seconds in timings.items()]
     lines.append(f"| speech made per call | {first.duration:.1f} |")

@@ -139,8 +139,9 @@ def run_generate(args: argparse.Namespace) -> int:
 def generate_from_text(args: argparse.Namespace, config, progress):
     """Speak --text (or --text-file) into OUT.wav, make the video with that speech, write its cues to
     OUT.srt and give the video its subtitles as text.subtitles says (soft track, burned in, or none)."""
-    from heygem import tts
-    from heygem.media.subtitles import add_subtitles
+    from heygem.speech.tts import synthesize, write_wav
+    from heygem.speech.subtitles import write_srt
+    from heygem.speech.subtitles import add_subtitles
     from heygem.pipeline import generate, weights_dir
 
     if args.text_file is not None:
@@ -150,15 +151,15 @@ def generate_from_text(args: argparse.Namespace, config, progress):
             raise HeygemError(f"cannot read {args.text_file}: {error}") from None
     else:
         text = args.text
-    speech = tts.synthesize(text, voice=args.voice, speed=args.speed, weights_dir=weights_dir(),
+    speech = synthesize(text, voice=args.voice, speed=args.speed, weights_dir=weights_dir(),
                             max_characters=config.text.max_characters)
     if speech.voice_note:
         print(f"note: {speech.voice_note}", file=sys.stderr)
     output_path = Path(args.output)
     # kept beside the video: the summary's audio_path names it, and it can be listened to or reused
-    speech_path = tts.write_wav(speech, output_path.with_suffix(".wav"))
+    speech_path = write_wav(speech, output_path.with_suffix(".wav"))
     summary = generate(args.face, speech_path, output_path, config, progress=progress)
-    subtitles = tts.write_srt(speech.cues, output_path.with_suffix(".srt"))
+    subtitles = write_srt(speech.cues, output_path.with_suffix(".srt"))
     add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
                         preset=config.media.preset)
     return summary
@@ -173,10 +174,10 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_voices(args: argparse.Namespace) -> int:
-    from heygem import tts
+    from heygem.speech.tts import list_voices
     from heygem.pipeline import weights_dir
 
-    voices = tts.list_voices(weights_dir())
+    voices = list_voices(weights_dir())
     if not voices:
         raise HeygemError("no text-to-speech voice is installed: pip install -r requirements.txt")
     for voice in voices:
@@ -185,17 +186,18 @@ def run_voices(args: argparse.Namespace) -> int:
 
 
 def run_say(args: argparse.Namespace) -> int:
-    from heygem import tts
+    from heygem.speech.tts import synthesize, write_wav
+    from heygem.speech.subtitles import write_srt
     from heygem.pipeline import weights_dir
 
     limit = args.max_text_chars if args.max_text_chars is not None else load_config().text.max_characters
     if limit < 0:
         raise HeygemError("--max-text-chars must be 0 (no limit) or more")
-    speech = tts.synthesize(args.text, voice=args.voice, speed=args.speed, sentence_pause=args.pause,
+    speech = synthesize(args.text, voice=args.voice, speed=args.speed, sentence_pause=args.pause,
                             weights_dir=weights_dir(), max_characters=limit)
-    tts.write_wav(speech, args.output)
+    write_wav(speech, args.output)
     if args.srt is not None:
-        tts.write_srt(speech.cues, args.srt)
+        write_srt(speech.cues, args.srt)
     if speech.voice_note:
         print(f"note: {speech.voice_note}", file=sys.stderr)
     print(f"wrote {args.output} ({speech.duration:.2f} s, {len(speech.cues)} sentences) with the voice {speech.voice.name}")

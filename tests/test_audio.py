@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from heygem import audio
+from heygem.speech import audio
 
 
 def reference_mel(samples: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ import torch
 from bench_landmark import make_frames, speech_windows
 from conftest import ASSETS, decode_frames, run_ffmpeg
 
-from heygem import audio
+from heygem.speech import audio
 from heygem.config import BlendConfig, EngineConfig, load_config
 from heygem.engines import landmark_torch
 from heygem.engines.landmark import LandmarkEngine, MouthGeometry, patch_box

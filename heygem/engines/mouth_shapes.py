@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heygem import audio
+from heygem.speech import audio
 
 # Weights of the window's first columns (12.5 ms each): the frame's own sound plus ~60 ms look-ahead.
 COLUMN_WEIGHTS = np.array([0.5, 1.0, 1.0, 1.0, 0.7, 0.4], np.float32)
@@ -64,7 +64,7 @@ def smoothstep(edge0: float, edge1: float, x: np.ndarray) -> np.ndarray:
 
 
 def mel_band_centres_hz() -> np.ndarray:
-    """(80,) float64 centre frequency of each of heygem.audio's mel bands."""
+    """(80,) float64 centre frequency of each of heygem.speech.audio's mel bands."""
     return audio.mel_frequencies(audio.N_MELS + 2)[1:-1]
 
 

@@ -461,7 +461,7 @@ class JobStore:
         ``face`` is a video or photo, ``audio`` an audio file (or a video with
         sound), or None to use the face video's own audio. Both are copied into
         the job's folder first, so the caller may delete its copies at once.
-        ``text`` instead of ``audio`` is spoken now (heygem.tts, with ``voice`` and
+        ``text`` instead of ``audio`` is spoken now (heygem.speech.tts, with ``voice`` and
         ``speed``) into the job's speech.wav, with its cues in speech.srt; the
         result then gets them as subtitles. Unknown options, unreadable files,
         files over the upload limit and unusable text raise HeygemError here,
@@ -480,16 +480,17 @@ class JobStore:
             if audio is not None:
                 audio_name = store_input(audio, directory, "audio", {face_name}, self.max_upload_bytes)
             elif text is not None:
-                from heygem import tts
+                from heygem.speech.tts import synthesize, write_wav
+                from heygem.speech.subtitles import write_srt
                 from heygem.pipeline import weights_dir
 
                 max_characters = self.limits.max_text_characters
                 if max_characters is None:
                     max_characters = config.text.max_characters
-                speech = tts.synthesize(text, voice=voice or None, speed=speed, weights_dir=weights_dir(),
+                speech = synthesize(text, voice=voice or None, speed=speed, weights_dir=weights_dir(),
                                         max_characters=max_characters)
-                audio_name = tts.write_wav(speech, directory / SPEECH_NAME).name
-                tts.write_srt(speech.cues, directory / SUBTITLES_NAME)
+                audio_name = write_wav(speech, directory / SPEECH_NAME).name
+                write_srt(speech.cues, directory / SUBTITLES_NAME)
             face_info, audio_info = probe_inputs(directory / face_name,
                                                  None if audio_name is None else directory / audio_name)
             self._check_size(face_info, audio_info, config)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
+import re
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -220,3 +223,70 @@ def add_subtitles(video_path: Path, srt_path: Path, cues, mode: str = "soft", cr
     if mode == "soft":
         add_soft_subtitles(video_path, srt_path)
     return mode
+
+
+
+@dataclass(frozen=True)
+class Cue:
+    start: float  # seconds from the start of the speech
+    end: float  # seconds; end > start
+    text: str  # the sentence spoken in [start, end)
+
+
+
+def srt_timestamp(seconds: float) -> str:
+    """1.5 -> "00:00:01,500" (HH:MM:SS,mmm); rounded down, so a cue never ends after the audio."""
+    milliseconds = max(0, math.floor(seconds * 1000 + 1e-6))
+    hours, milliseconds = divmod(milliseconds, 3_600_000)
+    minutes, milliseconds = divmod(milliseconds, 60_000)
+    secs, milliseconds = divmod(milliseconds, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d},{milliseconds:03d}"
+
+
+
+def format_srt(cues: list[Cue]) -> str:
+    blocks = []
+    for number, cue in enumerate(cues, start=1):
+        text = " ".join(cue.text.split())
+        blocks.append(f"{number}\n{srt_timestamp(cue.start)} --> {srt_timestamp(cue.end)}\n{text}\n")
+    return "\n".join(blocks)
+
+
+
+def write_srt(cues: list[Cue], path: str | Path) -> Path:
+    """SubRip subtitles, one numbered cue per sentence, UTF-8."""
+    path = Path(path)
+    path.write_text(format_srt(cues), encoding="utf-8")
+    return path
+
+
+
+_SRT_TIMING = re.compile(r"(\d+):(\d{2}):(\d{2})[,.](\d{3})\s*-->\s*(\d+):(\d{2}):(\d{2})[,.](\d{3})")
+
+
+
+def read_srt(path: str | Path) -> list[Cue]:
+    """The cues of a SubRip file (as ``write_srt`` writes them); lines of one cue are joined by a space.
+
+    HeygemError when the file cannot be read or holds no timed cue."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as error:
+        raise HeygemError(f"cannot read the subtitles {path.name}: {error}") from None
+    cues: list[Cue] = []
+    for block in re.split(r"\n\s*\n", text.replace("\r\n", "\n").strip()):
+        lines = block.splitlines()
+        for index, line in enumerate(lines):
+            timing = _SRT_TIMING.search(line)
+            if timing:
+                h1, m1, s1, ms1, h2, m2, s2, ms2 = (int(part) for part in timing.groups())
+                start = h1 * 3600 + m1 * 60 + s1 + ms1 / 1000
+                end = h2 * 3600 + m2 * 60 + s2 + ms2 / 1000
+                words = " ".join(part.strip() for part in lines[index + 1:] if part.strip())
+                if words and end > start:
+                    cues.append(Cue(start=start, end=end, text=words))
+                break
+    if not cues:
+        raise HeygemError(f"{path.name} holds no subtitle cues")
+    return cues

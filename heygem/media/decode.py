@@ -55,7 +55,6 @@ def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, so
     return ["-nostdin", "-v", "error", *output.get_args()]
 
 
-
 @dataclass(frozen=True)
 class DecoderShare:
     """One of ``count`` decoders of the same video: frames are dealt out in chunks of
@@ -71,17 +70,9 @@ class DecoderShare:
     chunk_frames: int
 
 
-
 MAX_AUTOMATIC_DECODERS = 3
-
-
-MAX_AUTOMATIC_DECODERS = 3
-CORES_PER_DECODER = 5  # cores a machine needs per automatic decoder (the other stages need them too)
-
-
 CORES_PER_DECODER = 5  # cores a machine needs per automatic decoder (the other stages need them too)
 SHARED_DECODE_PIXELS = 1280 * 720  # smaller frames cross one pipe fast enough
-
 
 
 def decoder_count(requested: int, geometry: FrameGeometry, cpu_count: int | None = None) -> int:
@@ -94,7 +85,6 @@ def decoder_count(requested: int, geometry: FrameGeometry, cpu_count: int | None
         return 1
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     return max(1, min(MAX_AUTOMATIC_DECODERS, cores // CORES_PER_DECODER))
-
 
 
 class _Decoder:
@@ -147,7 +137,6 @@ class _Decoder:
             self.stderr_file.close()
 
 
-
 def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int,
                     decoders: int = 1) -> Iterator[np.ndarray]:
     """Decode a video as (N, H * 3/2, W) uint8 I420 batches of at most ``batch_frames`` frames.
@@ -167,16 +156,11 @@ def iter_video_i420(info: MediaInfo, geometry: FrameGeometry, batch_frames: int,
         decoder.finish()
 
 
-
-_END = object()  # a decoder's pipe is exhausted
-
-
 _END = object()  # a decoder's pipe is exhausted
 # batches each of several decoders may hold at once, the one it is reading included: one is enough,
 # since together they read faster than the stages take batches (three carried about 600 1080p
 # frames/s into Python on the GPU machine) and the batch handed on waits in a queue anyway
 DECODER_BATCHES = 1
-
 
 
 def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, count: int) -> Iterator[np.ndarray]:
@@ -243,12 +227,10 @@ def _iter_shared(info: MediaInfo, geometry: FrameGeometry, batch_frames: int, co
             raise failures[0]
 
 
-
 def iter_video_batches(info: MediaInfo, geometry: FrameGeometry, batch_frames: int) -> Iterator[np.ndarray]:
     """Decode a video as (N, H, W, 3) uint8 BGR batches of at most ``batch_frames`` frames."""
     for planes in iter_video_i420(info, geometry, batch_frames):
         yield i420_batch_to_bgr(planes)
-
 
 
 def load_image(info: MediaInfo, geometry: FrameGeometry) -> np.ndarray:
@@ -270,7 +252,6 @@ def load_image(info: MediaInfo, geometry: FrameGeometry) -> np.ndarray:
     if (width, height) == (geometry.width + width % 2, geometry.height + height % 2):
         return np.ascontiguousarray(image[: geometry.height, : geometry.width])
     return cv2.resize(image, (geometry.width, geometry.height), interpolation=cv2.INTER_AREA)
-
 
 
 class FrameFile:

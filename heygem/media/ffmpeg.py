@@ -21,7 +21,6 @@ from heygem.errors import HeygemError
 logger = logging.getLogger("heygem")
 
 
-
 @functools.lru_cache(maxsize=1)
 def ffmpeg_binary() -> str:
     """The ffmpeg executable: the system one if present, else imageio-ffmpeg's bundled binary."""
@@ -53,7 +52,6 @@ def ffmpeg_binary() -> str:
     )
 
 
-
 def ffmpeg_message(stderr_file, return_code: int | None, error: BaseException | None = None) -> str:
     """ffmpeg's last stderr line, or how it ended when it said nothing (killed, say)."""
     stderr_file.seek(0)
@@ -67,9 +65,7 @@ def ffmpeg_message(stderr_file, return_code: int | None, error: BaseException | 
     return str(error) if error is not None else f"ffmpeg exited with status {return_code}"
 
 
-
 PIPE_BYTES = 1 << 20  # a 1080p frame is 3 MiB: 64 KiB pipes cost ~50 wake-ups per frame each way
-
 
 
 def enlarge_pipe(pipe) -> None:
@@ -85,7 +81,6 @@ def enlarge_pipe(pipe) -> None:
         fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
     except OSError:
         pass
-
 
 
 def read_into(stream, buffer: np.ndarray) -> int:

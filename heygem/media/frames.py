@@ -21,13 +21,11 @@ def yuv420_to_bgr(planes: np.ndarray, width: int, height: int) -> np.ndarray:
     return cv2.cvtColor(planes.reshape(height * 3 // 2, width), cv2.COLOR_YUV2BGR_I420)
 
 
-
 def bgr_to_yuv420(frame_bgr: np.ndarray) -> np.ndarray:
     """(H, W, 3) uint8 BGR to one (H * 3/2, W) uint8 I420 frame; the inverse of :func:`yuv420_to_bgr`."""
     import cv2
 
     return cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2YUV_I420)
-
 
 
 def i420_planes(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -38,7 +36,6 @@ def i420_planes(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     luma, chroma = height * width, height * width // 4
     return (flat[:luma].reshape(height, width), flat[luma:luma + chroma].reshape(height // 2, width // 2),
             flat[luma + chroma:].reshape(height // 2, width // 2))
-
 
 
 def write_region_i420(frame_i420: np.ndarray, frame_bgr: np.ndarray, box: tuple[int, int, int, int]) -> None:
@@ -58,12 +55,10 @@ def write_region_i420(frame_i420: np.ndarray, frame_bgr: np.ndarray, box: tuple[
         frame_plane[y1 // scale: y2 // scale, x1 // scale: x2 // scale] = region_plane
 
 
-
 def even_box(box: tuple[int, int, int, int], width: int, height: int) -> tuple[int, int, int, int]:
     """``box`` widened to even coordinates (whole 2x2 chroma blocks) and clipped to a ``width`` x ``height`` frame."""
     x1, y1, x2, y2 = box
     return (max(0, x1 - x1 % 2), max(0, y1 - y1 % 2), min(width, x2 + x2 % 2), min(height, y2 + y2 % 2))
-
 
 
 def cut_i420_window(frame_i420: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
@@ -76,7 +71,6 @@ def cut_i420_window(frame_i420: np.ndarray, box: tuple[int, int, int, int]) -> n
     return window
 
 
-
 def paste_i420_window(frame_i420: np.ndarray, box: tuple[int, int, int, int], window_i420: np.ndarray) -> None:
     """Write a packed I420 ``window_i420`` (see cut_i420_window) into the even-aligned ``box`` of
     one (H * 3/2, W) I420 frame, in place: three plane slices."""
@@ -87,12 +81,10 @@ def paste_i420_window(frame_i420: np.ndarray, box: tuple[int, int, int, int], wi
         frame_plane[y1 // scale: y2 // scale, x1 // scale: x2 // scale] = window_plane
 
 
-
 def _checked_even(box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
     if any(value % 2 for value in box) or box[2] <= box[0] or box[3] <= box[1]:
         raise ValueError(f"an I420 window needs a non-empty box with even coordinates, not {box}")
     return box
-
 
 
 class I420Frame:
@@ -145,7 +137,6 @@ class I420Frame:
         return resample_region(pixels, (block_x1, block_y1), pixel_size, (x1, y1, x2, y2), size)
 
 
-
 class BgrImage:
     """An (H, W, 3) uint8 BGR image behind the same two calls as :class:`I420Frame`."""
 
@@ -167,7 +158,6 @@ class BgrImage:
             block = self.image_bgr[block_y1: min(self.height, y2 + y2 % 2), block_x1: min(self.width, x2 + x2 % 2)]
             pixels = resample_region(block, (block_x1, block_y1), 1, (x1, y1, x2, y2), size)
         return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB) if rgb else pixels
-
 
 
 def resample_region(image: np.ndarray, origin: tuple[int, int], pixel_size: int, box: tuple[int, int, int, int],
@@ -208,15 +198,12 @@ def resample_region(image: np.ndarray, origin: tuple[int, int], pixel_size: int,
     return result
 
 
-
 Frame = np.ndarray | I420Frame | BgrImage  # (H, W, 3) uint8 BGR, or a frame converted where it is looked at
-
 
 
 def as_frame(frame: Frame) -> I420Frame | BgrImage:
     """``frame`` behind the calls that face finding uses (``bgr()``, ``region()``): an array is a BGR image."""
     return BgrImage(frame) if isinstance(frame, np.ndarray) else frame
-
 
 
 class I420Frames:
@@ -237,7 +224,6 @@ class I420Frames:
         return (self[index] for index in range(len(self)))
 
 
-
 def i420_batch_to_bgr(planes: np.ndarray) -> np.ndarray:
     """(N, H * 3/2, W) uint8 I420 frames to a new (N, H, W, 3) uint8 BGR array."""
     count, rows, width = planes.shape
@@ -246,7 +232,6 @@ def i420_batch_to_bgr(planes: np.ndarray) -> np.ndarray:
     for index in range(count):
         frames[index] = yuv420_to_bgr(planes[index], width, height)
     return frames
-
 
 
 def bgr_batch_to_i420(frames_bgr: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

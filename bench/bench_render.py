@@ -141,7 +141,7 @@ def _portrait_batch(width: int, height: int, count: int):
 
     from bench.bench_landmark import make_frames
     from heygem.config import FaceConfig
-    from heygem.faces import crop_boxes, tight_box
+    from heygem.face.track import crop_boxes, tight_box
     from heygem.media.frames import bgr_to_yuv420
     from heygem.types import Face
 

@@ -4,7 +4,7 @@ For each precision, model form, frame size, longest input side and batch size, t
 
 - network: the S3FD network alone on a batch already resized, mean-subtracted and on the
   device (CUDA events on a GPU, the wall clock on the CPU);
-- detect_faces: heygem.detect_s3fd.detect_faces end to end from uint8 frames in host memory
+- detect_faces: heygem.face.s3fd.detect_faces end to end from uint8 frames in host memory
   (upload, resize, network, score thresholding, box decoding, NMS, boxes back to the host;
   wall clock, since half of it is host work).
 
@@ -15,7 +15,7 @@ many boxes as a real face gives, the face logits' biases are shifted until --can
 per frame score above the threshold (at the first frame size and input side; the
 candidates/frame and boxes/frame columns say how many there were in each row).
 
-Model forms: "prepared" is what the detector runs (heygem.detect_s3fd.prepare_s3fd: on CUDA
+Model forms: "prepared" is what the detector runs (heygem.face.s3fd.prepare_s3fd: on CUDA
 the weights cast to the precision and channels-last); "autocast" is the fp32 model as loaded,
 run under autocast (the form before prepare_s3fd existed).
 
@@ -128,7 +128,7 @@ def time_configuration(model, frames_bgr: np.ndarray, max_side: int, precision: 
     """Both timings for one batch of ``frames_bgr`` (B, H, W, 3) uint8 through ``model`` (already prepared)."""
     import torch
 
-    from heygem.detect_s3fd import detect_faces, model_layout, prepare_images, resized_size
+    from heygem.face.s3fd import detect_faces, model_layout, prepare_images, resized_size
     from heygem.runtime.device import inference_context
 
     on_cuda = device.type == "cuda"
@@ -172,7 +172,7 @@ def set_candidate_count(model, frame_bgr: np.ndarray, max_side: int, candidates:
     """
     import torch
 
-    from heygem.detect_s3fd import prepare_images, resized_size
+    from heygem.face.s3fd import prepare_images, resized_size
     from heygem.models.s3fd import LEVEL_NAMES, MAXOUT_BACKGROUND_LOGITS
 
     device = next(model.parameters()).device
@@ -207,7 +207,7 @@ def machine_line(device) -> str:
 def load_model(weights: Path | None, device):
     import torch
 
-    from heygem.detect_s3fd import load_s3fd
+    from heygem.face.s3fd import load_s3fd
     from heygem.models.s3fd import S3FD
 
     if weights is not None:
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     import cv2
     import torch
 
-    from heygem.detect_s3fd import prepare_s3fd, resized_size
+    from heygem.face.s3fd import prepare_s3fd, resized_size
     from heygem.runtime.device import configure_backends, pick_device
 
     device = pick_device(args.device)

@@ -6,7 +6,7 @@
 The frames are those bench_pipeline.py makes (the bundled portrait drifting slowly), decoded to
 I420 as the pipeline decodes them. They are tracked as the pipeline tracks them: runs of
 ``--run-frames`` new frames, each from a fresh start, on a pool of face finders shared by the
-threads (heygem.faces.FinderPool). ``--opencv-threads`` sets OpenCV's own thread pool first (0
+threads (heygem.face.finder.FinderPool). ``--opencv-threads`` sets OpenCV's own thread pool first (0
 leaves it as it comes; the pipeline sets 1 when several threads track). The CPU time is the whole
 process's, mediapipe's graph threads included.
 """
@@ -65,7 +65,7 @@ def main() -> None:
     import cv2
     from bench_pipeline import make_inputs
 
-    from heygem import faces
+    from heygem.face.finder import FinderPool
     from heygem.config import FaceConfig
 
     if args.opencv_threads:
@@ -78,7 +78,7 @@ def main() -> None:
     print("| threads | frames/s | CPU ms per frame |")
     print("| ---: | ---: | ---: |")
     for threads in args.threads:
-        with faces.FinderPool(FaceConfig(), threads) as pool:
+        with FinderPool(FaceConfig(), threads) as pool:
             track_all(pool, frames[: args.run_frames * threads], threads, args.run_frames, 1)  # graphs warmed up
             wall, cpu, count = track_all(pool, frames, threads, args.run_frames, args.passes)
         print(f"| {threads} | {count / wall:.1f} | {cpu / count * 1e3:.1f} |", flush=True)

@@ -254,7 +254,7 @@ def limit_remote_options(flat: dict, weights_dir: Path) -> dict:
             raise HeygemError(f"{key}: the server's weights folder has no file named {name!r}")
         limited[key] = str(candidate)
     if limited.get("face.detector") == "s3fd":
-        from heygem.detect_s3fd import require_s3fd_checkpoint
+        from heygem.face.s3fd import require_s3fd_checkpoint
 
         require_s3fd_checkpoint(weights_dir)  # refused before anything is queued
     return limited

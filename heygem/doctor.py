@@ -64,7 +64,7 @@ REQUIRED_MODULES = [
 APP_DISTRIBUTIONS = ["gradio", "pandas"]
 
 REQUIRED_ENCODERS = ("libx264", "aac")
-# the models heygem.faces runs, as their file names inside the mediapipe wheel (mediapipe/modules/...)
+# the models heygem.face.finder runs, as their file names inside the mediapipe wheel (mediapipe/modules/...)
 MEDIAPIPE_MODELS = {
     "full-range face detector": ("face_detection", "face_detection_full_range*.tflite"),
     "face mesh": ("face_landmark", "face_landmark.tflite"),
@@ -306,10 +306,10 @@ def encoder_names(listing: str) -> set[str]:
 
 
 def check_mediapipe() -> list[Check]:
-    """mediapipe imports, and the face models heygem.faces runs are inside its wheel."""
+    """mediapipe imports, and the face models heygem.face.finder runs are inside its wheel."""
     fix = "pip install 'mediapipe==0.10.14' (the releases after it no longer ship the face mesh model)"
     try:
-        from heygem.faces import import_mediapipe
+        from heygem.face.detect import import_mediapipe
 
         mediapipe = import_mediapipe()
     except Exception as error:  # noqa: BLE001

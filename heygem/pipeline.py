@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from heygem.speech import audio
-from heygem import faces
+from heygem.runtime.kept import KEPT
 from heygem.config import (
     REPO_ROOT,
     Config,
@@ -50,7 +50,7 @@ from heygem.render import Prepared, choose_render
 from heygem.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator
 from heygem.runtime.flow import Stage, StageClock, run_stages
-from heygem.tracking import FaceStage
+from heygem.face.stage import FaceStage
 from heygem.types import FrameBatch, GenerationSummary
 
 logger = logging.getLogger("heygem")
@@ -210,7 +210,7 @@ def _timed(clock: StageClock, stage: str):
 def warm_up() -> None:
     """Load the heavy libraries before the first job needs them (mediapipe takes seconds to import)."""
     audio.melspectrogram(np.zeros(audio.SAMPLE_RATE // 10, dtype=np.float32))
-    from heygem.faces import import_mediapipe
+    from heygem.face.detect import import_mediapipe
 
     import_mediapipe()
 
@@ -242,7 +242,7 @@ def choose_detector(config: FaceConfig) -> Path | None:
     """The S3FD file for ``--detector s3fd`` (HeygemError when weights/ lacks it); None for mediapipe."""
     if config.detector != "s3fd":
         return None
-    from heygem.detect_s3fd import require_s3fd_checkpoint
+    from heygem.face.s3fd import require_s3fd_checkpoint
 
     return require_s3fd_checkpoint(weights_dir())
 
@@ -332,7 +332,7 @@ def release_kept(owner: int | None = None) -> None:
         pools = [_KEPT_POOLS.pop(key) for key in list(_KEPT_POOLS) if owner is None or key == owner]
     for pool in pools:
         pool.close()
-    faces.release_pool()
+    KEPT.release(owner)
 
 
 def landmark_worker_count(config: Config) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heygem import avatar_cache, faces
+from heygem.face import avatar_cache, track as track_module
+from heygem.face.track import FaceTrack, finalize_track, new_track
 from heygem.config import REPO_ROOT, FaceConfig
 from heygem.types import FrameGeometry
 
@@ -24,17 +25,17 @@ GEOMETRY = FrameGeometry(width=320, height=240)
 RATE = "30000/1001"
 
 
-def make_track(frame_count: int, seed: int = 0, missing: tuple[int, ...] = ()) -> faces.FaceTrack:
+def make_track(frame_count: int, seed: int = 0, missing: tuple[int, ...] = ()) -> FaceTrack:
     """A raw track of random landmarks inside a 320x240 frame, with no face on the ``missing`` frames."""
     rng = np.random.default_rng(seed)
-    track = faces.new_track(frame_count)
+    track = new_track(frame_count)
     for index in range(frame_count):
         landmarks = None if index in missing else rng.uniform([20, 10], [300, 230], size=(468, 2)).astype(np.float32)
-        faces.record(track, index, landmarks)
+        track_module.record(track, index, landmarks)
     return track
 
 
-def assert_same_track(loaded: faces.FaceTrack, stored: faces.FaceTrack) -> None:
+def assert_same_track(loaded: FaceTrack, stored: FaceTrack) -> None:
     assert loaded.boxes is None
     assert loaded.found.dtype == bool and loaded.raw_boxes.dtype == np.float32 and loaded.landmarks.dtype == np.float32
     np.testing.assert_array_equal(loaded.found, stored.found)
@@ -86,10 +87,10 @@ def test_a_stored_track_loads_back_equal_and_described(cache, presenter):
     assert not cached.track.landmarks.flags.writeable  # a read-only memory map, shared safely by threads
 
     # the loaded track finalizes exactly like the fresh one, with a fixed box too (which writes `found`)
-    fresh = faces.finalize_track(make_track(40, missing=(3, 17, 18)), FaceConfig(), 320, 240)
-    np.testing.assert_array_equal(faces.finalize_track(cached.track, FaceConfig(), 320, 240).boxes, fresh.boxes)
+    fresh = finalize_track(make_track(40, missing=(3, 17, 18)), FaceConfig(), 320, 240)
+    np.testing.assert_array_equal(finalize_track(cached.track, FaceConfig(), 320, 240).boxes, fresh.boxes)
     boxed = avatar_cache.load_track(key, frames_needed=40).track
-    assert faces.finalize_track(boxed, FaceConfig(box=[10, 10, 90, 90]), 320, 240).found.all()
+    assert finalize_track(boxed, FaceConfig(box=[10, 10, 90, 90]), 320, 240).found.all()
     assert avatar_cache.load_track(key, 40).track.frames_without_face == 3  # the entry itself is untouched
 
     meta = json.loads((cache / key / "entry.json").read_text())
@@ -255,7 +256,7 @@ def test_a_broken_entry_is_dropped_and_rebuilt(cache, presenter, caplog, damage)
 
 def test_a_finalized_track_with_a_fixed_box_is_not_stored(cache, presenter, caplog):
     key = key_of(presenter)
-    boxed = faces.finalize_track(make_track(6, missing=(2,)), FaceConfig(box=[0, 0, 50, 50]), 320, 240)
+    boxed = finalize_track(make_track(6, missing=(2,)), FaceConfig(box=[0, 0, 50, 50]), 320, 240)
     with caplog.at_level(logging.WARNING, logger="heygem"):
         avatar_cache.store_track(key, boxed, whole_video=True)  # every frame "found", one without landmarks
     assert "not storing" in caplog.text

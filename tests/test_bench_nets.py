@@ -43,7 +43,7 @@ def test_s3fd_candidate_count_is_set_through_the_face_logits(face_photo):
     import cv2
     from bench_s3fd import cover_frame, set_candidate_count
 
-    from heygem.detect_s3fd import detect_faces
+    from heygem.face.s3fd import detect_faces
     from heygem.models.s3fd import S3FD
 
     torch.manual_seed(0)

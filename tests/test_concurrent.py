@@ -12,7 +12,9 @@ import torch
 from bench_pipeline import child_pids
 from conftest import decode_frames
 
-from heygem import faces, pipeline, render
+from heygem import pipeline, render
+from heygem.runtime.kept import FACE_TRACKERS, KEPT
+from heygem.face.finder import FinderPool
 from heygem.errors import HeygemError
 from heygem.media.decode import iter_video_i420
 from heygem.media.frames import paste_i420_window
@@ -81,8 +83,8 @@ def fail_in(stage: str, monkeypatch) -> None:
         return wrapper
 
     if stage == "faces":
-        from heygem.face_processes import TrackingProcesses
-        monkeypatch.setattr(faces.FinderPool, "track_run", failing(faces.FinderPool.track_run))
+        from heygem.face.processes import TrackingProcesses
+        monkeypatch.setattr(FinderPool, "track_run", failing(FinderPool.track_run))
         monkeypatch.setattr(TrackingProcesses, "track_run", failing(TrackingProcesses.track_run))
     elif stage == "generate":
         from heygem.engines.landmark import LandmarkEngine
@@ -111,7 +113,7 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     private_temp = tmp_path / "temp"
     private_temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private_temp))
-    faces.release_pool()  # trackers an earlier test kept (tracking processes are children too)
+    KEPT.release()  # trackers an earlier test kept (tracking processes are children too)
     fail_in(stage, monkeypatch)
     output_dir = tmp_path / "out"
     with pytest.raises(HeygemError, match=f"broken in {stage}"):
@@ -120,17 +122,17 @@ def test_an_error_in_any_stage_fails_the_job_with_its_message_and_leaves_nothing
     assert children_of_this_process() == []  # no ffmpeg left running
     assert list(private_temp.iterdir()) == []  # no work folder or temporary file left
     assert not output_dir.exists() or list(output_dir.iterdir()) == []  # no partial output
-    assert faces._kept_pool is None  # the failed job's face finders were closed, not kept for the next job
+    assert KEPT.kept(FACE_TRACKERS) == []  # the failed job's face finders were closed, not kept for the next job
 
 
 @pytest.mark.parametrize("processes", [True, False])
 def test_the_next_job_tracks_with_the_finders_the_last_one_left_and_gets_the_same_frames(
         tmp_path, face_video, short_speech, monkeypatch, processes):
-    from heygem.face_processes import TrackingProcesses
+    from heygem.face.processes import TrackingProcesses
 
-    faces.release_pool()
+    KEPT.release()
     built = []
-    pool_class = TrackingProcesses if processes else faces.FinderPool
+    pool_class = TrackingProcesses if processes else FinderPool
     original_init = pool_class.__init__
 
     def counting_init(self, *args, **kwargs):
@@ -142,23 +144,23 @@ def test_the_next_job_tracks_with_the_finders_the_last_one_left_and_gets_the_sam
                "run.face_processes": processes}
     try:
         run(face_video, short_speech, tmp_path / "first.mp4", **options)
-        assert len(built) == 1 and faces._kept_pool is built[0]
+        assert len(built) == 1 and KEPT.kept(FACE_TRACKERS) == [built[0]]
         run(face_video, short_speech, tmp_path / "second.mp4", **options)
-        assert len(built) == 1 and faces._kept_pool is built[0]  # taken, used and kept again
+        assert len(built) == 1 and KEPT.kept(FACE_TRACKERS) == [built[0]]  # taken, used and kept again
         np.testing.assert_array_equal(decode_frames(tmp_path / "first.mp4"), decode_frames(tmp_path / "second.mp4"))
         run(face_video, short_speech, tmp_path / "third.mp4", **options, **{"face.min_confidence": 0.6})
-        assert len(built) == 2 and faces._kept_pool is built[1]  # other detector options: other graphs
+        assert len(built) == 2 and KEPT.kept(FACE_TRACKERS) == [built[1]]  # other detector options: other graphs
     finally:
         pipeline.release_kept()
-    assert faces._kept_pool is None and children_of_this_process() == []  # released: no tracker left running
+    assert KEPT.kept(FACE_TRACKERS) == [] and children_of_this_process() == []  # released: no tracker left running
 
 
 def test_a_tracking_process_that_dies_fails_the_job_and_the_next_job_starts_new_ones(
         tmp_path, face_video, short_speech, monkeypatch):
-    from heygem.face_processes import TrackingProcesses
+    from heygem.face.processes import TrackingProcesses
     from heygem.runtime.processes import WorkerProcessError
 
-    faces.release_pool()
+    KEPT.release()
     options = {"run.concurrent": True, "run.face_workers": 2, "media.batch_frames": 8}
     original_track_run = TrackingProcesses.track_run
     runs = {"count": 0}
@@ -175,7 +177,7 @@ def test_a_tracking_process_that_dies_fails_the_job_and_the_next_job_starts_new_
     try:
         with pytest.raises(WorkerProcessError, match="face tracking process . (exited unexpectedly|is gone)"):
             run(face_video, short_speech, tmp_path / "failed.mp4", **options)
-        assert faces._kept_pool is None and children_of_this_process() == []
+        assert KEPT.kept(FACE_TRACKERS) == [] and children_of_this_process() == []
         assert not (tmp_path / "failed.mp4").exists()
         monkeypatch.undo()
         run(face_video, short_speech, tmp_path / "next.mp4", **options)

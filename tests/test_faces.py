@@ -6,8 +6,17 @@ import cv2
 import numpy as np
 import pytest
 
-from heygem import faces
 from heygem.config import FaceConfig
+from heygem.face.detect import (
+    LANDMARK_COUNT,
+    FaceMesh,
+    MediapipeDetector,
+    import_mediapipe,
+    landmarks_from_wire,
+    merge_boxes,
+)
+from heygem.face.finder import FaceFinder, box_overlap, choose_face, tile_windows
+from heygem.face.track import finalize_track, new_track, pad_and_clip, record, smooth_boxes, tight_box
 from heygem.media.decode import iter_video_i420
 from heygem.media.frames import I420Frames, i420_batch_to_bgr
 from heygem.media.probing import probe, working_geometry
@@ -16,10 +25,10 @@ from heygem.media.source import pingpong_indices
 
 def test_the_portrait_face_is_found_with_its_mouth_where_it_belongs(face_photo):
     image = cv2.imread(str(face_photo))
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         landmarks = finder.find(image)
         assert landmarks.shape == (468, 2)
-    x1, y1, x2, y2 = faces.tight_box(landmarks)
+    x1, y1, x2, y2 = tight_box(landmarks)
     assert 150 < x1 < 200 and 40 < y1 < 90 and 260 < x2 < 310 and 170 < y2 < 220  # the astronaut's face
     upper_lip, lower_lip, chin = landmarks[13], landmarks[14], landmarks[152]
     assert y1 < upper_lip[1] <= lower_lip[1] < chin[1] <= y2
@@ -28,7 +37,7 @@ def test_the_portrait_face_is_found_with_its_mouth_where_it_belongs(face_photo):
 def test_frames_tracked_from_i420_give_the_landmarks_of_their_bgr_conversions(face_video):
     info = probe(face_video)
     planes = next(iter_video_i420(info, working_geometry(info, None), 24))
-    with faces.FaceFinder(FaceConfig(redetect_every=5)) as finder:
+    with FaceFinder(FaceConfig(redetect_every=5)) as finder:
         from_bgr = finder.track(list(i420_batch_to_bgr(planes)))
         finder.reset()
         from_i420 = finder.track(I420Frames(planes))  # only the crops around the face are converted
@@ -38,13 +47,13 @@ def test_frames_tracked_from_i420_give_the_landmarks_of_their_bgr_conversions(fa
 
 
 def test_tracking_processes_give_the_landmarks_of_a_finder_here_and_report_a_failed_run(face_video):
-    from heygem.face_processes import TrackingProcesses
+    from heygem.face.processes import TrackingProcesses
     from heygem.runtime.processes import WorkerProcessError
 
     info = probe(face_video)
     planes = next(iter_video_i420(info, working_geometry(info, None), 24))
     config = FaceConfig(redetect_every=5)
-    with faces.FaceFinder(config) as finder:
+    with FaceFinder(config) as finder:
         expected = [finder.track(I420Frames(planes[:12]))]
         finder.reset()
         expected.append(finder.track(I420Frames(planes[12:])))
@@ -71,14 +80,14 @@ def test_tracking_processes_give_the_landmarks_of_a_finder_here_and_report_a_fai
 def test_the_face_mesh_read_directly_gives_what_mediapipe_process_gives(face_video):
     info = probe(face_video)
     planes = next(iter_video_i420(info, working_geometry(info, None), 12))
-    mp = faces.import_mediapipe()
-    direct, by_process = faces.FaceMesh(mp, still_images=False), faces.FaceMesh(mp, still_images=False)
+    mp = import_mediapipe()
+    direct, by_process = FaceMesh(mp, still_images=False), FaceMesh(mp, still_images=False)
     try:
         assert direct._lean  # mediapipe 0.10.14: its graph is fed and read without process()
         for frame in I420Frames(planes):  # video mode: each result also steers the next frame's crop
             image = np.ascontiguousarray(frame.region(0, 0, frame.width, frame.height, rgb=True))
             expected = by_process._landmarks_by_process(image)
-            assert expected is not None and expected.shape == (faces.LANDMARK_COUNT, 2)
+            assert expected is not None and expected.shape == (LANDMARK_COUNT, 2)
             np.testing.assert_array_equal(direct.landmarks(image), expected)
         assert direct.landmarks(np.zeros((240, 320, 3), np.uint8)) is None  # no face
     finally:
@@ -90,49 +99,49 @@ def test_landmarks_are_read_from_their_serialized_bytes_or_refused():
     from mediapipe.framework.formats import landmark_pb2
 
     rng = np.random.default_rng(1)
-    points = rng.random((faces.LANDMARK_COUNT, 3), dtype=np.float32)
+    points = rng.random((LANDMARK_COUNT, 3), dtype=np.float32)
     landmarks = landmark_pb2.NormalizedLandmarkList()
     for x, y, z in points:
         landmarks.landmark.add(x=x, y=y, z=z)
-    np.testing.assert_array_equal(faces.landmarks_from_wire(landmarks.SerializeToString()), points[:, :2])
+    np.testing.assert_array_equal(landmarks_from_wire(landmarks.SerializeToString()), points[:, :2])
     landmarks.landmark[7].visibility = 0.5  # another layout: not read with numpy
-    assert faces.landmarks_from_wire(landmarks.SerializeToString()) is None
+    assert landmarks_from_wire(landmarks.SerializeToString()) is None
     landmarks.landmark[7].ClearField("visibility")
     landmarks.landmark[7].x = points[7, 0] = 0.0  # set, even to zero, a field is written (proto2)
-    np.testing.assert_array_equal(faces.landmarks_from_wire(landmarks.SerializeToString()), points[:, :2])
+    np.testing.assert_array_equal(landmarks_from_wire(landmarks.SerializeToString()), points[:, :2])
     landmarks.landmark[7].ClearField("z")  # a field left out: another layout again
-    assert faces.landmarks_from_wire(landmarks.SerializeToString()) is None
-    assert faces.landmarks_from_wire(b"") is None
+    assert landmarks_from_wire(landmarks.SerializeToString()) is None
+    assert landmarks_from_wire(b"") is None
 
 
 def test_choice_policy_largest_or_index_from_the_left():
     boxes = np.array([[200, 0, 260, 60], [0, 0, 100, 100], [400, 0, 430, 30]], dtype=np.float32)
-    assert faces.choose_face(boxes, None) == 1
-    assert faces.choose_face(boxes, 0) == 1
-    assert faces.choose_face(boxes, 1) == 0
-    assert faces.choose_face(boxes, 2) == 2
-    assert faces.choose_face(boxes, 5) is None
-    overlap = faces.box_overlap(np.array([0, 0, 100, 100], dtype=np.float32), boxes)
+    assert choose_face(boxes, None) == 1
+    assert choose_face(boxes, 0) == 1
+    assert choose_face(boxes, 1) == 0
+    assert choose_face(boxes, 2) == 2
+    assert choose_face(boxes, 5) is None
+    overlap = box_overlap(np.array([0, 0, 100, 100], dtype=np.float32), boxes)
     assert overlap[1] == 1.0 and overlap[0] == 0.0
 
 
 def test_smoothing_averages_found_frames_only_and_padding_follows_wav2lip():
     boxes = np.array([[10, 10, 50, 50], [12, 10, 52, 50], [np.nan] * 4, [14, 10, 54, 50]], dtype=np.float32)
     found = np.array([True, True, False, True])
-    smoothed = faces.smooth_boxes(boxes, found, window=3)
+    smoothed = smooth_boxes(boxes, found, window=3)
     np.testing.assert_allclose(smoothed[1], [11, 10, 51, 50])  # mean of frames 0 and 1 (2 has no face)
     assert np.isnan(smoothed[2]).all()
-    np.testing.assert_allclose(faces.smooth_boxes(boxes, found, window=1)[found], boxes[found])
-    padded = faces.pad_and_clip(np.array([[10, 20, 50, 60]], dtype=np.float32), [0, 10, 0, 0], 100, 65)
+    np.testing.assert_allclose(smooth_boxes(boxes, found, window=1)[found], boxes[found])
+    padded = pad_and_clip(np.array([[10, 20, 50, 60]], dtype=np.float32), [0, 10, 0, 0], 100, 65)
     assert padded.tolist() == [[10, 20, 50, 65]]  # bottom pad of 10, clipped at the frame's edge
 
 
 def test_fixed_box_overrides_detection_on_every_frame():
-    track = faces.new_track(3)
-    faces.record(track, 0, None)
-    faces.record(track, 1, np.full((468, 2), 30, dtype=np.float32))
-    faces.record(track, 2, None)
-    faces.finalize_track(track, FaceConfig(box=[5, 6, 70, 80]), width=64, height=64)
+    track = new_track(3)
+    record(track, 0, None)
+    record(track, 1, np.full((468, 2), 30, dtype=np.float32))
+    record(track, 2, None)
+    finalize_track(track, FaceConfig(box=[5, 6, 70, 80]), width=64, height=64)
     assert track.found.all()
     assert track.face(0).box == (5, 6, 64, 64) and track.face(0).landmarks is None
     assert track.face(1).landmarks is not None
@@ -153,15 +162,15 @@ def test_a_face_in_a_wide_frame_is_found_where_the_mesh_alone_finds_none(face_ph
     wide[100:612, 700:1212] = portrait
     with mp.solutions.face_mesh.FaceMesh(static_image_mode=True, max_num_faces=4) as mesh_alone:
         assert not mesh_alone.process(cv2.cvtColor(wide, cv2.COLOR_BGR2RGB)).multi_face_landmarks
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         assert len(finder.detect(wide)) == 1
         landmarks = finder.find(wide)
-    with faces.MediapipeDetector(0.5) as whole_frame_only, \
-            faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with MediapipeDetector(0.5) as whole_frame_only, \
+            FaceFinder(FaceConfig(), still_images=True) as finder:
         # found in the whole frame: no tiles, the same box and landmarks as before tiles existed
         np.testing.assert_array_equal(finder.detect(wide), whole_frame_only.detect([wide])[0])
         np.testing.assert_array_equal(landmarks, finder.mesh_around(wide, whole_frame_only.detect([wide])[0][0]))
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         reference = finder.find(portrait)  # the same face on its own
     np.testing.assert_allclose(landmarks[[13, 14, 61, 291, 152]], reference[[13, 14, 61, 291, 152]] + [700, 100],
                                atol=3.0)  # the lips and chin land where they are in the portrait
@@ -170,7 +179,7 @@ def test_a_face_in_a_wide_frame_is_found_where_the_mesh_alone_finds_none(face_ph
 @pytest.mark.parametrize("background", ["plain", "noise"])
 def test_a_50_pixel_face_in_a_720p_frame_is_found_on_tiles_with_its_landmarks(face_photo, background):
     portrait = cv2.imread(str(face_photo))
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         reference = finder.find(portrait)
     scale, left, top = 0.45, 900, 400  # the face's detection box becomes ~48 px wide
     small = cv2.resize(portrait, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
@@ -181,9 +190,9 @@ def test_a_50_pixel_face_in_a_720p_frame_is_found_on_tiles_with_its_landmarks(fa
     frame[top:top + small.shape[0], left:left + small.shape[1]] = small
     expected = reference * scale + [left, top]  # (468, 2) where the small face's landmarks belong
 
-    with faces.MediapipeDetector(0.5) as whole_frame_only:
+    with MediapipeDetector(0.5) as whole_frame_only:
         assert len(whole_frame_only.detect([frame])[0]) == 0  # the whole frame alone misses it
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         boxes = finder.detect(frame)
         landmarks = finder.find(frame)
     assert boxes.shape == (1, 4) and 36 < boxes[0, 2] - boxes[0, 0] < 64
@@ -196,7 +205,7 @@ def test_a_50_pixel_face_in_a_720p_frame_is_found_on_tiles_with_its_landmarks(fa
 
 
 def test_tiles_overlap_and_cover_the_frame_and_duplicates_merge():
-    windows = faces.tile_windows(720, 1280)
+    windows = tile_windows(720, 1280)
     assert {x2 - x1 for x1, _, x2, _ in windows} == {432} and {y2 - y1 for _, y1, _, y2 in windows} == {432}
     covered = np.zeros((720, 1280), bool)
     for x1, y1, x2, y2 in windows:
@@ -204,12 +213,12 @@ def test_tiles_overlap_and_cover_the_frame_and_duplicates_merge():
     assert covered.all() and len(windows) == 8
     xs = sorted({x1 for x1, *_ in windows})
     assert all(432 - (b - a) >= 0.25 * 432 for a, b in zip(xs, xs[1:]))  # neighbours share a quarter or more
-    assert faces.tile_windows(100, 100, fraction=1.0) == [(0, 0, 100, 100)]
+    assert tile_windows(100, 100, fraction=1.0) == [(0, 0, 100, 100)]
 
     boxes = np.array([[10, 10, 60, 60], [12, 11, 61, 59], [10, 10, 30, 60], [200, 200, 240, 240]], np.float32)
-    merged = faces.merge_boxes(boxes)  # the second is the first again, the third its half cut by a tile edge
+    merged = merge_boxes(boxes)  # the second is the first again, the third its half cut by a tile edge
     assert merged.tolist() == [[10, 10, 60, 60], [200, 200, 240, 240]]
-    assert faces.merge_boxes(np.zeros((0, 4), np.float32)).shape == (0, 4)
+    assert merge_boxes(np.zeros((0, 4), np.float32)).shape == (0, 4)
 
 
 def test_mediapipe_loads_without_matplotlib_and_its_drawing_helpers_still_get_it(face_photo):
@@ -218,8 +227,10 @@ def test_mediapipe_loads_without_matplotlib_and_its_drawing_helpers_still_get_it
 
     script = f"""
 import sys
-from heygem import faces
-finder = faces.FaceFinder(faces.FaceConfig(), still_images=True)
+from heygem.config import FaceConfig
+from heygem.face.detect import _ImportedOnUse
+from heygem.face.finder import FaceFinder
+finder = FaceFinder(FaceConfig(), still_images=True)
 import cv2
 found = finder.find(cv2.imread({str(face_photo)!r}))
 assert found is not None and found.shape == (468, 2), found
@@ -228,7 +239,7 @@ from mediapipe.python.solutions import drawing_utils
 figure = drawing_utils.plt.figure()  # the helpers' pyplot imports the real one when used
 import matplotlib.pyplot
 assert type(figure).__module__ == "matplotlib.figure" and sys.modules["matplotlib.pyplot"] is matplotlib.pyplot
-assert not isinstance(sys.modules["matplotlib"], faces._ImportedOnUse)
+assert not isinstance(sys.modules["matplotlib"], _ImportedOnUse)
 print("ok")
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

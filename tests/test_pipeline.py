@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import decode_frames, run_ffmpeg, silent_frames
 
-from heygem import faces
+from heygem.face.finder import FaceFinder
 from heygem.speech.audio import load_audio_16k
 from heygem.config import FaceConfig
 from heygem.media.probing import probe
@@ -24,7 +24,7 @@ def photo_result(tmp_path_factory, face_photo, short_speech):
 
 def mouth_box(face_photo):
     image = cv2.imread(str(face_photo))
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         landmarks = finder.find(image)
     lips = landmarks[[61, 291, 0, 17]]
     (x1, y1), (x2, y2) = lips.min(axis=0), lips.max(axis=0)

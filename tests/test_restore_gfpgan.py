@@ -55,7 +55,7 @@ def portrait() -> np.ndarray:
 @pytest.fixture(scope="module")
 def portrait_face(portrait) -> Face:
     """The portrait's face with its face-mesh landmarks, as the face stage tracks it."""
-    from heygem.faces import FaceFinder
+    from heygem.face.finder import FaceFinder
 
     with FaceFinder(FaceConfig(), still_images=True) as finder:
         landmarks = finder.find(portrait)

@@ -9,17 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from heygem.detect_s3fd import (
-    LEVEL_STRIDES,
-    decode_boxes,
-    detect_faces,
-    feature_map_sizes,
-    load_s3fd,
-    make_anchors,
-    non_maximum_suppression,
-    prepare_images,
-    resized_size,
-)
+from heygem.face.s3fd import LEVEL_STRIDES, decode_boxes, detect_faces, feature_map_sizes, load_s3fd, make_anchors, non_maximum_suppression, prepare_images, resized_size
 from heygem.errors import HeygemError
 from heygem.models.s3fd import LEVEL_NAMES, S3FD
 
@@ -342,7 +332,7 @@ def test_importing_the_detection_module_leaves_torch_unloaded():
     import subprocess
     import sys
 
-    check = "import sys, heygem.detect_s3fd; print('torch' in sys.modules)"
+    check = "import sys, heygem.face.s3fd; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).resolve().parent.parent)
     assert result.stdout.strip() == "False"
@@ -412,17 +402,18 @@ def marker_checkpoint(folder: Path) -> Path:
 
 
 def test_the_face_mesh_runs_on_s3fd_s_box_not_on_mediapipe_s_choice(tmp_path, face_photo):
-    from heygem import faces
+    from heygem.face.track import tight_box
+    from heygem.face.finder import FaceFinder
     from heygem.config import FaceConfig
-    from heygem.detect_s3fd import S3FDDetector
+    from heygem.face.s3fd import S3FDDetector
 
     frame = two_astronauts(face_photo)
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         mediapipe_landmarks = finder.find(frame)
-    assert faces.tight_box(mediapipe_landmarks)[2] < 160  # mediapipe picks the larger face, on the left
+    assert tight_box(mediapipe_landmarks)[2] < 160  # mediapipe picks the larger face, on the left
 
     detector = S3FDDetector(load_s3fd(marker_checkpoint(tmp_path), device="cpu"))
-    with faces.FaceFinder(FaceConfig(detector="s3fd"), still_images=True, detector=detector) as finder:
+    with FaceFinder(FaceConfig(detector="s3fd"), still_images=True, detector=detector) as finder:
         assert finder.detector_name == "s3fd"
         boxes = finder.detect(frame)
         landmarks = finder.find(frame)
@@ -430,7 +421,7 @@ def test_the_face_mesh_runs_on_s3fd_s_box_not_on_mediapipe_s_choice(tmp_path, fa
     half = S3FD_BOX_SIDE / 2
     np.testing.assert_allclose(boxes, [[centre_x - half, centre_y - half, centre_x + half, centre_y + half]],
                                atol=1e-3)
-    x1, y1, x2, y2 = faces.tight_box(landmarks)  # the right astronaut's face, inside S3FD's box
+    x1, y1, x2, y2 = tight_box(landmarks)  # the right astronaut's face, inside S3FD's box
     assert centre_x - half < x1 < x2 < centre_x + half and centre_y - half < y1 < y2 < centre_y + half + 4
     assert 20 < x2 - x1 and 20 < y2 - y1
     upper_lip, chin = landmarks[13], landmarks[152]
@@ -438,15 +429,15 @@ def test_the_face_mesh_runs_on_s3fd_s_box_not_on_mediapipe_s_choice(tmp_path, fa
 
 
 def test_s3fd_finds_a_small_marker_on_tiles_when_the_shrunk_frame_shows_none():
-    from heygem import faces
+    from heygem.face.finder import FaceFinder
     from heygem.config import FaceConfig
-    from heygem.detect_s3fd import S3FDDetector
+    from heygem.face.s3fd import S3FDDetector
 
     frame = np.full((720, 1280, 3), 120, dtype=np.uint8)
     frame[346:358, 346:358] = (255, 0, 0)  # in the overlap of four tiles
     detector = S3FDDetector(blue_marker_model(20.0), max_side=96)  # frames shrink 13x, tiles (432 px) 4.5x
     assert len(detector.detect([frame])[0]) == 0  # shrunk with the frame, the marker is no longer pure blue
-    with faces.FaceFinder(FaceConfig(), detector=detector) as finder:
+    with FaceFinder(FaceConfig(), detector=detector) as finder:
         boxes = finder.detect(frame)
     assert boxes.shape == (1, 4)  # four tiles saw it: one box
     centre = (boxes[0, :2] + boxes[0, 2:]) / 2
@@ -457,7 +448,7 @@ def test_s3fd_finds_a_small_marker_on_tiles_when_the_shrunk_frame_shows_none():
 
 def test_s3fd_without_its_file_says_which_file_to_put_where(tmp_path, no_weights, face_video, short_speech):
     from heygem.config import limit_remote_options
-    from heygem.detect_s3fd import find_s3fd_checkpoint, require_s3fd_checkpoint
+    from heygem.face.s3fd import find_s3fd_checkpoint, require_s3fd_checkpoint
     from heygem.pipeline import generate
 
     with pytest.raises(HeygemError) as raised:
@@ -478,7 +469,7 @@ def test_s3fd_without_its_file_says_which_file_to_put_where(tmp_path, no_weights
 def test_the_detector_option_round_trips_through_flag_yaml_and_cache_key(tmp_path, face_video):
     import argparse
 
-    from heygem import avatar_cache
+    from heygem.face import avatar_cache
     from heygem.config import apply_overrides, load_config
     from heygem.flags import add_option_flags, option_overrides
     from heygem.types import FrameGeometry
@@ -562,7 +553,7 @@ def network_outputs(model, frames, max_side) -> tuple:
 
 def per_image_detections(model, frames, max_side, score_threshold, max_candidates) -> list[np.ndarray]:
     """What detect_faces gives, written out image by image through select_boxes (the plain form)."""
-    from heygem.detect_s3fd import select_boxes
+    from heygem.face.s3fd import select_boxes
 
     offsets, face_scores, anchors, to_frame = network_outputs(model, frames, max_side)
     return [select_boxes(offsets[item], face_scores[item], anchors, to_frame, score_threshold, 0.3, max_candidates)
@@ -584,7 +575,7 @@ def test_batched_selection_gives_the_per_image_boxes_bit_for_bit(random_model, f
         assert boxes.dtype == np.float32
         np.testing.assert_array_equal(boxes, reference)
     # the overlaps for the whole batch at once (the CUDA form) give the same boxes
-    from heygem.detect_s3fd import select_boxes_batch
+    from heygem.face.s3fd import select_boxes_batch
 
     batched = select_boxes_batch(*network_outputs(random_model, frames, 128), score_threshold, 0.3, max_candidates,
                                  per_image_overlaps=False)
@@ -602,7 +593,7 @@ def test_equal_scores_keep_the_first_anchor_and_an_empty_frame_gives_no_rows():
 
 
 def test_prepared_models_leave_the_given_one_alone_and_find_the_same_faces(random_model, face_photo):
-    from heygem.detect_s3fd import model_layout, prepare_s3fd
+    from heygem.face.s3fd import model_layout, prepare_s3fd
 
     assert prepare_s3fd(random_model, "auto") is random_model  # on the CPU nothing changes by default
     frames = astronaut_frames(face_photo)

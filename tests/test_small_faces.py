@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import ASSETS, PORTRAIT_FACE_BOX, REPO, assert_playable_mp4, face_crop, run_ffmpeg, write_tight_face_photo
 
-from heygem import faces
+from heygem.face.finder import FaceFinder, FinderPool
 from heygem.config import FaceConfig
 from heygem.media.decode import iter_video_i420
 from heygem.media.ffmpeg import ffmpeg_binary
@@ -48,7 +48,7 @@ def decoded_i420(path: Path) -> np.ndarray:
 
 
 def reference_landmarks() -> np.ndarray:
-    with faces.FaceFinder(FaceConfig(), still_images=True) as finder:
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
         return finder.find(portrait())
 
 
@@ -59,7 +59,7 @@ def reference() -> np.ndarray:
 
 def track_every_frame(path: Path, config: FaceConfig | None = None, detector=None) -> list[np.ndarray | None]:
     """The landmarks of each frame of ``path``, tracked as the pipeline tracks a run of frames."""
-    with faces.FinderPool(config or FaceConfig(), 1, detector=detector) as pool:
+    with FinderPool(config or FaceConfig(), 1, detector=detector) as pool:
         return pool.track_run(I420Frames(decoded_i420(path)))
 
 
@@ -139,7 +139,7 @@ def real_s3fd_checkpoint() -> Path | None:
 @pytest.mark.skipif(real_s3fd_checkpoint() is None, reason="the public s3fd.pth is not in weights/")
 @pytest.mark.parametrize("size", SIZES)
 def test_s3fd_finds_tight_and_loose_crops_on_every_frame(tmp_path, size):
-    from heygem.detect_s3fd import S3FDDetector, load_s3fd
+    from heygem.face.s3fd import S3FDDetector, load_s3fd
 
     detector = S3FDDetector(load_s3fd(real_s3fd_checkpoint(), device="cpu"))
     for kind, margin in crop_cases():

@@ -2,7 +2,7 @@
 
 The state dict of :class:`S3FD` has exactly the 65 key names and shapes of the
 released file. Inference only. Pre- and post-processing (mean subtraction,
-anchors, box decoding, NMS) live in :mod:`heygem.detect_s3fd`.
+anchors, box decoding, NMS) live in :mod:`heygem.face.s3fd`.
 
 Data flow for a batch of B images of H x W pixels::
 
@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn import functional
 
 # The names the public checkpoint gives the six detection maps' heads, finest (stride 4) first;
-# the strides are 4, 8, 16, 32, 64 and 128 (heygem.detect_s3fd.LEVEL_STRIDES).
+# the strides are 4, 8, 16, 32, 64 and 128 (heygem.face.s3fd.LEVEL_STRIDES).
 LEVEL_NAMES = ("conv3_3_norm", "conv4_3_norm", "conv5_3_norm", "fc7", "conv6_2", "conv7_2")
 LEVEL_CHANNELS = (256, 512, 512, 1024, 512, 256)
 

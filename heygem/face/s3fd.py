@@ -28,6 +28,7 @@ import numpy as np
 
 from heygem.errors import HeygemError
 from heygem.runtime.device import inference_context, pick_device, run_in_batches
+from heygem.runtime.kept import KEPT, S3FD_DETECTOR, file_identity
 
 logger = logging.getLogger("heygem")
 
@@ -72,7 +73,7 @@ def require_s3fd_checkpoint(weights_dir: Path) -> Path:
 
 
 class S3FDDetector:
-    """S3FD as the face detector of heygem.faces: boxes for a list of frames in batched calls.
+    """S3FD as the face detector of heygem.face.finder: boxes for a list of frames in batched calls.
 
     One model serves every tracking thread; the forward passes take turns under a lock.
     Get it with :func:`shared_detector`, which loads each checkpoint once per process.
@@ -114,28 +115,17 @@ class S3FDDetector:
         """The model stays loaded for the next job (see :func:`shared_detector`)."""
 
 
-_SHARED: dict[tuple, S3FDDetector] = {}
-_SHARED_LOCK = threading.Lock()
-MAX_SHARED = 2  # loaded detectors kept (one file on one device is the usual case)
-
-
 def shared_detector(checkpoint_path: Path, device: str = "auto", precision: str = "auto") -> S3FDDetector:
     """The detector for ``checkpoint_path`` on ``device``, loaded on first use and kept for the process
-    (the file's size and modification time are part of the key, so a replaced file is loaded again)."""
+    (heygem.runtime.kept: a replaced file is loaded again)."""
     checkpoint_path = Path(checkpoint_path)
-    status = checkpoint_path.stat()
-    key = (str(checkpoint_path.resolve()), status.st_size, status.st_mtime_ns, device, precision)
-    with _SHARED_LOCK:
-        detector = _SHARED.get(key)
-        if detector is None:
-            for other in [other for other in _SHARED if other[0] == key[0] and other[1:3] != key[1:3]]:
-                del _SHARED[other]  # the file has changed since: its old weights are not used again
-            while len(_SHARED) >= MAX_SHARED:
-                del _SHARED[next(iter(_SHARED))]  # the oldest
-            detector = S3FDDetector(load_s3fd(checkpoint_path, device), precision=precision)
-            _SHARED[key] = detector
-            logger.info("faces: S3FD loaded from %s", checkpoint_path.name)
-    return detector
+
+    def load() -> S3FDDetector:
+        detector = S3FDDetector(load_s3fd(checkpoint_path, device), precision=precision)
+        logger.info("faces: S3FD loaded from %s", checkpoint_path.name)
+        return detector
+
+    return KEPT.shared(S3FD_DETECTOR, (file_identity(checkpoint_path), device, precision), load)
 
 
 def feature_map_sizes(height: int, width: int) -> list[tuple[int, int]]:

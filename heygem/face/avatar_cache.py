@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from heygem.config import REPO_ROOT, FaceConfig
-from heygem.faces import LANDMARK_COUNT, FaceTrack
+from heygem.face.detect import LANDMARK_COUNT
+from heygem.face.track import FaceTrack
 from heygem.types import FrameGeometry
 
 logger = logging.getLogger("heygem")
@@ -58,7 +59,7 @@ class CachedTrack:
     """A raw face track read back from the cache.
 
     ``track`` holds ``found``, ``raw_boxes`` and ``landmarks`` (``boxes`` is None:
-    run :func:`heygem.faces.finalize_track` on it as on a fresh track). ``found``
+    run :func:`heygem.face.finder.finalize_track` on it as on a fresh track). ``found``
     and ``raw_boxes`` are private in-memory copies; ``landmarks`` is a read-only
     memory map, safe to read from several threads. When ``whole_video`` is true
     the track covers every frame of the video, so its ``frame_count`` is the
@@ -315,7 +316,7 @@ def _read_meta(entry_path: Path) -> dict | None:
 def store_track(key: str, track: FaceTrack, whole_video: bool) -> None:
     """Keep the raw ``track`` (found, raw_boxes, landmarks) under ``key``; never raises for I/O.
 
-    Store the track before :func:`heygem.faces.finalize_track` (a fixed box marks
+    Store the track before :func:`heygem.face.finder.finalize_track` (a fixed box marks
     every frame as found). ``whole_video`` says the track covers every frame of
     the video. The entry's JSON describes the key's inputs in clear text when
     ``key`` came from :func:`avatar_key` in this process. An existing entry that

@@ -14,8 +14,9 @@ import queue
 
 import numpy as np
 
-from heygem import faces
 from heygem.config import FaceConfig
+from heygem.face import finder as finder_module
+from heygem.face.finder import FaceFinder
 from heygem.media.frames import I420Frames
 from heygem.runtime import allocator
 from heygem.runtime.processes import ProcessPool, serve
@@ -27,7 +28,7 @@ def _tracking_process(connection, config: FaceConfig, still_images: bool) -> Non
 
     allocator.tune()  # before mediapipe starts its threads: each frame batch goes back to the kernel when freed
     cv2.setNumThreads(1)  # the processes are the parallelism
-    finder = faces.FaceFinder(config, still_images=still_images)
+    finder = FaceFinder(config, still_images=still_images)
 
     def handle(kind: str, payload) -> None:
         if kind != "track":
@@ -81,4 +82,4 @@ class TrackingProcesses:
 
 def pool_key(config: FaceConfig, size: int, still_images: bool) -> tuple:
     """What a pool of tracking processes was built with (faces.pool_key, for processes)."""
-    return ("processes", *faces.pool_key(config, size, still_images, None))
+    return ("processes", *finder_module.pool_key(config, size, still_images, None))

@@ -2,8 +2,8 @@
 
 The face video's tracking comes from the avatar cache when the same video was tracked before
 with the same face options. Otherwise every batch of new source frames is tracked as a run of
-its own from a fresh start (heygem.faces), several runs at once in tracking processes
-(heygem.face_processes) or on threads, and a batch moves on as soon as the boxes of all its frames
+its own from a fresh start (heygem.face.finder), several runs at once in tracking processes
+(heygem.face.processes) or on threads, and a batch moves on as soon as the boxes of all its frames
 are final.
 """
 
@@ -15,12 +15,17 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from heygem import faces
-from heygem.config import Config
+from heygem.config import Config, FaceConfig
 from heygem.errors import HeygemError
+from heygem.face.detect import FaceDetector
+from heygem.face.finder import FinderPool, pool_key
+from heygem.face.processes import TrackingProcesses
+from heygem.face.processes import pool_key as processes_pool_key
+from heygem.face.track import TrackBuilder
 from heygem.media.frames import I420Frames
 from heygem.media.source import SourceFrames
 from heygem.runtime.flow import ordered_map
+from heygem.runtime.kept import FACE_TRACKERS, KEPT
 from heygem.types import FrameBatch, FrameGeometry
 
 logger = logging.getLogger("heygem")
@@ -39,7 +44,7 @@ class FaceStage:
     def __init__(self, source: SourceFrames, config: Config, geometry: FrameGeometry, fps_fraction: str,
                  work_dir: Path, detector_checkpoint: Path | None = None):
         if config.face.detector == "s3fd" and detector_checkpoint is None:
-            raise ValueError("--detector s3fd needs its checkpoint (heygem.detect_s3fd.require_s3fd_checkpoint)")
+            raise ValueError("--detector s3fd needs its checkpoint (heygem.face.s3fd.require_s3fd_checkpoint)")
         self.source = source
         self.config = config
         self.detector_checkpoint = detector_checkpoint
@@ -48,14 +53,14 @@ class FaceStage:
         self.cache_outcome = "off"
         cached = None
         if not source.is_still and config.run.avatar_cache:
-            from heygem import avatar_cache
+            from heygem.face import avatar_cache
 
             self.cache_key = avatar_cache.avatar_key(source.info.path, config.face, geometry, fps_fraction)
             cached = avatar_cache.load_track(self.cache_key, source.tracking_capacity)
             self.cache_outcome = "hit" if cached is not None else "miss"
-        self.builder = faces.TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
+        self.builder = TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
                                           work_dir / "landmarks.npy", track=cached.track if cached else None)
-        self._pool: faces.FinderPool | None = None
+        self._pool: FinderPool | None = None
         if cached is not None:
             self.builder.end()
             logger.info("faces: %d frames from the avatar cache", self.builder.tracked)
@@ -68,9 +73,9 @@ class FaceStage:
             return
         if self.workers > 1:
             opencv_on_one_thread()
-        self._pool = faces.take_pool(self.config.face, self.workers, still_images=self.source.is_still,
-                                     detector=self._shared_detector(),
-                                     processes=self.workers > 1 and tracks_in_processes(self.config))
+        self._pool = take_trackers(self.config.face, self.workers, still_images=self.source.is_still,
+                                   detector=self._shared_detector(),
+                                   processes=self.workers > 1 and tracks_in_processes(self.config))
         ended_well = False
         try:
             waiting: deque[FrameBatch] = deque()
@@ -92,7 +97,7 @@ class FaceStage:
             ended_well = True
         finally:
             if ended_well:  # its finders are idle and whole: the next job of this process tracks with them
-                faces.keep_pool(self._pool)
+                KEPT.put(FACE_TRACKERS, self._pool.key, self._pool)
             else:
                 self._pool.close()
 
@@ -107,11 +112,11 @@ class FaceStage:
             else:
                 yield batch, None
 
-    def _shared_detector(self) -> faces.FaceDetector | None:
+    def _shared_detector(self) -> FaceDetector | None:
         """S3FD, loaded once per process and shared by the tracking threads; None: each finder's mediapipe."""
         if self.config.face.detector != "s3fd":
             return None
-        from heygem.detect_s3fd import shared_detector
+        from heygem.face.s3fd import shared_detector
 
         engine = self.config.engine
         return shared_detector(self.detector_checkpoint, engine.device, engine.precision)
@@ -134,7 +139,7 @@ class FaceStage:
         logger.info("faces found in %d of %d source frames", int(builder.track.found[: builder.tracked].sum()),
                     builder.tracked)
         if self.cache_key is not None:
-            from heygem import avatar_cache
+            from heygem.face import avatar_cache
 
             whole_video = self.source.frame_count is not None and builder.tracked >= self.source.frame_count
             avatar_cache.store_track(self.cache_key, builder.finished_track(), whole_video)
@@ -142,6 +147,26 @@ class FaceStage:
     def _attach(self, batch: FrameBatch) -> FrameBatch:
         batch.faces = [self.builder.face(int(index)) for index in batch.source_indices]
         return batch
+
+
+def take_trackers(config: FaceConfig, size: int, still_images: bool = False,
+                  detector: FaceDetector | None = None, processes: bool = False):
+    """The face trackers the last job that ended well left (heygem.runtime.kept), if they were built
+    with the same options and all still run, else new ones: a FinderPool, or with ``processes``
+    (mediapipe's own detector only) tracking processes (heygem.face.processes.TrackingProcesses)
+    with the same interface. Building and closing a job's sixteen mediapipe graphs held the
+    interpreter lock for 0.8 s on the 16-core GPU machine while every other stage waited
+    (docs/benchmarks.md)."""
+    if processes and detector is not None:
+        raise ValueError("tracking processes use mediapipe's own detector")
+    key = processes_pool_key(config, size, still_images) if processes else pool_key(config, size, still_images, detector)
+    pool = KEPT.take(FACE_TRACKERS, key, usable=lambda kept: kept.alive())
+    if pool is not None:
+        pool.use_options(config)
+        return pool
+    if processes:
+        return TrackingProcesses(config, size, still_images=still_images)
+    return FinderPool(config, size, still_images=still_images, detector=detector)
 
 
 def face_worker_count(config: Config) -> int:

@@ -46,8 +46,9 @@ from heygem.jobs import (
     start_workers,
 )
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
-from heygem.pipeline import warm_up, weights_dir
+from heygem.pipeline import warm_up
 from heygem.runtime import library_logs
+from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -260,7 +261,7 @@ def voice_choices() -> list[tuple[str, str]]:
     choices = [("auto (natural English; espeak-ng for other languages)", "auto")]
     try:
         from heygem.speech.tts import list_voices
-        from heygem.pipeline import weights_dir
+        from heygem.weights import weights_dir
 
         choices += [(f"{voice.name} ({voice.language})", voice.name) for voice in list_voices(weights_dir())]
     except Exception as error:  # a page must not fail to build over a voice file
@@ -342,7 +343,7 @@ def generate_tab(store: JobStore) -> None:
         import numpy as np
 
         from heygem.speech.tts import HOW_TO_ADD_A_VOICE, synthesize
-        from heygem.pipeline import weights_dir
+        from heygem.weights import weights_dir
 
         limit = store.limits.max_text_characters
         try:

@@ -55,9 +55,9 @@ def first_frame_box(video: Path) -> tuple[int, int, int, int]:
     Wav2Lip pads it by default (10 pixels below)."""
     import cv2
 
-    from heygem.face.track import tight_box
-    from heygem.face.finder import FaceFinder
     from heygem.config import FaceConfig
+    from heygem.face.finder import FaceFinder
+    from heygem.face.track import tight_box
 
     capture = cv2.VideoCapture(str(video))
     ok, frame = capture.read()

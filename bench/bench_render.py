@@ -47,12 +47,12 @@ def main() -> None:
 
     torch_seconds = time.perf_counter() - started
 
-    from heygem.speech import audio
     from heygem.config import Config, EngineConfig
     from heygem.engines.wav2lip import Wav2LipEngine
     from heygem.models.wav2lip import Wav2Lip
     from heygem.render import GpuRender
     from heygem.restore import Restoration
+    from heygem.speech import audio
     from heygem.types import Face, FrameBatch
 
     width, height = (int(v) for v in args.size.lower().split("x"))

@@ -65,8 +65,8 @@ def main() -> None:
     import cv2
     from bench_pipeline import make_inputs
 
-    from heygem.face.finder import FinderPool
     from heygem.config import FaceConfig
+    from heygem.face.finder import FinderPool
 
     if args.opencv_threads:
         cv2.setNumThreads(args.opencv_threads)

@@ -37,7 +37,7 @@ from heygem.batch import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from heygem.config import limit_remote_options
 from heygem.errors import HeygemError
 from heygem.jobs import DONE, JobStore, NotEnoughDisk, QueueFull, Upload, UploadTooLarge, flatten_options, human_size
-from heygem.pipeline import weights_dir
+from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
 

@@ -139,10 +139,10 @@ def run_generate(args: argparse.Namespace) -> int:
 def generate_from_text(args: argparse.Namespace, config, progress):
     """Speak --text (or --text-file) into OUT.wav, make the video with that speech, write its cues to
     OUT.srt and give the video its subtitles as text.subtitles says (soft track, burned in, or none)."""
+    from heygem.pipeline import generate
+    from heygem.speech.subtitles import add_subtitles, write_srt
     from heygem.speech.tts import synthesize, write_wav
-    from heygem.speech.subtitles import write_srt
-    from heygem.speech.subtitles import add_subtitles
-    from heygem.pipeline import generate, weights_dir
+    from heygem.weights import weights_dir
 
     if args.text_file is not None:
         try:
@@ -175,7 +175,7 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def run_voices(args: argparse.Namespace) -> int:
     from heygem.speech.tts import list_voices
-    from heygem.pipeline import weights_dir
+    from heygem.weights import weights_dir
 
     voices = list_voices(weights_dir())
     if not voices:
@@ -186,9 +186,9 @@ def run_voices(args: argparse.Namespace) -> int:
 
 
 def run_say(args: argparse.Namespace) -> int:
-    from heygem.speech.tts import synthesize, write_wav
     from heygem.speech.subtitles import write_srt
-    from heygem.pipeline import weights_dir
+    from heygem.speech.tts import synthesize, write_wav
+    from heygem.weights import weights_dir
 
     limit = args.max_text_chars if args.max_text_chars is not None else load_config().text.max_characters
     if limit < 0:

@@ -225,7 +225,7 @@ def validate(config: Config) -> None:
     if not 0 <= config.restore.strength <= 2:
         raise HeygemError("--restore-strength must be between 0 and 2")
     if config.restore.enabled and config.restore.method == "gfpgan":
-        from heygem.restore import require_gfpgan_checkpoint
+        from heygem.weights import require_gfpgan_checkpoint
 
         require_gfpgan_checkpoint()  # a missing file is the user's to fix before anything runs
     if config.text.max_characters < 0:
@@ -254,7 +254,7 @@ def limit_remote_options(flat: dict, weights_dir: Path) -> dict:
             raise HeygemError(f"{key}: the server's weights folder has no file named {name!r}")
         limited[key] = str(candidate)
     if limited.get("face.detector") == "s3fd":
-        from heygem.face.s3fd import require_s3fd_checkpoint
+        from heygem.weights import require_s3fd_checkpoint
 
         require_s3fd_checkpoint(weights_dir)  # refused before anything is queued
     return limited

@@ -333,7 +333,7 @@ def check_weights(weights_dir: Path | None = None) -> list[Check]:
     from heygem.weights import WAV2LIP_FILE_NAMES
 
     if weights_dir is None:
-        from heygem.pipeline import weights_dir as configured_weights_dir
+        from heygem.weights import weights_dir as configured_weights_dir
 
         weights_dir = configured_weights_dir()
     weights_dir = Path(weights_dir)
@@ -536,7 +536,7 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
     from heygem.speech.tts import HOW_TO_ADD_A_VOICE, _piper_voice, bundled_voice, load_voice
 
     if weights_dir is None:
-        from heygem.pipeline import weights_dir as default_weights_dir
+        from heygem.weights import weights_dir as default_weights_dir
 
         weights_dir = default_weights_dir()
     checks = []

@@ -31,10 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem.speech import audio
-from heygem.runtime.kept import KEPT
 from heygem.config import (
-    REPO_ROOT,
     Config,
     EngineConfig,
     FaceConfig,
@@ -42,6 +39,7 @@ from heygem.config import (
     load_config,
 )
 from heygem.errors import GenerationCancelled, HeygemError
+from heygem.face.stage import FaceStage
 from heygem.media import encode
 from heygem.media.decode import decoder_count
 from heygem.media.probing import fps_to_fraction, probe, probe_inputs, working_geometry
@@ -50,8 +48,10 @@ from heygem.render import Prepared, choose_render
 from heygem.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator
 from heygem.runtime.flow import Stage, StageClock, run_stages
-from heygem.face.stage import FaceStage
+from heygem.runtime.kept import KEPT
+from heygem.speech import audio
 from heygem.types import FrameBatch, GenerationSummary
+from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -59,11 +59,6 @@ ProgressCallback = Callable[[str, float], None]
 
 # share of the progress bar each stage takes: (start, end)
 PROGRESS_SPANS = {"prepare": (0.0, 0.04), "generate": (0.04, 0.97), "finish": (0.97, 1.0)}
-
-
-def weights_dir() -> Path:
-    """Where checkpoints are looked for: $HEYGEM_WEIGHTS or the repository's weights/ folder."""
-    return Path(os.environ.get("HEYGEM_WEIGHTS", REPO_ROOT / "weights"))
 
 
 def generate(
@@ -242,7 +237,7 @@ def choose_detector(config: FaceConfig) -> Path | None:
     """The S3FD file for ``--detector s3fd`` (HeygemError when weights/ lacks it); None for mediapipe."""
     if config.detector != "s3fd":
         return None
-    from heygem.face.s3fd import require_s3fd_checkpoint
+    from heygem.weights import require_s3fd_checkpoint
 
     return require_s3fd_checkpoint(weights_dir())
 

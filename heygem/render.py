@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heygem.speech import audio
 from heygem.blend import blend_patch
 from heygem.config import Config
 from heygem.errors import HeygemError
 from heygem.media.frames import i420_batch_to_bgr, i420_planes, paste_i420_window, write_region_i420
 from heygem.restore import Restoration, restore_patches
 from heygem.runtime.flow import Stage, StageClock
+from heygem.speech import audio
 from heygem.types import EngineBatch, FrameBatch
 
 

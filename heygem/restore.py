@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from heygem.config import BlendConfig, Config, RestoreConfig
-from heygem.errors import HeygemError
 from heygem.types import FacePatch
+from heygem.weights import find_gfpgan_checkpoint, require_gfpgan_checkpoint, weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -45,34 +45,14 @@ class Restoration:
     blend: BlendConfig = field(default_factory=BlendConfig)  # gfpgan pastes the mouth before restoring it
 
 
-def weights_folder() -> Path:
-    from heygem.pipeline import weights_dir
-
-    return weights_dir()
-
-
-def require_gfpgan_checkpoint(weights_dir: Path | None = None) -> Path:
-    """GFPGANv1.4.pth in the weights folder, or a HeygemError saying how to get it."""
-    from heygem.weights import find_gfpgan_checkpoint
-
-    folder = weights_dir if weights_dir is not None else weights_folder()
-    checkpoint = find_gfpgan_checkpoint(folder)
-    if checkpoint is None:
-        raise HeygemError(f"--restorer gfpgan needs GFPGANv1.4.pth in {folder}: run `python -m heygem weights "
-                          f"download gfpgan_v1.4` or put the file there (or choose --restorer auto, sharpen or none)")
-    return checkpoint
-
-
-def choose_restorer(config: RestoreConfig, engine_name: str, weights_dir: Path | None = None) -> RestorerChoice:
+def choose_restorer(config: RestoreConfig, engine_name: str, folder: Path | None = None) -> RestorerChoice:
     """The restorer for ``engine_name`` ("wav2lip" synthesises pixels, "landmark" moves real ones).
 
     auto: gfpgan when GFPGANv1.4.pth is in the weights folder and the engine synthesises
     pixels, else sharpen for wav2lip and none for the landmark engine. Quick: nothing loads.
-    Raises HeygemError for gfpgan without its file.
+    Raises HeygemError for gfpgan without its file. ``folder``: the weights folder (default: heygem.weights).
     """
-    from heygem.weights import find_gfpgan_checkpoint
-
-    folder = weights_dir if weights_dir is not None else weights_folder()
+    folder = Path(folder) if folder is not None else weights_dir()
     method = config.method
     if not config.enabled or method == "none":
         return RestorerChoice("none", None, "switched off")

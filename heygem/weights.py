@@ -32,29 +32,63 @@ WAV2LIP_EXPECTED = "the official wav2lip_gan.pth or wav2lip.pth from the Wav2Lip
 # The released GFPGAN v1.4 restorer file (heygem.restore_gfpgan).
 GFPGAN_FILE_NAMES = ("GFPGANv1.4.pth",)
 
+S3FD_FILE_NAME = "s3fd.pth"
+S3FD_FILE_NAMES = (S3FD_FILE_NAME, "s3fd-619a316812.pth")  # the names it is published under, as in configs/weights.yaml
+
 SHOWN_KEYS = 3  # how many missing or unexpected keys an error message lists
 
 
-def find_wav2lip_checkpoint(weights_dir: Path) -> Path | None:
-    """The Wav2Lip checkpoint in ``weights_dir`` (file names matched case-insensitively), or None.
-
-    wav2lip_gan.pth is preferred over wav2lip.pth when both are there.
-    """
-    return find_first_file(weights_dir, WAV2LIP_FILE_NAMES)
+def weights_dir() -> Path:
+    """Where checkpoints are looked for: $HEYGEM_WEIGHTS or the repository's weights/ folder."""
+    return Path(os.environ.get("HEYGEM_WEIGHTS", REPO_ROOT / "weights"))
 
 
-def find_gfpgan_checkpoint(weights_dir: Path) -> Path | None:
-    """GFPGANv1.4.pth in ``weights_dir`` (matched case-insensitively), or None."""
-    return find_first_file(weights_dir, GFPGAN_FILE_NAMES)
+def find_wav2lip_checkpoint(folder: Path | None = None) -> Path | None:
+    """The Wav2Lip checkpoint in ``folder`` (default: :func:`weights_dir`; names matched case-insensitively),
+    or None. wav2lip_gan.pth is preferred over wav2lip.pth when both are there."""
+    return find_first_file(folder, WAV2LIP_FILE_NAMES)
 
 
-def find_first_file(weights_dir: Path, names) -> Path | None:
-    """The first of ``names`` present as a file in ``weights_dir`` (matched case-insensitively), or None."""
-    weights_dir = Path(weights_dir)
-    if not weights_dir.is_dir():
+def find_gfpgan_checkpoint(folder: Path | None = None) -> Path | None:
+    """GFPGANv1.4.pth in ``folder`` (default: :func:`weights_dir`; matched case-insensitively), or None."""
+    return find_first_file(folder, GFPGAN_FILE_NAMES)
+
+
+def require_gfpgan_checkpoint(folder: Path | None = None) -> Path:
+    """GFPGANv1.4.pth in ``folder`` (default: :func:`weights_dir`), or a HeygemError saying how to get it."""
+    folder = Path(folder) if folder is not None else weights_dir()
+    checkpoint = find_gfpgan_checkpoint(folder)
+    if checkpoint is None:
+        raise HeygemError(f"--restorer gfpgan needs GFPGANv1.4.pth in {folder}: run `python -m heygem weights "
+                          f"download gfpgan_v1.4` or put the file there (or choose --restorer auto, sharpen or none)")
+    return checkpoint
+
+
+def find_s3fd_checkpoint(folder: Path | None = None) -> Path | None:
+    """The S3FD file in ``folder`` (default: :func:`weights_dir`; either published name, matched
+    case-insensitively), or None."""
+    return find_first_file(folder, S3FD_FILE_NAMES)
+
+
+def require_s3fd_checkpoint(folder: Path | None = None) -> Path:
+    """The S3FD file in ``folder`` (default: :func:`weights_dir`); HeygemError saying which file to put
+    there when it is missing."""
+    folder = Path(folder) if folder is not None else weights_dir()
+    checkpoint_path = find_s3fd_checkpoint(folder)
+    if checkpoint_path is None:
+        raise HeygemError(f"--detector s3fd needs the S3FD weights: put {S3FD_FILE_NAME} (or {S3FD_FILE_NAMES[1]}) "
+                          f"into {folder}, or run python -m heygem weights download s3fd")
+    return checkpoint_path
+
+
+def find_first_file(folder: Path | None, names) -> Path | None:
+    """The first of ``names`` present as a file in ``folder`` (default: :func:`weights_dir`; matched
+    case-insensitively), or None."""
+    folder = Path(folder) if folder is not None else weights_dir()
+    if not folder.is_dir():
         return None
     files_by_name: dict[str, Path] = {}
-    for path in sorted(weights_dir.iterdir()):
+    for path in sorted(folder.iterdir()):
         if path.is_file():
             files_by_name.setdefault(path.name.lower(), path)
     for name in names:
@@ -445,7 +479,7 @@ def describe_path(path: Path | None) -> str:
 
 
 def run_weights_list(args: argparse.Namespace) -> int:
-    from heygem.pipeline import weights_dir
+    pass
 
     folder = weights_dir()
     states = [check_weights(entry, folder, hash_contents=not args.quick) for entry in load_registry(args.registry)]
@@ -459,7 +493,7 @@ def run_weights_list(args: argparse.Namespace) -> int:
 
 
 def run_weights_verify(args: argparse.Namespace) -> int:
-    from heygem.pipeline import weights_dir
+    pass
 
     folder = weights_dir()
     entries = load_registry(args.registry)
@@ -479,7 +513,7 @@ def run_weights_verify(args: argparse.Namespace) -> int:
 def run_weights_download(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from heygem.pipeline import weights_dir
+    pass
 
     folder = weights_dir()
     entry = find_entry(load_registry(args.registry), args.name)

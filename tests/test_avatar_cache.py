@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heygem.face import avatar_cache, track as track_module
-from heygem.face.track import FaceTrack, finalize_track, new_track
 from heygem.config import REPO_ROOT, FaceConfig
+from heygem.face import avatar_cache
+from heygem.face import track as track_module
+from heygem.face.track import FaceTrack, finalize_track, new_track
 from heygem.types import FrameGeometry
 
 GEOMETRY = FrameGeometry(width=320, height=240)

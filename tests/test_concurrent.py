@@ -13,13 +13,13 @@ from bench_pipeline import child_pids
 from conftest import decode_frames
 
 from heygem import pipeline, render
-from heygem.runtime.kept import FACE_TRACKERS, KEPT
-from heygem.face.finder import FinderPool
 from heygem.errors import HeygemError
+from heygem.face.finder import FinderPool
 from heygem.media.decode import iter_video_i420
 from heygem.media.frames import paste_i420_window
 from heygem.models.wav2lip import Wav2Lip
 from heygem.pipeline import generate
+from heygem.runtime.kept import FACE_TRACKERS, KEPT
 
 
 @pytest.fixture(scope="module")

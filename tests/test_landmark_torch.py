@@ -15,7 +15,6 @@ import torch
 from bench_landmark import make_frames, speech_windows
 from conftest import ASSETS, decode_frames, run_ffmpeg
 
-from heygem.speech import audio
 from heygem.config import BlendConfig, EngineConfig, load_config
 from heygem.engines import landmark_torch
 from heygem.engines.landmark import LandmarkEngine, MouthGeometry, patch_box
@@ -30,6 +29,7 @@ from heygem.render import (
     choose_render,
 )
 from heygem.runtime.flow import StageClock
+from heygem.speech import audio
 from heygem.types import EngineBatch, Face, FrameBatch
 
 WIDTH, HEIGHT = 640, 360

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from conftest import decode_frames, run_ffmpeg, silent_frames
 
-from heygem.face.finder import FaceFinder
-from heygem.speech.audio import load_audio_16k
 from heygem.config import FaceConfig
+from heygem.face.finder import FaceFinder
 from heygem.media.probing import probe
 from heygem.pipeline import generate
+from heygem.speech.audio import load_audio_16k
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from heygem.face.s3fd import LEVEL_STRIDES, decode_boxes, detect_faces, feature_map_sizes, load_s3fd, make_anchors, non_maximum_suppression, prepare_images, resized_size
 from heygem.errors import HeygemError
+from heygem.face.s3fd import (
+    LEVEL_STRIDES,
+    decode_boxes,
+    detect_faces,
+    feature_map_sizes,
+    load_s3fd,
+    make_anchors,
+    non_maximum_suppression,
+    prepare_images,
+    resized_size,
+)
 from heygem.models.s3fd import LEVEL_NAMES, S3FD
 
 # The public s3fd.pth: every tensor, float32, in file order.
@@ -402,10 +412,10 @@ def marker_checkpoint(folder: Path) -> Path:
 
 
 def test_the_face_mesh_runs_on_s3fd_s_box_not_on_mediapipe_s_choice(tmp_path, face_photo):
-    from heygem.face.track import tight_box
-    from heygem.face.finder import FaceFinder
     from heygem.config import FaceConfig
+    from heygem.face.finder import FaceFinder
     from heygem.face.s3fd import S3FDDetector
+    from heygem.face.track import tight_box
 
     frame = two_astronauts(face_photo)
     with FaceFinder(FaceConfig(), still_images=True) as finder:
@@ -429,8 +439,8 @@ def test_the_face_mesh_runs_on_s3fd_s_box_not_on_mediapipe_s_choice(tmp_path, fa
 
 
 def test_s3fd_finds_a_small_marker_on_tiles_when_the_shrunk_frame_shows_none():
-    from heygem.face.finder import FaceFinder
     from heygem.config import FaceConfig
+    from heygem.face.finder import FaceFinder
     from heygem.face.s3fd import S3FDDetector
 
     frame = np.full((720, 1280, 3), 120, dtype=np.uint8)
@@ -448,8 +458,8 @@ def test_s3fd_finds_a_small_marker_on_tiles_when_the_shrunk_frame_shows_none():
 
 def test_s3fd_without_its_file_says_which_file_to_put_where(tmp_path, no_weights, face_video, short_speech):
     from heygem.config import limit_remote_options
-    from heygem.face.s3fd import find_s3fd_checkpoint, require_s3fd_checkpoint
     from heygem.pipeline import generate
+    from heygem.weights import find_s3fd_checkpoint, require_s3fd_checkpoint
 
     with pytest.raises(HeygemError) as raised:
         generate(face_video, short_speech, tmp_path / "never.mp4", overrides={"face.detector": "s3fd"})
@@ -469,8 +479,8 @@ def test_s3fd_without_its_file_says_which_file_to_put_where(tmp_path, no_weights
 def test_the_detector_option_round_trips_through_flag_yaml_and_cache_key(tmp_path, face_video):
     import argparse
 
-    from heygem.face import avatar_cache
     from heygem.config import apply_overrides, load_config
+    from heygem.face import avatar_cache
     from heygem.flags import add_option_flags, option_overrides
     from heygem.types import FrameGeometry
 

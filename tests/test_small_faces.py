@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from conftest import ASSETS, PORTRAIT_FACE_BOX, REPO, assert_playable_mp4, face_crop, run_ffmpeg, write_tight_face_photo
 
-from heygem.face.finder import FaceFinder, FinderPool
 from heygem.config import FaceConfig
+from heygem.face.finder import FaceFinder, FinderPool
 from heygem.media.decode import iter_video_i420
 from heygem.media.ffmpeg import ffmpeg_binary
 from heygem.media.frames import BgrImage, I420Frame, I420Frames

@@ -9,9 +9,19 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from heygem.speech.tts import BUNDLED_VOICE_NAME, MAX_TEXT_CHARACTERS, check_text, choose_voice, find_voice, list_voices, split_sentences, synthesize, write_wav
-from heygem.speech.subtitles import Cue, read_srt, srt_timestamp, write_srt
 from heygem.errors import HeygemError
+from heygem.speech.subtitles import Cue, read_srt, srt_timestamp, write_srt
+from heygem.speech.tts import (
+    BUNDLED_VOICE_NAME,
+    MAX_TEXT_CHARACTERS,
+    check_text,
+    choose_voice,
+    find_voice,
+    list_voices,
+    split_sentences,
+    synthesize,
+    write_wav,
+)
 
 ENGLISH = "The quick brown fox jumps over the lazy dog. Is it raining today?"
 CHINESE = "你好，世界。今天天气很好！"

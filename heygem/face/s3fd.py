@@ -26,14 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from heygem.errors import HeygemError
 from heygem.runtime.device import inference_context, pick_device, run_in_batches
 from heygem.runtime.kept import KEPT, S3FD_DETECTOR, file_identity
 
 logger = logging.getLogger("heygem")
 
-S3FD_FILE_NAME = "s3fd.pth"
-S3FD_FILE_NAMES = (S3FD_FILE_NAME, "s3fd-619a316812.pth")  # the names it is published under, as in configs/weights.yaml
 S3FD_EXPECTED = "the public s3fd.pth face detector (the one the face-alignment package and Wav2Lip use)"
 
 BGR_MEANS = (104.0, 117.0, 123.0)  # subtracted from 0-255 BGR pixels; nothing is divided by 255
@@ -54,22 +51,6 @@ def load_s3fd(checkpoint_path: Path, device: str = "auto"):
     model = S3FD()
     load_state_dict_strict(model, Path(checkpoint_path), what="S3FD", expected=S3FD_EXPECTED)
     return model.to(pick_device(device)).eval()
-
-
-def find_s3fd_checkpoint(weights_dir: Path) -> Path | None:
-    """The S3FD file in ``weights_dir`` (either published name, matched case-insensitively), or None."""
-    from heygem.weights import find_first_file
-
-    return find_first_file(weights_dir, S3FD_FILE_NAMES)
-
-
-def require_s3fd_checkpoint(weights_dir: Path) -> Path:
-    """The S3FD file in ``weights_dir``; HeygemError saying which file to put there when it is missing."""
-    checkpoint_path = find_s3fd_checkpoint(weights_dir)
-    if checkpoint_path is None:
-        raise HeygemError(f"--detector s3fd needs the S3FD weights: put {S3FD_FILE_NAME} (or {S3FD_FILE_NAMES[1]}) "
-                          f"into {weights_dir}, or run python -m heygem weights download s3fd")
-    return checkpoint_path
 
 
 class S3FDDetector:

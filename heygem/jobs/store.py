@@ -480,9 +480,9 @@ class JobStore:
             if audio is not None:
                 audio_name = store_input(audio, directory, "audio", {face_name}, self.max_upload_bytes)
             elif text is not None:
-                from heygem.speech.tts import synthesize, write_wav
                 from heygem.speech.subtitles import write_srt
-                from heygem.pipeline import weights_dir
+                from heygem.speech.tts import synthesize, write_wav
+                from heygem.weights import weights_dir
 
                 max_characters = self.limits.max_text_characters
                 if max_characters is None:

@@ -22,9 +22,8 @@ from pathlib import Path
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
-from heygem.speech.subtitles import add_subtitles
 from heygem.runtime.device import pick_device, worker_devices
-from heygem.speech.subtitles import read_srt
+from heygem.speech.subtitles import add_subtitles, read_srt
 
 logger = logging.getLogger("heygem")
 

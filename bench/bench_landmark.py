@@ -178,7 +178,7 @@ def run_torch(batches, device_name: str, processes: int = 0):
     (landmark_torch), copied back and pasted."""
     from heygem.config import Config
     from heygem.engines.landmark import LandmarkEngine
-    from heygem.render import LandmarkTorchRender
+    from heygem.render.paths import LandmarkTorchRender
     from heygem.runtime.flow import Stage, StageClock, run_stages
     from heygem.types import FrameBatch
 

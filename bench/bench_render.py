@@ -50,8 +50,8 @@ def main() -> None:
     from heygem.config import Config, EngineConfig
     from heygem.engines.wav2lip import Wav2LipEngine
     from heygem.models.wav2lip import Wav2Lip
-    from heygem.render import GpuRender
-    from heygem.restore import Restoration
+    from heygem.render.paths import GpuRender
+    from heygem.render.restore import Restoration
     from heygem.speech import audio
     from heygem.types import Face, FrameBatch
 
@@ -158,7 +158,7 @@ def _time_sections(engine, synchronise) -> dict:
     """Wrap the render stage's GPU steps so that each waits for the GPU and adds its seconds to the dict returned."""
     import time as clock
 
-    from heygem import gpu_blend
+    from heygem.render import gpu_blend
 
     sections: dict = {}
 

@@ -44,8 +44,9 @@ from heygem.media import encode
 from heygem.media.decode import decoder_count
 from heygem.media.probing import fps_to_fraction, probe, probe_inputs, working_geometry
 from heygem.media.source import SourceFrames, frames_per_batch
-from heygem.render import Prepared, choose_render
-from heygem.restore import choose_restorer, create_restoration
+from heygem.render.paths import choose_render
+from heygem.render.prepared import Prepared
+from heygem.render.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator
 from heygem.runtime.flow import Stage, StageClock, run_stages
 from heygem.runtime.kept import KEPT

@@ -29,7 +29,7 @@ logger = logging.getLogger("heygem")
 WAV2LIP_FILE_NAMES = ("wav2lip_gan.pth", "wav2lip.pth")
 WAV2LIP_EXPECTED = "the official wav2lip_gan.pth or wav2lip.pth from the Wav2Lip release"
 
-# The released GFPGAN v1.4 restorer file (heygem.restore_gfpgan).
+# The released GFPGAN v1.4 restorer file (heygem.render.gfpgan).
 GFPGAN_FILE_NAMES = ("GFPGANv1.4.pth",)
 
 S3FD_FILE_NAME = "s3fd.pth"

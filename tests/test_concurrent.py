@@ -12,7 +12,7 @@ import torch
 from bench_pipeline import child_pids
 from conftest import decode_frames
 
-from heygem import pipeline, render
+from heygem import pipeline
 from heygem.errors import HeygemError
 from heygem.face.finder import FinderPool
 from heygem.media.decode import iter_video_i420
@@ -91,8 +91,9 @@ def fail_in(stage: str, monkeypatch) -> None:
         monkeypatch.setattr(LandmarkEngine, "generate", failing(LandmarkEngine.generate))
         monkeypatch.setattr(LandmarkEngine, "generate_i420", failing(LandmarkEngine.generate_i420))
     elif stage == "blend":
-        monkeypatch.setattr(render, "blend_patch", failing(render.blend_patch))
-        monkeypatch.setattr(render, "paste_i420_window", failing(paste_i420_window))
+        from heygem.render import cpu
+        monkeypatch.setattr(cpu, "blend_patch", failing(cpu.blend_patch))
+        monkeypatch.setattr(cpu, "paste_i420_window", failing(paste_i420_window))
     elif stage == "decode":
         monkeypatch.setattr("heygem.media.source.iter_video_i420", _failing_decoder(iter_video_i420))
 

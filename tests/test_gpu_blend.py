@@ -1,4 +1,4 @@
-"""Face crops, sharpening, masks and pasting on I420 frames (heygem.gpu_blend), checked against OpenCV and the CPU stages."""
+"""Face crops, sharpening, masks and pasting on I420 frames (heygem.render.gpu_blend), checked against OpenCV and the CPU stages."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import ASSETS
 
-from heygem import gpu_blend
-from heygem.blend import LOWER_FACE_POINTS, blend_patch
 from heygem.config import BlendConfig
 from heygem.engines.wav2lip import crop_face, resize_to_box
-from heygem.restore import sharpen_changed as cpu_sharpen_changed
+from heygem.render import gpu_blend
+from heygem.render.blend import LOWER_FACE_POINTS, blend_patch
+from heygem.render.sharpen import sharpen_changed as cpu_sharpen_changed
 from heygem.types import Face, FacePatch
 
 

@@ -14,7 +14,6 @@ import cv2
 import numpy as np
 import pytest
 
-from heygem.blend import blend_patch
 from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.landmark import LOWER_INNER_LIP, UPPER_INNER_LIP, LandmarkEngine
 from heygem.engines.mouth_shapes import MouthShapeTracker
@@ -27,6 +26,7 @@ from heygem.media.frames import (
     paste_i420_window,
     write_region_i420,
 )
+from heygem.render.blend import blend_patch
 from heygem.types import EngineBatch, Face, FacePatch
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

@@ -21,13 +21,10 @@ from heygem.engines.landmark import LandmarkEngine, MouthGeometry, patch_box
 from heygem.errors import HeygemError
 from heygem.media.frames import bgr_to_yuv420, even_box, i420_batch_to_bgr, i420_planes, paste_i420_window
 from heygem.pipeline import generate
-from heygem.render import (
-    CpuRender,
-    LandmarkTorchRender,
-    Prepared,
-    _region_windows,
-    choose_render,
-)
+from heygem.render.cpu import CpuRender
+from heygem.render.paths import LandmarkTorchRender, choose_render
+from heygem.render.prepared import Prepared
+from heygem.render.regions import _region_windows
 from heygem.runtime.flow import StageClock
 from heygem.speech import audio
 from heygem.types import EngineBatch, Face, FrameBatch

@@ -16,14 +16,13 @@ import pytest
 import torch
 from conftest import ASSETS, assert_playable_mp4, decode_frames, run_ffmpeg
 
-from heygem import gpu_blend
-from heygem.blend import blend_patch
 from heygem.config import BlendConfig, Config, FaceConfig, RestoreConfig, apply_overrides
 from heygem.engines.wav2lip import resize_to_box
 from heygem.errors import HeygemError
 from heygem.models.gfpgan import GFPGANClean
-from heygem.restore import Restoration, choose_restorer, restore_patches
-from heygem.restore_gfpgan import (
+from heygem.render import gpu_blend
+from heygem.render.blend import blend_patch
+from heygem.render.gfpgan import (
     FFHQ_TEMPLATE_512,
     GfpganRestorer,
     alignment_matrices,
@@ -35,6 +34,7 @@ from heygem.restore_gfpgan import (
     restore_patches_gfpgan,
     warp_images,
 )
+from heygem.render.restore import Restoration, choose_restorer, restore_patches
 from heygem.types import Face, FacePatch
 
 BLEND = BlendConfig()
@@ -116,13 +116,13 @@ def test_alignment_maps_the_five_points_onto_the_template():
     wanted = FFHQ_TEMPLATE_512 @ rotation.T + [300.0, 170.0]  # (5, 2) frame pixels
     rng = np.random.default_rng(0)
     landmarks = rng.uniform(0, 640, (468, 2))
-    from heygem import restore_gfpgan as module
+    from heygem.render.gfpgan import IMAGE_LEFT_EYE_POINTS, IMAGE_RIGHT_EYE_POINTS, MOUTH_CORNER_POINTS, NOSE_TIP_POINT
 
-    for index, points in ((0, module.IMAGE_LEFT_EYE_POINTS), (1, module.IMAGE_RIGHT_EYE_POINTS)):
+    for index, points in ((0, IMAGE_LEFT_EYE_POINTS), (1, IMAGE_RIGHT_EYE_POINTS)):
         ring = rng.normal(0, 6, (len(points), 2))
         landmarks[points] = wanted[index] + ring - ring.mean(axis=0)  # the ring's centre is the eye
-    landmarks[module.NOSE_TIP_POINT] = wanted[2]
-    landmarks[list(module.MOUTH_CORNER_POINTS)] = wanted[3:]
+    landmarks[NOSE_TIP_POINT] = wanted[2]
+    landmarks[list(MOUTH_CORNER_POINTS)] = wanted[3:]
     np.testing.assert_allclose(five_points(landmarks), wanted, atol=1e-9)
 
     matrix = alignment_matrices(landmarks[None])[0]  # (2, 3)

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from heygem.blend import blend_patch
 from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.mouth_shapes import MouthShapeTracker, clip, smoothstep
 from heygem.media.frames import bgr_to_yuv420, cut_i420_window, even_box
+from heygem.render.blend import blend_patch
 from heygem.types import Box, EngineBatch, Face, FacePatch, I420Window
 
 logger = logging.getLogger("heygem")

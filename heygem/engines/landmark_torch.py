@@ -95,8 +95,8 @@ def region_layout(jobs: list, frame_size: tuple[int, int], margin: float = REGIO
     """The regions for the landmark engine's ``jobs`` ((frame index, landmarks, openness, width), see
     LandmarkEngine._jobs) in frames of ``frame_size`` (width, height): around each face the window the
     CPU engine reads (landmark.window_box), widened to even coordinates and to the batch's largest
-    size (heygem.gpu_blend.face_canvas). None when no job has a patch."""
-    from heygem.gpu_blend import face_canvas
+    size (heygem.render.gpu_blend.face_canvas). None when no job has a patch."""
+    from heygem.render.gpu_blend import face_canvas
 
     frame_width, frame_height = frame_size
     rows, boxes, kept = [], [], []
@@ -250,7 +250,7 @@ def _smoothstep(edge0, edge1, x):
 def _gaussian_kernels(sigmas) -> np.ndarray:
     """(P, K) float32 Gaussian kernels as OpenCV builds them for float images (gpu_blend.gaussian_radius;
     normalised), each centred in the batch's largest length K (zeros around the shorter ones)."""
-    from heygem.gpu_blend import gaussian_radius
+    from heygem.render.gpu_blend import gaussian_radius
 
     radii = [gaussian_radius(sigma) for sigma in sigmas]
     radius = max(radii)
@@ -352,7 +352,7 @@ def _interior(u, u_column, v, levels, closing, weight, scalar, lips, teeth, cons
     ``levels`` (P, 7, h, w) are the output levels at each pixel's column; lips, teeth (P, 3, 1, 1)."""
     import torch
 
-    from heygem.gpu_blend import gaussian_blur
+    from heygem.render.gpu_blend import gaussian_blur
 
     upper, lower = levels[:, UPPER_INNER], levels[:, LOWER_INNER]
     gap = torch.clamp(lower - upper, min=0.0)
@@ -418,7 +418,7 @@ _CONSTANTS: dict[str, DrawConstants] = {}
 
 
 def _constants(device) -> DrawConstants:
-    from heygem.gpu_blend import to_device
+    from heygem.render.gpu_blend import to_device
 
     key = str(device)
     if key not in _CONSTANTS:
@@ -428,7 +428,7 @@ def _constants(device) -> DrawConstants:
 
 def upload_plan(plan: MouthPlan, height: int, width: int, device) -> DrawInputs:
     """``plan`` for regions of ``height`` x ``width`` as tensors on ``device``, queued without waiting."""
-    from heygem.gpu_blend import to_device
+    from heygem.render.gpu_blend import to_device
 
     rows, columns = _lips_crops(plan.lips, height, width)
     kernels = _gaussian_kernels(plan.scalars[:, SCALARS.index("mask_sigma")])
@@ -451,7 +451,7 @@ def _draw(planes, inputs: DrawInputs, constants: DrawConstants, color_match: boo
     import torch
     from torch.nn import functional
 
-    from heygem.gpu_blend import bgr_to_i420, colour_shift, i420_to_bgr, split_planes
+    from heygem.render.gpu_blend import bgr_to_i420, colour_shift, i420_to_bgr, split_planes
 
     device = planes.device
     y_all, u_all, v_all = split_planes(planes)

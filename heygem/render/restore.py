@@ -3,7 +3,7 @@
 ``choose_restorer`` settles the --restorer option before anything loads: "sharpen" is an
 unsharp mask applied only where the engine changed pixels, so untouched skin is left
 exactly as it was; "gfpgan" runs the GFPGAN v1.4 network on the aligned face and blends
-its lower face back (heygem.restore_gfpgan); "none" leaves the patches as they are.
+its lower face back (heygem.render.gfpgan); "none" leaves the patches as they are.
 Every method is a ``RESTORERS`` callable taking (patches, frames, Restoration) and
 returning patches.
 """
@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from heygem.config import BlendConfig, Config, RestoreConfig
+from heygem.render.sharpen import sharpen_changed
 from heygem.types import FacePatch
 from heygem.weights import find_gfpgan_checkpoint, require_gfpgan_checkpoint, weights_dir
 
 logger = logging.getLogger("heygem")
-
 RESTORER_NAMES = ("gfpgan", "sharpen", "none")
 
 
@@ -41,7 +41,7 @@ class Restoration:
 
     name: str  # "gfpgan", "sharpen" or "none"
     strength: float
-    network: object | None = None  # heygem.restore_gfpgan.GfpganRestorer for gfpgan
+    network: object | None = None  # heygem.render.gfpgan.GfpganRestorer for gfpgan
     blend: BlendConfig = field(default_factory=BlendConfig)  # gfpgan pastes the mouth before restoring it
 
 
@@ -69,24 +69,6 @@ def choose_restorer(config: RestoreConfig, engine_name: str, folder: Path | None
         return RestorerChoice("gfpgan", checkpoint, f"auto: found {checkpoint.name}")
     return RestorerChoice("sharpen", None, f"auto: no GFPGANv1.4.pth in {folder}")
 
-CHANGE_THRESHOLD = 3.0  # grey levels: smaller differences from the source count as unchanged
-
-
-def sharpen_changed(patch: FacePatch, source_region_bgr: np.ndarray, strength: float) -> FacePatch:
-    """Unsharp-mask ``patch`` where it differs from ``source_region_bgr`` (both (h, w, 3) uint8 BGR)."""
-    import cv2
-
-    image = patch.image_bgr.astype(np.float32)
-    height, width = image.shape[:2]
-    sigma = max(1.0, min(height, width) / 96.0)  # about one pixel of a 96-pixel generator output
-    blurred = cv2.GaussianBlur(image, (0, 0), sigma)
-    difference = np.abs(image - source_region_bgr.astype(np.float32)).max(axis=2)  # (h, w)
-    changed = cv2.GaussianBlur((difference > CHANGE_THRESHOLD).astype(np.float32), (0, 0), sigma * 2)
-    amount = (strength * changed)[:, :, None]
-    sharpened = image + amount * (image - blurred)
-    restored = np.clip(np.rint(sharpened), 0, 255).astype(np.uint8)
-    return FacePatch(box=patch.box, image_bgr=restored, mask=patch.mask, face=patch.face)
-
 
 def restore_patches(patches: list[FacePatch | None], frames_bgr: np.ndarray,
                     restoration: Restoration) -> list[FacePatch | None]:
@@ -108,7 +90,7 @@ def _sharpen_all(patches, frames_bgr, restoration: Restoration):
 
 
 def _gfpgan_all(patches, frames_bgr, restoration: Restoration):
-    from heygem.restore_gfpgan import restore_patches_gfpgan
+    from heygem.render.gfpgan import restore_patches_gfpgan
 
     return restore_patches_gfpgan(restoration.network, patches, frames_bgr, restoration.strength, restoration.blend)
 
@@ -120,7 +102,7 @@ def create_restoration(choice: RestorerChoice, config: Config) -> Restoration:
     """The restoration ``choice`` names, ready to run (loads GFPGAN for gfpgan: seconds the first time)."""
     network = None
     if choice.name == "gfpgan":
-        from heygem.restore_gfpgan import load_restorer
+        from heygem.render.gfpgan import load_restorer
 
         network = load_restorer(choice.checkpoint, config.engine)
     return Restoration(choice.name, config.restore.strength, network=network, blend=config.blend)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from heygem.blend import LOWER_FACE_POINTS, MIN_EDGE_PIXELS
-from heygem.restore import CHANGE_THRESHOLD
+from heygem.render.blend import LOWER_FACE_POINTS, MIN_EDGE_PIXELS
+from heygem.render.sharpen import CHANGE_THRESHOLD
 
 FACE_SIZE = 96  # the Wav2Lip generator's input and output size
 

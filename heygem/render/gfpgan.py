@@ -27,8 +27,9 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from heygem.blend import blend_patch
 from heygem.config import BlendConfig, EngineConfig
+from heygem.render.blend import blend_patch
+from heygem.runtime.kept import GFPGAN_RESTORER, KEPT, file_identity
 from heygem.types import Face, FacePatch
 
 logger = logging.getLogger("heygem")
@@ -207,7 +208,7 @@ class GfpganRestorer:
         boxes (F, 4) and landmarks (F, 468, 2) in region pixels (NaN rows: no landmarks, skipped).
         Only pixels under the lower-face mask (blend's, feathered by ``feather``) change.
         """
-        from heygem import gpu_blend
+        from heygem.render import gpu_blend
 
         strength = min(float(strength), 1.0)
         landmarks = np.asarray(landmarks, dtype=np.float32)
@@ -235,7 +236,7 @@ class GfpganRestorer:
 def restore_masks(boxes: np.ndarray, landmarks: np.ndarray, feather: float, height: int, width: int) -> np.ndarray:
     """The lower-face masks the torch render blends with, on (height, width) windows whose top-left
     pixel is (0, 0): boxes (F, 4) and landmarks (F, 468, 2) in window pixels -> (F, height, width) float32."""
-    from heygem import gpu_blend
+    from heygem.render import gpu_blend
 
     count = len(boxes)
     canvas = gpu_blend.FaceCanvas(frame_index=torch.arange(count), boxes=torch.as_tensor(boxes, dtype=torch.int64),
@@ -306,31 +307,20 @@ def restore_patches_gfpgan(restorer: GfpganRestorer, patches: list[FacePatch | N
 # Loading, once per process
 
 
-_KEPT: dict[tuple, GfpganRestorer] = {}
-_KEPT_LOCK = threading.Lock()
-MAX_KEPT = 2
-
-
 def load_restorer(checkpoint: Path, config: EngineConfig) -> GfpganRestorer:
     """The GFPGAN restorer for ``checkpoint`` on the engine's device and precision, loaded once per
-    process and kept for later jobs while the file and those options stay the same."""
+    process and kept for later jobs while the file and those options stay the same (heygem.runtime.kept)."""
     from heygem.models.gfpgan import load_gfpgan
     from heygem.runtime.device import configure_backends, pick_device
 
     device = pick_device(config.device)
-    status = Path(checkpoint).stat()
-    key = (str(Path(checkpoint).resolve()), status.st_size, status.st_mtime_ns, str(device), config.precision,
-           config.cuda_graph)
-    with _KEPT_LOCK:
-        restorer = _KEPT.get(key)
-        if restorer is not None:
-            logger.info("GFPGAN restorer: the one loaded for an earlier job")
-            return restorer
+
+    def load() -> GfpganRestorer:
         configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=device)
         restorer = GfpganRestorer(load_gfpgan(checkpoint, device), device, precision=config.precision,
                                   cuda_graph=config.cuda_graph)
-        if len(_KEPT) >= MAX_KEPT:
-            del _KEPT[next(iter(_KEPT))]
-        _KEPT[key] = restorer
-    logger.info("GFPGAN restorer on %s, batches of %d", device, restorer.batch_size)
-    return restorer
+        logger.info("GFPGAN restorer on %s, batches of %d", device, restorer.batch_size)
+        return restorer
+
+    key = (file_identity(checkpoint), str(device), config.precision, config.cuda_graph)
+    return KEPT.shared(GFPGAN_RESTORER, key, load)

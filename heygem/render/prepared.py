@@ -1,0 +1,62 @@
+"""What the render stages wait for: the networks and audio features loaded in the background while
+the first frames are decoded and tracked (step 3), handed over when the first batch arrives.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+
+from heygem.render.restore import Restoration
+from heygem.runtime.flow import StageClock
+from heygem.speech import audio
+
+
+class Prepared:
+    """What the background threads prepare while the first frames are decoded and tracked: the
+    mel spectrogram, the loaded engine and the restorer (with its network for gfpgan). The render
+    stages ask for them when their first batch arrives, so loading the networks overlaps with
+    decoding and face tracking."""
+
+    def __init__(self, mel_future: Future, engine_future: Future, frame_count: int, fps: float, clock: StageClock,
+                 restoration_future: Future | None = None):
+        self._mel_future = mel_future
+        self._engine_future = engine_future
+        self._restoration_future = restoration_future  # None: no restoration
+        self._frame_count = frame_count
+        self.fps = fps
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._mel = self._engine = self._window_starts = self._restoration = None
+
+    def _resolve(self) -> None:
+        with self._lock:
+            if self._engine is None:
+                mel, mel_seconds = self._mel_future.result()
+                engine, engine_seconds = self._engine_future.result()
+                restoration = Restoration("none", 0.0)
+                if self._restoration_future is not None:
+                    restoration, restorer_seconds = self._restoration_future.result()
+                    if restoration.network is not None:
+                        self._clock.add("load_restorer", restorer_seconds)
+                self._clock.add("audio", mel_seconds)
+                self._clock.add("load_engine", engine_seconds)
+                self._window_starts = audio.mel_window_starts(self._frame_count, self.fps, mel.shape[1])
+                self._mel, self._engine, self._restoration = mel, engine, restoration
+
+    @property
+    def engine(self):
+        self._resolve()
+        return self._engine
+
+    @property
+    def restoration(self) -> Restoration:
+        self._resolve()
+        return self._restoration
+
+    def mel_windows(self, output_indices: np.ndarray) -> np.ndarray:
+        """(N, 80, 16) float32 mel windows of these output frames."""
+        self._resolve()
+        return audio.mel_windows(self._mel, self._window_starts[output_indices])

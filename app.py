@@ -46,7 +46,7 @@ from heygem.jobs import (
     start_workers,
 )
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
-from heygem.pipeline import warm_up
+from heygem.jobs.worker import warm_up
 from heygem.runtime import library_logs
 from heygem.weights import weights_dir
 

@@ -11,8 +11,8 @@ count must give the same bytes as ``--workers 0``; the script checks that, and
 ``--save-reference`` / ``--check-reference`` compare against a digest saved by an
 earlier version of the engine. ``--i420`` times generate_i420 instead, the path the
 pipeline takes: I420 frames in, blended I420 windows out (digests under "WxH i420").
-``--torch`` also times the ``--render torch`` path (heygem.render.LandmarkTorchRender, drawing
-with heygem.engines.landmark_torch) on ``--device``: regions cut out, uploaded, drawn, copied
+``--torch`` also times the ``--render torch`` path (heygem.render.LandmarkDeviceRender, drawing
+with heygem.engines.landmark.device) on ``--device``: regions cut out, uploaded, drawn, copied
 back and pasted, per --batch-frames batch, and says how far its frames are from the CPU engine's.
 """
 
@@ -105,7 +105,7 @@ def run_engine(batches, workers: int, stream: bool = False):
     a cost paid once per job."""
 
     from heygem.config import EngineConfig
-    from heygem.engines.landmark import LandmarkEngine
+    from heygem.engines.landmark.engine import LandmarkEngine
 
     engine = LandmarkEngine(EngineConfig(), FPS, workers=workers)
     if isinstance(batches[0], tuple):  # from i420_batches
@@ -143,7 +143,7 @@ def time_threads(batches, threads: int) -> float:
     from the skin: this measures what the GIL lets threads overlap, not the engine)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from heygem.engines.landmark import finish_mouth, warp_mouth
+    from heygem.engines.landmark.drawing import finish_mouth, warp_mouth
 
     def draw(item):
         frame_bgr, landmarks, openness, width = item
@@ -173,12 +173,12 @@ def run_torch(batches, device_name: str, processes: int = 0):
     """(frames (N, H * 3/2, W) I420 drawn by the --render torch path, seconds per frame after the first
     batch, seconds of the first batch, a line of each stage's busy seconds with its thread's CPU
     seconds and the CPU seconds of this process and of the rendering processes). The batches go
-    through heygem.render.LandmarkTorchRender's stages, each in its own thread as in the pipeline: regions cut into a host buffer and the faces
+    through heygem.render.LandmarkDeviceRender's stages, each in its own thread as in the pipeline: regions cut into a host buffer and the faces
     planned (in ``processes`` rendering processes, 0: in the stage's thread), uploaded, drawn
     (landmark_torch), copied back and pasted."""
     from heygem.config import Config
-    from heygem.engines.landmark import LandmarkEngine
-    from heygem.render.paths import LandmarkTorchRender
+    from heygem.engines.landmark.device import LandmarkDeviceRender
+    from heygem.engines.landmark.engine import LandmarkEngine
     from heygem.runtime.flow import Stage, StageClock, run_stages
     from heygem.types import FrameBatch
 
@@ -193,7 +193,7 @@ def run_torch(batches, device_name: str, processes: int = 0):
         def mel_windows(output_indices):
             return windows[output_indices]
 
-    render = LandmarkTorchRender(Ready(), config)
+    render = LandmarkDeviceRender(Ready(), config)
     timing = {"first": 0.0}
     first_out = threading.Event()
 
@@ -279,7 +279,7 @@ def main() -> None:
 
     inputs = dict(np.load(args.inputs)) if args.inputs else {}
     if inputs:
-        from heygem.engines import mouth_shapes
+        from heygem.engines.landmark import mouth_shapes
 
         mouth_shapes.mel_band_centres_hz = lambda: inputs["band_centres_hz"]
     saved_inputs = {}
@@ -345,7 +345,7 @@ def main() -> None:
             print(f"{size} threads={threads}: {1000 * best / args.frames:.2f} ms/frame "
                   f"({args.frames / best:.1f} frames/s)")
     if args.save_inputs:
-        from heygem.engines.mouth_shapes import mel_bands
+        from heygem.engines.landmark.mouth_shapes import mel_bands
 
         np.savez_compressed(args.save_inputs, band_centres_hz=mel_bands().centres_hz, **saved_inputs)
     if args.save_reference:  # added to what the file holds already

@@ -1,4 +1,4 @@
-"""The torch render stage alone: frames per second of heygem.render.GpuRender on synthetic batches.
+"""The torch render stage alone: frames per second of heygem.render.Wav2LipDeviceRender on synthetic batches.
 
     python bench/bench_render.py [--size 1920x1080] [--batch 21] [--batches 30] [--device cuda]
                                  [--landmarks] [--sections]
@@ -48,9 +48,9 @@ def main() -> None:
     torch_seconds = time.perf_counter() - started
 
     from heygem.config import Config, EngineConfig
-    from heygem.engines.wav2lip import Wav2LipEngine
+    from heygem.engines.wav2lip.device import Wav2LipDeviceRender
+    from heygem.engines.wav2lip.engine import Wav2LipEngine
     from heygem.models.wav2lip import Wav2Lip
-    from heygem.render.paths import GpuRender
     from heygem.render.restore import Restoration
     from heygem.speech import audio
     from heygem.types import Face, FrameBatch
@@ -87,7 +87,7 @@ def main() -> None:
             return audio.mel_windows(mel, output_indices % 4000)
 
     Ready.restoration = Restoration("sharpen", Config().restore.strength)
-    render = GpuRender(Ready(), Config())
+    render = Wav2LipDeviceRender(Ready(), Config())
     timings = {"whole batch": 0.0}
 
     def batches():

@@ -381,9 +381,10 @@ def size_text(path: Path) -> str:
 def check_engine_choice(weight_checks: list[Check]) -> list[Check]:
     """What ``--engine auto`` runs, and on which device."""
     from heygem.config import EngineConfig
-    from heygem.pipeline import choose_engine
+    from heygem.engines import choose_engine
 
-    name, checkpoint, reason = choose_engine(EngineConfig(name="auto"))
+    choice = choose_engine(EngineConfig(name="auto"))
+    name, checkpoint, reason = choice.name, choice.weights, choice.reason
     if name == "landmark":
         return [Check("engine", "--engine auto", OK, f"landmark ({reason.removeprefix('auto: ')})")]
     device = "cuda:0" if torch_sees_gpu() else "the CPU"
@@ -533,7 +534,7 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
     """Piper, onnxruntime, the bundled voice (loaded), espeak-ng's library and data, and weights/voices/.
 
     None of it is needed for videos from audio, so a problem here is not required."""
-    from heygem.speech.tts import HOW_TO_ADD_A_VOICE, _piper_voice, bundled_voice, load_voice
+    from heygem.speech.tts import HOW_TO_ADD_A_VOICE, bundled_voice, load_voice, piper_voice
 
     if weights_dir is None:
         from heygem.weights import weights_dir as default_weights_dir
@@ -582,7 +583,7 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
         checks.append(Check("speech", "weights/voices", OK, f"no voices in {folder}: {HOW_TO_ADD_A_VOICE}"))
     for model_path in models:
         config_path = model_path.with_name(model_path.name + ".json")
-        voice = _piper_voice(model_path, config_path) if config_path.is_file() else None
+        voice = piper_voice(model_path, config_path) if config_path.is_file() else None
         if voice is None:
             checks.append(Check("speech", model_path.name, WARNING, f"{config_path.name} is missing or unreadable",
                                 f"put the voice's {config_path.name} beside {model_path.name}"))

@@ -12,7 +12,6 @@ import torch
 from bench_pipeline import child_pids
 from conftest import decode_frames
 
-from heygem import pipeline
 from heygem.errors import HeygemError
 from heygem.face.finder import FinderPool
 from heygem.media.decode import iter_video_i420
@@ -87,7 +86,7 @@ def fail_in(stage: str, monkeypatch) -> None:
         monkeypatch.setattr(FinderPool, "track_run", failing(FinderPool.track_run))
         monkeypatch.setattr(TrackingProcesses, "track_run", failing(TrackingProcesses.track_run))
     elif stage == "generate":
-        from heygem.engines.landmark import LandmarkEngine
+        from heygem.engines.landmark.engine import LandmarkEngine
         monkeypatch.setattr(LandmarkEngine, "generate", failing(LandmarkEngine.generate))
         monkeypatch.setattr(LandmarkEngine, "generate_i420", failing(LandmarkEngine.generate_i420))
     elif stage == "blend":
@@ -152,7 +151,7 @@ def test_the_next_job_tracks_with_the_finders_the_last_one_left_and_gets_the_sam
         run(face_video, short_speech, tmp_path / "third.mp4", **options, **{"face.min_confidence": 0.6})
         assert len(built) == 2 and KEPT.kept(FACE_TRACKERS) == [built[1]]  # other detector options: other graphs
     finally:
-        pipeline.release_kept()
+        KEPT.release()
     assert KEPT.kept(FACE_TRACKERS) == [] and children_of_this_process() == []  # released: no tracker left running
 
 
@@ -185,7 +184,7 @@ def test_a_tracking_process_that_dies_fails_the_job_and_the_next_job_starts_new_
         run(face_video, short_speech, tmp_path / "threads.mp4", **options, **{"run.face_processes": False})
         np.testing.assert_array_equal(decode_frames(tmp_path / "next.mp4"), decode_frames(tmp_path / "threads.mp4"))
     finally:
-        pipeline.release_kept()
+        KEPT.release()
 
 
 def rendering_processes() -> set[int]:
@@ -196,7 +195,7 @@ def rendering_processes() -> set[int]:
 
 def test_a_finished_landmark_job_keeps_its_rendering_processes_for_the_next_one(
         tmp_path, face_video, short_speech, monkeypatch):
-    monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+    monkeypatch.setattr("heygem.engines.landmark.landmark_worker_count", lambda config: 2)
     options = {"engine.name": "landmark", "media.batch_frames": 8}
     before = rendering_processes()
     try:
@@ -206,13 +205,13 @@ def test_a_finished_landmark_job_keeps_its_rendering_processes_for_the_next_one(
         run(face_video, short_speech, tmp_path / "second.mp4", **options)
         assert rendering_processes() - before == kept  # the same two drew the second job
         # the same frames as a job drawn in this process
-        monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 0)
+        monkeypatch.setattr("heygem.engines.landmark.landmark_worker_count", lambda config: 0)
         run(face_video, short_speech, tmp_path / "inline.mp4", **options)
         np.testing.assert_array_equal(decode_frames(tmp_path / "second.mp4"), decode_frames(tmp_path / "inline.mp4"))
         assert not rendering_processes() & kept  # a job with another process count stops them
 
         # a job that fails stops them: they may be out of step with the engine
-        monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+        monkeypatch.setattr("heygem.engines.landmark.landmark_worker_count", lambda config: 2)
         run(face_video, short_speech, tmp_path / "third.mp4", **options)
         kept = rendering_processes() - before
         assert len(kept) == 2
@@ -221,11 +220,11 @@ def test_a_finished_landmark_job_keeps_its_rendering_processes_for_the_next_one(
             run(face_video, short_speech, tmp_path / "failed.mp4", **options)
         assert rendering_processes() - before == set()  # those kept drew the failed job, then stopped
         monkeypatch.undo()
-        monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+        monkeypatch.setattr("heygem.engines.landmark.landmark_worker_count", lambda config: 2)
         run(face_video, short_speech, tmp_path / "fourth.mp4", **options)
         assert len(rendering_processes() - before) == 2
     finally:
-        pipeline.release_kept()
+        KEPT.release()
     assert rendering_processes() - before == set()
 
 
@@ -252,23 +251,28 @@ def test_a_thread_keeps_its_wav2lip_engine_for_the_next_job_unless_something_cha
     import shutil
     import threading
 
-    from heygem.config import EngineConfig
+    from heygem.config import Config, EngineConfig
+    from heygem.engines import ENGINES
 
     checkpoint = tmp_path / "wav2lip.pth"
     shutil.copy(wav2lip_weights / "wav2lip.pth", checkpoint)
+    wav2lip = ENGINES["wav2lip"]
+
+    def load(engine_config: EngineConfig):  # for the thread that asks
+        return wav2lip.load(checkpoint, Config(engine=engine_config), 25.0, threading.get_ident())
+
     config = EngineConfig(device="cpu")
-    first = pipeline.create_engine("wav2lip", checkpoint, config, 25.0)
-    assert pipeline.create_engine("wav2lip", checkpoint, config, 25.0) is first
-    assert pipeline.create_engine("wav2lip", checkpoint, EngineConfig(device="cpu", batch_size=8), 25.0) is not first
+    first = load(config)
+    assert load(config) is first
+    assert load(EngineConfig(device="cpu", batch_size=8)) is not first
     other_thread = []
-    thread = threading.Thread(target=lambda: other_thread.append(
-        pipeline.create_engine("wav2lip", checkpoint, config, 25.0)))
+    thread = threading.Thread(target=lambda: other_thread.append(load(config)))
     thread.start()
     thread.join()
     assert other_thread[0] is not first  # engines are not shared between threads
     checkpoint.write_bytes(checkpoint.read_bytes())  # the same bytes, a new modification time
     os.utime(checkpoint, ns=(1, 1))
-    assert pipeline.create_engine("wav2lip", checkpoint, config, 25.0) is not first
+    assert load(config) is not first
 
 
 def test_the_torch_render_path_runs_on_the_cpu_and_changes_only_the_face(tmp_path, face_video, wav2lip_weights,

@@ -80,7 +80,7 @@ def test_a_non_executable_ffmpeg_fails_the_doctor_with_its_fix(tmp_path, no_weig
 
 @pytest.fixture()
 def fresh_ffmpeg_lookup():
-    """heygem.media caches the ffmpeg it found: forget it before and after a test that changes HEYGEM_FFMPEG."""
+    """heygem.media.ffmpeg caches the ffmpeg it found: forget it before and after a test that changes HEYGEM_FFMPEG."""
     from heygem.media.ffmpeg import ffmpeg_binary
 
     ffmpeg_binary.cache_clear()

@@ -11,7 +11,7 @@ import torch
 from conftest import ASSETS
 
 from heygem.config import BlendConfig
-from heygem.engines.wav2lip import crop_face, resize_to_box
+from heygem.engines.wav2lip.engine import crop_face, resize_to_box
 from heygem.render import gpu_blend
 from heygem.render.blend import LOWER_FACE_POINTS, blend_patch
 from heygem.render.sharpen import sharpen_changed as cpu_sharpen_changed

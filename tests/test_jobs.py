@@ -166,12 +166,11 @@ def test_a_worker_keeps_its_rendering_processes_between_jobs_and_stops_them_when
                                                                                           monkeypatch):
     import multiprocessing
 
-    from heygem import pipeline
 
     def rendering_processes() -> set[int]:
         return {process.pid for process in multiprocessing.active_children()}
 
-    monkeypatch.setattr(pipeline, "landmark_worker_count", lambda config: 2)
+    monkeypatch.setattr("heygem.engines.landmark.landmark_worker_count", lambda config: 2)
     before = rendering_processes()
     store = JobStore(tmp_path / "outputs")
     options = {"media.output_height": 256, "engine.name": "landmark"}

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from heygem.config import BlendConfig, EngineConfig
-from heygem.engines.landmark import LOWER_INNER_LIP, UPPER_INNER_LIP, LandmarkEngine
-from heygem.engines.mouth_shapes import MouthShapeTracker
+from heygem.engines.landmark.engine import LandmarkEngine
+from heygem.engines.landmark.geometry import LOWER_INNER_LIP, UPPER_INNER_LIP
+from heygem.engines.landmark.mouth_shapes import MouthShapeTracker
 from heygem.media.frames import (
     bgr_to_yuv420,
     cut_i420_window,
@@ -372,7 +373,7 @@ def test_close_stops_every_rendering_process(talking_sequence):
 
 
 def test_a_failure_in_a_rendering_process_is_raised_by_generate(talking_sequence):
-    from heygem.engines.landmark_pool import LandmarkWorkerError
+    from heygem.engines.landmark.processes import LandmarkWorkerError
 
     batch = talking_sequence[0]
     four_channels = EngineBatch(frame_indices=batch.frame_indices, faces=batch.faces, mel_windows=batch.mel_windows,
@@ -576,7 +577,7 @@ def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talki
 def test_remap_bgr_gives_the_bytes_of_a_three_channel_remap():
     """The BGRA remap of the part the maps read equals cv2.remap on the whole BGR image, inside
     the image, across its edges (replicated border) and entirely outside it."""
-    from heygem.engines.landmark import remap_bgr
+    from heygem.engines.landmark.drawing import remap_bgr
 
     rng = np.random.default_rng(3)
     image = rng.integers(0, 256, (90, 140, 3), np.uint8)

@@ -16,15 +16,16 @@ from bench_landmark import make_frames, speech_windows
 from conftest import ASSETS, decode_frames, run_ffmpeg
 
 from heygem.config import BlendConfig, EngineConfig, load_config
-from heygem.engines import landmark_torch
-from heygem.engines.landmark import LandmarkEngine, MouthGeometry, patch_box
+from heygem.engines import ENGINES
+from heygem.engines.landmark.device import LandmarkDeviceRender, draw_mouths, region_layout
+from heygem.engines.landmark.engine import LandmarkEngine
+from heygem.engines.landmark.geometry import MouthGeometry, patch_box
 from heygem.errors import HeygemError
 from heygem.media.frames import bgr_to_yuv420, even_box, i420_batch_to_bgr, i420_planes, paste_i420_window
 from heygem.pipeline import generate
 from heygem.render.cpu import CpuRender
-from heygem.render.paths import LandmarkTorchRender, choose_render
 from heygem.render.prepared import Prepared
-from heygem.render.regions import _region_windows
+from heygem.render.regions import region_windows
 from heygem.runtime.flow import StageClock
 from heygem.speech import audio
 from heygem.types import EngineBatch, Face, FrameBatch
@@ -57,20 +58,20 @@ def cpu_render(frames_i420: np.ndarray, faces: list, windows: np.ndarray) -> tup
 
 
 def torch_render(frames_i420: np.ndarray, faces: list, windows: np.ndarray) -> tuple[np.ndarray, LandmarkEngine]:
-    """The same frames drawn by landmark_torch on CPU tensors, regions cut and pasted as the render stage does."""
+    """The same frames drawn by heygem.engines.landmark.device on CPU tensors, regions cut and pasted as the render stage does."""
     engine = LandmarkEngine(EngineConfig(), FPS)
-    jobs = engine._jobs(faces, windows)
+    jobs = engine.mouth_jobs(faces, windows)
     frames = frames_i420.copy()
-    layout = landmark_torch.region_layout(jobs, (WIDTH, HEIGHT))
+    layout = region_layout(jobs, (WIDTH, HEIGHT))
     if layout is None:
         return frames, engine
     regions = np.empty((len(layout.rows), layout.height * 3 // 2, layout.width), np.uint8)
-    for region_plane, frame_window in _region_windows(regions, frames, layout.rows, layout.origins):
+    for region_plane, frame_window in region_windows(regions, frames, layout.rows, layout.origins):
         region_plane[...] = frame_window
     planes = torch.from_numpy(regions.copy())
     with torch.inference_mode():
-        landmark_torch.draw_mouths(planes, layout.faces, (WIDTH, HEIGHT), BLEND, engine.teeth, regions)
-    for region_plane, frame_window in _region_windows(planes.numpy(), frames, layout.rows, layout.origins):
+        draw_mouths(planes, layout.faces, (WIDTH, HEIGHT), BLEND, engine.teeth, regions)
+    for region_plane, frame_window in region_windows(planes.numpy(), frames, layout.rows, layout.origins):
         frame_window[...] = region_plane
     return frames, engine
 
@@ -132,15 +133,15 @@ def test_torch_drawing_matches_the_cpu_engine_frame_by_frame(sample):
 def test_an_open_target_opens_the_mouth(sample):
     frames_i420, landmarks = sample
     frame = frames_i420[:1]
-    region = landmark_torch.region_layout([(0, landmarks[0], 1.2, 0.0)], (WIDTH, HEIGHT))
+    region = region_layout([(0, landmarks[0], 1.2, 0.0)], (WIDTH, HEIGHT))
     regions = np.empty((1, region.height * 3 // 2, region.width), np.uint8)
-    for region_plane, frame_window in _region_windows(regions, frame, region.rows, region.origins):
+    for region_plane, frame_window in region_windows(regions, frame, region.rows, region.origins):
         region_plane[...] = frame_window
     planes = torch.from_numpy(regions.copy())
-    changed = landmark_torch.draw_mouths(planes, region.faces, (WIDTH, HEIGHT), BLEND, None)
+    changed = draw_mouths(planes, region.faces, (WIDTH, HEIGHT), BLEND, None)
     assert changed.tolist() == [True]
     opened = frame.copy()
-    for region_plane, frame_window in _region_windows(planes.numpy(), opened, region.rows, region.origins):
+    for region_plane, frame_window in region_windows(planes.numpy(), opened, region.rows, region.origins):
         frame_window[...] = region_plane
     before, after = dark_pixels(frame[0], landmarks[0]), dark_pixels(opened[0], landmarks[0])
     assert after > before + 100, (before, after)
@@ -205,7 +206,7 @@ def run_stages_in_turn(render, batches: list) -> np.ndarray:
 
 
 def test_the_render_stages_give_the_frames_of_the_cpu_engine(sample):
-    """LandmarkTorchRender's stages over batches with a frame without a face and one without landmarks,
+    """LandmarkDeviceRender's stages over batches with a frame without a face and one without landmarks,
     the faces planned here and in two rendering processes."""
     frames_i420, landmarks = sample
     count = 12
@@ -217,8 +218,8 @@ def test_the_render_stages_give_the_frames_of_the_cpu_engine(sample):
     drawn = {}
     for processes in (0, 2):
         torch_engine = LandmarkEngine(EngineConfig(), FPS, workers=processes)
-        render = choose_render("landmark", prepared_for(torch_engine, count), config)
-        assert isinstance(render, LandmarkTorchRender)
+        render = ENGINES["landmark"].render(prepared_for(torch_engine, count), config, "none")
+        assert isinstance(render, LandmarkDeviceRender)
         batches = [FrameBatch(output_indices=np.arange(start, start + 6), source_indices=np.arange(start, start + 6),
                               frames_i420=frames[start:start + 6].copy(), faces=faces[start:start + 6])
                    for start in (0, 6)]
@@ -248,15 +249,15 @@ def test_render_choice_for_the_landmark_engine(monkeypatch):
     prepared = prepared_for(LandmarkEngine(EngineConfig(), FPS), 1)
     auto = load_config(overrides={"engine.name": "landmark", "run.render": "auto"})
     monkeypatch.setattr(heygem.runtime.device, "gpu_present", lambda: False)
-    assert isinstance(choose_render("landmark", prepared, auto), CpuRender)  # no GPU: the CPU processes
+    assert isinstance(ENGINES["landmark"].render(prepared, auto, "none"), CpuRender)  # no GPU: the CPU processes
     monkeypatch.setattr(heygem.runtime.device, "gpu_present", lambda: True)
-    assert isinstance(choose_render("landmark", prepared, auto), LandmarkTorchRender)  # measured faster there
-    assert isinstance(choose_render("landmark", prepared, auto, restorer="gfpgan"), CpuRender)
+    assert isinstance(ENGINES["landmark"].render(prepared, auto, "none"), LandmarkDeviceRender)  # measured faster there
+    assert isinstance(ENGINES["landmark"].render(prepared, auto, "gfpgan"), CpuRender)
     on_cpu = load_config(overrides={"engine.name": "landmark", "run.render": "auto", "engine.device": "cpu"})
-    assert isinstance(choose_render("landmark", prepared, on_cpu), CpuRender)
+    assert isinstance(ENGINES["landmark"].render(prepared, on_cpu, "none"), CpuRender)
     on_torch = load_config(overrides={"engine.name": "landmark", "run.render": "torch"})
     with pytest.raises(HeygemError, match="--restorer none or --render numpy"):
-        choose_render("landmark", prepared, on_torch, restorer="gfpgan")
+        ENGINES["landmark"].render(prepared, on_torch, "gfpgan")
 
 
 def test_generate_with_the_torch_render_path(tmp_path, face_video, media_dir):

@@ -18,7 +18,7 @@ with Path({marker!r}).open("a") as marker:  # runs again in every process that i
 if __name__ == "__main__":
     import sys
 
-    from heygem.engines.landmark_pool import LandmarkWorkerError, RenderPool
+    from heygem.engines.landmark.processes import LandmarkWorkerError, RenderPool
 
     pool = RenderPool(2)
     try:

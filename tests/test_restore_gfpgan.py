@@ -17,7 +17,7 @@ import torch
 from conftest import ASSETS, assert_playable_mp4, decode_frames, run_ffmpeg
 
 from heygem.config import BlendConfig, Config, FaceConfig, RestoreConfig, apply_overrides
-from heygem.engines.wav2lip import resize_to_box
+from heygem.engines.wav2lip.engine import resize_to_box
 from heygem.errors import HeygemError
 from heygem.models.gfpgan import GFPGANClean
 from heygem.render import gpu_blend
@@ -262,16 +262,16 @@ def test_the_restorer_choice(tmp_path):
     (installed / "GFPGANv1.4.pth").write_bytes(b"checked when it loads")
     auto = RestoreConfig()
     assert auto.method == "auto"
-    assert choose_restorer(auto, "wav2lip", installed).name == "gfpgan"
-    assert choose_restorer(auto, "wav2lip", empty).name == "sharpen"
-    assert choose_restorer(auto, "landmark", installed).name == "none"
-    assert choose_restorer(RestoreConfig(method="sharpen"), "landmark", installed).name == "sharpen"
-    assert choose_restorer(RestoreConfig(enabled=False, method="gfpgan"), "wav2lip", installed).name == "none"
-    assert choose_restorer(RestoreConfig(method="none"), "wav2lip", installed).name == "none"
-    chosen = choose_restorer(RestoreConfig(method="gfpgan"), "landmark", installed)
+    assert choose_restorer(auto, "wav2lip", True, installed).name == "gfpgan"
+    assert choose_restorer(auto, "wav2lip", True, empty).name == "sharpen"
+    assert choose_restorer(auto, "landmark", False, installed).name == "none"
+    assert choose_restorer(RestoreConfig(method="sharpen"), "landmark", False, installed).name == "sharpen"
+    assert choose_restorer(RestoreConfig(enabled=False, method="gfpgan"), "wav2lip", True, installed).name == "none"
+    assert choose_restorer(RestoreConfig(method="none"), "wav2lip", True, installed).name == "none"
+    chosen = choose_restorer(RestoreConfig(method="gfpgan"), "landmark", False, installed)
     assert chosen.name == "gfpgan" and chosen.checkpoint == installed / "GFPGANv1.4.pth"
     with pytest.raises(HeygemError, match="--restorer gfpgan needs GFPGANv1.4.pth in .*weights download gfpgan_v1.4"):
-        choose_restorer(RestoreConfig(method="gfpgan"), "wav2lip", empty)
+        choose_restorer(RestoreConfig(method="gfpgan"), "wav2lip", True, empty)
 
 
 def test_restorer_gfpgan_without_its_file_is_a_user_error_everywhere(tmp_path, monkeypatch, face_photo, short_speech):

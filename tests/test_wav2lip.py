@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from heygem.config import EngineConfig
-from heygem.engines.wav2lip import Wav2LipEngine, prepare_faces
+from heygem.engines.wav2lip.engine import Wav2LipEngine, prepare_faces
 from heygem.errors import HeygemError
 from heygem.models.wav2lip import Wav2Lip
 from heygem.runtime.device import inference_context, is_out_of_memory, pick_device, run_in_batches

@@ -72,7 +72,7 @@ class S3FDDetector:
 
     def detect(self, frames: list, min_confidence: float = 0.5) -> list[np.ndarray]:
         """Face boxes (K, 4) float32 x1 y1 x2 y2 frame pixels, best first, for each frame ((H, W, 3) uint8 BGR
-        or a heygem.media frame)."""
+        or a heygem.media.frames frame)."""
         from heygem.media.frames import as_frame
 
         frames_bgr = [as_frame(frame).bgr() for frame in frames]

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
 from heygem.runtime.device import pick_device, worker_devices
+from heygem.runtime.kept import KEPT
 from heygem.speech.subtitles import add_subtitles, read_srt
 
 logger = logging.getLogger("heygem")
@@ -176,9 +176,8 @@ class Worker(threading.Thread):
                 logger.exception("%s: could not record job %s", self.name, job.id)
             finally:
                 self.current_job_id = None
-        pipeline = sys.modules.get("heygem.pipeline")  # loaded by the first job this process ran
-        if pipeline is not None:
-            pipeline.release_kept(threading.get_ident())  # this thread's generator and rendering processes, the face trackers
+        # this thread's generator and rendering processes, and the face trackers kept for any next job
+        KEPT.release(threading.get_ident())
 
     def stop(self, wait: float | None = None) -> None:
         """Stop after the current job (cancel it first to stop sooner)."""
@@ -253,3 +252,14 @@ def start_workers(store: JobStore, count: int | None = None, *, devices: list[st
     for worker in workers:
         worker.start()
     return workers
+
+
+def warm_up() -> None:
+    """Load the heavy libraries before the first job needs them (mediapipe takes seconds to import)."""
+    import numpy as np
+
+    from heygem.face.detect import import_mediapipe
+    from heygem.speech import audio
+
+    audio.melspectrogram(np.zeros(audio.SAMPLE_RATE // 10, dtype=np.float32))
+    import_mediapipe()

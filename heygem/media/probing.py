@@ -4,11 +4,14 @@ and the frame size and rate the output is made at.
 
 from __future__ import annotations
 
+import logging
 from fractions import Fraction
 from pathlib import Path
 
 from heygem.errors import HeygemError
 from heygem.types import FrameGeometry, MediaInfo
+
+logger = logging.getLogger("heygem")
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
 _IMAGE_FORMATS = {"image2", "png_pipe", "jpeg_pipe", "webp_pipe", "bmp_pipe", "tiff_pipe", "jpegls_pipe"}
@@ -115,3 +118,13 @@ def fps_to_fraction(fps: float) -> str:
     """A frame rate as an exact ffmpeg fraction: 29.97 -> 30000/1001, 25 -> 25/1."""
     rate = Fraction(fps).limit_denominator(1001)
     return f"{rate.numerator}/{rate.denominator}"
+
+
+def check_written(output_path: Path, frame_count: int, fps: float) -> None:
+    """Step 8: probe the written MP4: a video and an audio stream, the expected length."""
+    info = probe(output_path)
+    if info.kind != "video" or not info.has_audio:
+        raise HeygemError(f"the output {output_path.name} is missing its video or audio stream")
+    expected_seconds = frame_count / fps
+    if abs(info.audio_duration - expected_seconds) > 1.5 / fps + 0.05:
+        logger.warning("output audio lasts %.3f s, video %.3f s", info.audio_duration, expected_seconds)

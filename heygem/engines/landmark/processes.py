@@ -24,9 +24,9 @@ overlapping in a stream (4.):
    it warps the next batch while the engine hands the finished one on. Every message is small but
    a warp's windows, and a process sends its large answers only while the engine reads them.
 
-For the batched torch drawing (heygem.engines.landmark_torch, --render torch) a process plans faces
+For the batched torch drawing (heygem.engines.landmark.device, --render torch) a process plans faces
 instead: ``("plan", (frame_size, items))``, items ``(key, region, face)`` (a face's I420 region and its
-RegionFace), answered ``("plans", [(key, FacePlan or None)])`` (landmark_torch.plan_face). The
+RegionFace), answered ``("plans", [(key, FacePlan or None)])`` (heygem.engines.landmark.device.plan_face). The
 engine gathers the plans in face order (the remembered teeth colour) and draws them on the device.
 
 Any exception goes back as ``("error", text)``; None stops the process.
@@ -37,14 +37,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from heygem.engines.landmark import (
-    RegionTooSmall,
-    WarpedWindow,
-    blend_window,
-    finish_mouth,
-    warp_window,
-)
-from heygem.engines.landmark_torch import FacePlan, RegionFace, plan_face
+from heygem.engines.landmark.device import FacePlan, RegionFace, plan_face
+from heygem.engines.landmark.drawing import RegionTooSmall, WarpedWindow, blend_window, finish_mouth, warp_window
 from heygem.runtime.processes import ProcessPool, WorkerProcessError, serve
 
 
@@ -126,7 +120,7 @@ class RenderPool(ProcessPool):
         super().__init__(_render_process, size, "landmark", "landmark rendering process", LandmarkWorkerError)
 
     def plan_faces(self, faces: list[RegionFace], regions, frame_size: tuple[int, int]) -> list[FacePlan | None]:
-        """landmark_torch.plan_face of every face on its region ((F, Hc * 3/2, Wc) uint8), one run of
+        """heygem.engines.landmark.device.plan_face of every face on its region ((F, Hc * 3/2, Wc) uint8), one run of
         consecutive faces per process, in the faces' order."""
         runs = [run for run in np.array_split(np.arange(len(faces)), self.size) if len(run)]
         for worker, run in enumerate(runs):

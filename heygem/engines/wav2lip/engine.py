@@ -91,7 +91,6 @@ class Wav2LipEngine:
     """Lip sync with the public Wav2Lip or Wav2Lip-GAN generator weights."""
 
     name = "wav2lip"
-    needs_restoration = True  # its 96x96 output is scaled up to the face box
 
     def __init__(self, checkpoint_path: Path, config: EngineConfig):
         self.device = pick_device(config.device)
@@ -135,6 +134,9 @@ class Wav2LipEngine:
         if len(faces) == 0:
             return torch.empty((0, 3, FACE_SIZE, FACE_SIZE), device=self.device)
         return self.runner(mel_windows, faces)  # the public model takes the audio first
+
+    def close(self) -> None:
+        """Nothing runs beside the generator: it stays loaded (kept for its thread's next job)."""
 
     def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
         frame_count, frame_height, frame_width = batch.frames_bgr.shape[:3]

@@ -20,32 +20,39 @@ frames (as heygem.render cuts them). torch is imported by the caller's first use
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from heygem.config import BlendConfig
-from heygem.engines.landmark import (
+from heygem.config import BlendConfig, Config
+from heygem.engines.landmark.drawing import (
     CAVITY_TINT,
+    TONGUE_TINT,
+    TOOTH_EDGES,
+    SourceColours,
+    TeethColour,
+    cut_window,
+    face_colours,
+    source_colours,
+)
+from heygem.engines.landmark.geometry import (
     LOWER_INNER,
     NECK,
     REGION_MARGIN,
     TEETH_LENGTH,
-    TONGUE_TINT,
-    TOOTH_EDGES,
     UPPER_INNER,
     MouthGeometry,
-    SourceColours,
-    TeethColour,
-    _lips_window,
-    cut_window,
-    face_colours,
+    lips_window,
     mouth_target,
     patch_box,
-    source_colours,
     window_box,
 )
+from heygem.render.prepared import Prepared
+from heygem.render.regions import Downloading, RegionRender, Regions
+from heygem.runtime.flow import Stage
+from heygem.types import FrameBatch
 
 LEVELS = NECK + 1  # 7 levels per column
 # Rows of the per-face column table: the 7 target levels, the 7 source levels, closing, interior.
@@ -93,7 +100,7 @@ class RegionLayout:
 
 def region_layout(jobs: list, frame_size: tuple[int, int], margin: float = REGION_MARGIN) -> RegionLayout | None:
     """The regions for the landmark engine's ``jobs`` ((frame index, landmarks, openness, width), see
-    LandmarkEngine._jobs) in frames of ``frame_size`` (width, height): around each face the window the
+    LandmarkEngine.mouth_jobs) in frames of ``frame_size`` (width, height): around each face the window the
     CPU engine reads (landmark.window_box), widened to even coordinates and to the batch's largest
     size (heygem.render.gpu_blend.face_canvas). None when no job has a patch."""
     from heygem.render.gpu_blend import face_canvas
@@ -145,7 +152,7 @@ class FacePlan:
 def plan_face(face: RegionFace, region_i420: np.ndarray, frame_size: tuple[int, int]) -> FacePlan | None:
     """Step 1 for ``face`` on its region (``region_i420`` (Hc * 3/2, Wc) uint8, read for the source
     colours) in a frame of ``frame_size`` (width, height); None when the face has no patch box.
-    Depends on this face alone, so it may run anywhere (heygem.engines.landmark_pool)."""
+    Depends on this face alone, so it may run anywhere (heygem.engines.landmark.processes)."""
     frame_width, frame_height = frame_size
     region_width = region_i420.shape[1]
     region_height = region_i420.shape[0] * 2 // 3
@@ -158,7 +165,7 @@ def plan_face(face: RegionFace, region_i420: np.ndarray, frame_size: tuple[int, 
     if x1 < 0 or y1 < 0 or x2 > region_width or y2 > region_height:
         raise ValueError(f"the patch box {box} lies outside the region at {face.origin}")
     target = mouth_target(geometry, face.openness, face.width)
-    lips_rows, lips_columns = _lips_window(target, geometry, box)
+    lips_rows, lips_columns = lips_window(target, geometry, box)
     source = None
     if _draws_interior(target, geometry):
         # only the patch box is read: converted from its 2x2 chroma blocks, the same bytes as
@@ -211,7 +218,7 @@ def plan_mouths(faces: list[RegionFace], regions_host: np.ndarray, frame_size: t
                 teeth_memory: TeethColour | None, pool=None) -> MouthPlan | None:
     """Step 1 on the host for ``faces`` on ``regions_host`` ((F, Hc * 3/2, Wc) uint8 I420, one per
     face, used for the source colours): each face's FacePlan, in the landmark engine's rendering
-    processes when a ``pool`` (heygem.engines.landmark_pool.RenderPool) is given, then gathered
+    processes when a ``pool`` (heygem.engines.landmark.processes.RenderPool) is given, then gathered
     here in face order. None when no face has a patch box."""
     if pool is not None:
         plans = pool.plan_faces(faces, regions_host, frame_size)
@@ -539,3 +546,65 @@ def _draw(planes, inputs: DrawInputs, constants: DrawConstants, color_match: boo
 
 
 __all__ = ["MouthPlan", "RegionFace", "RegionLayout", "draw_mouths", "plan_mouths", "region_layout", "render_mouths"]
+
+
+@dataclass
+class _Planned:
+    """A batch of the landmark engine with its faces' regions cut out and their mouths planned."""
+
+    batch: FrameBatch
+    regions: Regions | None = None  # None: no face to draw
+    plan: object = None  # MouthPlan, None when no face has a patch
+
+
+class LandmarkDeviceRender(RegionRender):
+    """Steps 5c-5e for the landmark engine with torch (--render torch), on the engine's --device.
+
+    Three stages. "plan", per batch, on the host: the engine's mouth shapes advance over every
+    frame as on the CPU path (LandmarkEngine.mouth_jobs), each face with landmarks gets a region around
+    the window the CPU engine reads, cut into a host buffer, and each face's geometry and source
+    colours are computed (heygem.engines.landmark.device.plan_face) in the engine's rendering
+    processes when it has them, then gathered in frame order (the remembered teeth colour).
+    "render": the regions go up and every mouth of the batch is drawn in one batched pass on the
+    device. "paste" puts the regions back (see RegionRender). Only the bytes under each face's
+    mask change.
+    """
+
+    def __init__(self, prepared: Prepared, config: Config):
+        super().__init__(prepared, config)
+        self._device = None  # picked with the first batch (torch is imported then)
+
+    def stages(self) -> list[Stage]:
+        return [Stage("plan", self.plan), Stage("render", self.render), Stage("paste", self.paste)]
+
+    def plan(self, batches: Iterator[FrameBatch]) -> Iterator[_Planned]:
+        from heygem.engines.landmark.device import plan_mouths, region_layout
+        from heygem.runtime.device import pick_device
+
+        for batch in batches:
+            engine = self.prepared.engine
+            # the mouth shapes advance with every frame, face or not
+            jobs = engine.mouth_jobs(batch.faces, self.prepared.mel_windows(batch.output_indices))
+            frame_size = (batch.frames_i420.shape[2], batch.frames_i420.shape[1] * 2 // 3)
+            layout = region_layout(jobs, frame_size, engine.region_margin)
+            if layout is None:
+                yield _Planned(batch)
+                continue
+            if self._device is None:
+                self._device = pick_device(self.config.engine.device)
+            regions = self._cut(batch, layout.rows, layout.origins, layout.height, layout.width, self._device)
+            pool = engine.rendering_processes() if engine.draws_in_processes(layout.faces) else None
+            plan = plan_mouths(layout.faces, regions.host, frame_size, engine.teeth, pool)
+            yield _Planned(batch, regions, plan)
+
+    def _render(self, planned: _Planned) -> Downloading:
+        from heygem.engines.landmark.device import render_mouths
+
+        if planned.plan is None:  # nothing drawn: the frames stay as decoded
+            if planned.regions is not None:
+                with self._free_lock:
+                    self._free.append(planned.regions.buffer)
+            return Downloading(planned.batch)
+        planes = planned.regions.pinned.to(self._device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+        render_mouths(planes, planned.plan, self.config.blend)
+        return self._download(planned.batch, planned.regions, planes)

@@ -24,29 +24,17 @@ import gradio as gr
 import pandas as pd
 
 from heygem import __version__
-from heygem.api import create_router, remote_options
-from heygem.batch import (
-    collect_files,
-    plan_items,
-    resolve_under_roots,
-    submit_items,
-    zip_results,
-)
+from heygem.cli import add_devices_flag
 from heygem.config import REPO_ROOT
 from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
 from heygem.errors import HeygemError
-from heygem.flags import add_devices_flag
-from heygem.jobs import (
-    DEFAULT_OUTPUTS,
-    DONE,
-    RUNNING,
-    JobLimits,
-    JobStore,
-    devices_from_flags,
-    start_workers,
-)
+from heygem.jobs.api import create_router
+from heygem.jobs.batch import collect_files, plan_items, resolve_under_roots, submit_items, zip_results
+from heygem.jobs.files import DEFAULT_OUTPUTS
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
-from heygem.jobs.worker import warm_up
+from heygem.jobs.request import parse_options
+from heygem.jobs.store import DONE, RUNNING, JobLimits, JobStore
+from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.runtime import library_logs
 from heygem.weights import weights_dir
 
@@ -224,7 +212,8 @@ def chart_update(job) -> dict:
 
 def weights_frame() -> pd.DataFrame:
     """What `python -m heygem weights list` reports: one row per recognised file."""
-    from heygem.weights import check_weights, describe_path, load_registry
+    from heygem.cli import describe_path
+    from heygem.weights import check_weights, load_registry
 
     folder = weights_dir()
     rows = [(state.entry.name, state.state, state.entry.purpose, describe_path(state.path), state.entry.enables)
@@ -655,11 +644,11 @@ def client_api(store: JobStore) -> None:
         video's own sound. ``engine``: auto, wav2lip or landmark. ``options``: JSON of more options with the
         dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4."""
         try:
-            chosen = remote_options(options)
+            chosen = parse_options(options)
             if engine:
                 chosen["engine.name"] = engine
             job_id = await asyncio.to_thread(lambda: store.create_job(
-                face, audio or None, chosen, text=text if text else None, voice=voice or None))
+                face, audio or None, chosen, text=text if text else None, voice=voice or None, remote=True))
         except HeygemError as error:
             raise gr.Error(str(error)) from None
         try:

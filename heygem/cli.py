@@ -12,9 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
-from heygem.config import load_config
+from heygem.config import iter_options, load_config
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.flags import add_option_flags, option_overrides
 from heygem.runtime import library_logs
 
 logger = logging.getLogger("heygem")
@@ -46,9 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--config", type=Path, default=None, help="a YAML config instead of configs/default.yaml")
     add_option_flags(generate)
     generate.set_defaults(handler=run_generate)
-
-    from heygem.batch import add_batch_parser, add_jobs_parser  # here: keeps importing heygem.cli cheap
-    from heygem.weights import add_weights_parser
 
     add_batch_parser(commands)
     add_jobs_parser(commands)
@@ -201,6 +197,288 @@ def run_say(args: argparse.Namespace) -> int:
     if speech.voice_note:
         print(f"note: {speech.voice_note}", file=sys.stderr)
     print(f"wrote {args.output} ({speech.duration:.2f} s, {len(speech.cues)} sentences) with the voice {speech.voice.name}")
+    return 0
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per config option; unset flags stay out of the namespace (the config decides)."""
+    for section, leaf in iter_options():
+        meta = leaf.metadata
+        kwargs = {"dest": f"{section}.{leaf.name}", "default": argparse.SUPPRESS, "help": meta["help"],
+                  "metavar": leaf.name.upper()}
+        if meta.get("choices"):
+            kwargs["choices"] = meta["choices"]
+            kwargs.pop("metavar")
+        annotation = str(leaf.type)
+        if annotation == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+            del kwargs["metavar"]
+        elif annotation.startswith("list"):
+            kwargs["nargs"] = 4
+            kwargs["type"] = int
+            kwargs["metavar"] = "N"
+        elif "int" in annotation:
+            kwargs["type"] = int
+        elif "float" in annotation:
+            kwargs["type"] = float
+        parser.add_argument(meta["flag"], **kwargs)
+
+
+def option_overrides(args: argparse.Namespace) -> dict:
+    """The config overrides given on the command line, as {"section.name": value}."""
+    return {key: value for key, value in vars(args).items() if "." in key}
+
+
+def add_devices_flag(parser: argparse.ArgumentParser) -> None:
+    """``--devices cuda:0,cuda:1``: one job worker per listed device (checked by heygem.jobs.parse_devices)."""
+    parser.add_argument("--devices", metavar="LIST", default=None,
+                        help="run one job worker per listed device, e.g. cuda:0,cuda:1 (cpu, cuda or cuda:N; "
+                             "list a device twice for two workers on it); a job whose options name a device keeps it")
+
+
+# ---------------------------------------------------------------------- batch and jobs
+
+
+def add_batch_parser(subparsers) -> argparse.ArgumentParser:
+    """``python -m heygem batch INPUT_DIR --output OUT_DIR [--pairing stem|cross|manifest.csv]``."""
+    from heygem.jobs.files import DEFAULT_OUTPUTS
+    from heygem.jobs.ray_executor import add_ray_flag
+
+    parser = subparsers.add_parser(
+        "batch", help="make a video for every face/audio (or face/text) pair in a folder",
+        description="Make a video for every face/audio pair in a folder; a .txt file is spoken instead of audio "
+                    "(and the video gets subtitles). Rerunning skips items whose inputs and options are "
+                    "unchanged; a failed item does not stop the others; summary.csv lists them all.")
+    parser.add_argument("input_dir", help="folder with the faces (videos, images) and audio or UTF-8 .txt files")
+    parser.add_argument("--output", "-o", required=True, help="folder for the videos, their JSON summaries and summary.csv")
+    parser.add_argument("--pairing", default="stem",
+                        help="stem: same file name before the suffix; cross: every face with every audio; "
+                             "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem)")
+    parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
+                                          "or a file holding such JSON; the option flags below override it")
+    parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
+                        help="the job store the items run through (default: outputs/)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_devices_flag(parser)
+    add_ray_flag(parser, "items")
+    add_option_flags(parser)
+    parser.set_defaults(handler=batch_command)
+    return parser
+
+
+def batch_command(args: argparse.Namespace) -> int:
+    from heygem.jobs.batch import SUMMARY_NAME, run_batch
+    from heygem.jobs.store import CANCELLED, FAILED
+    from heygem.jobs.worker import devices_from_flags
+
+    if args.ray is not None and args.devices is not None:
+        raise HeygemError("--devices is for the workers of this machine; with --ray each item gets one GPU of "
+                          "the cluster: leave --devices out")
+    devices = devices_from_flags(args.devices)
+    _log_jobs_quietly(args)
+    options = {**_parse_options(args.options), **option_overrides(args)}
+    results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
+                        jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet, devices=devices,
+                        ray_address=args.ray)
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.status] = counts.get(result.status, 0) + 1
+    print(", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+          + f"; summary in {Path(args.output) / SUMMARY_NAME}")
+    return 1 if counts.get(FAILED) or counts.get(CANCELLED) else 0
+
+
+def add_jobs_parser(subparsers) -> argparse.ArgumentParser:
+    """``python -m heygem jobs list|clean --older-than DAYS|cancel ID|retry ID|work``."""
+    from heygem.jobs.files import DEFAULT_OUTPUTS
+
+    parser = subparsers.add_parser("jobs", help="list, clean, cancel or retry jobs; or run a worker",
+                                   description="The job store shared by the web app, the REST API and batch mode.")
+    parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS), help="the job store (default: outputs/)")
+    actions = parser.add_subparsers(dest="jobs_action", required=True)
+    listing = actions.add_parser("list", help="jobs, newest first")
+    listing.add_argument("--status", choices=("queued", "running", "done", "failed", "cancelled"))
+    listing.add_argument("--limit", type=int, default=50)
+    cleaning = actions.add_parser("clean", help="delete finished jobs and their folders")
+    cleaning.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                          help="delete jobs that finished more than this many days ago (0: all finished jobs)")
+    cancelling = actions.add_parser("cancel", help="cancel a queued or running job")
+    cancelling.add_argument("job_id")
+    retrying = actions.add_parser("retry", help="queue a failed or cancelled job again")
+    retrying.add_argument("job_id")
+    working = actions.add_parser("work", help="run queued jobs in this process (when the app runs with --workers 0)")
+    working.add_argument("--workers", type=int, default=None,
+                         help="how many (default: one per GPU, or one; with --devices: one per listed device)")
+    add_devices_flag(working)
+    parser.set_defaults(handler=jobs_command)
+    return parser
+
+
+def jobs_command(args: argparse.Namespace) -> int:
+    import time
+
+    from heygem.jobs.store import JobStore
+    from heygem.jobs.worker import devices_from_flags, start_workers
+
+    devices = devices_from_flags(getattr(args, "devices", None), getattr(args, "workers", None))
+    store = JobStore(args.jobs_dir)
+    if args.jobs_action == "list":
+        jobs = store.list(status=args.status, limit=args.limit)
+        print(f"{'id':24} {'status':10} {'progress':>8}  {'engine':9} {'device':8} {'created':20} error/stage")
+        for job in jobs:
+            detail = job.error or job.stage
+            print(f"{job.id:24} {job.status:10} {job.progress:8.0%}  {job.engine:9} {job.device or '':8} "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.created)):20} {detail}")
+        return 0
+    if args.jobs_action == "clean":
+        removed = store.clean(args.older_than * 86400)
+        print(f"removed {len(removed)} finished job(s) older than {args.older_than:g} day(s)")
+        return 0
+    if args.jobs_action == "cancel":
+        print(f"{args.job_id}: {store.cancel(args.job_id).status}")
+        return 0
+    if args.jobs_action == "retry":
+        print(f"{args.job_id}: {store.retry(args.job_id).status}")
+        return 0
+    if args.jobs_action == "work":
+        _log_jobs_quietly(args)
+        workers = start_workers(store, args.workers, devices=devices)
+        print(f"{len(workers)} worker(s) running jobs from {store.outputs_dir}; Ctrl+C stops")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+    raise HeygemError("choose a jobs action: list, clean, cancel, retry or work")
+
+
+def _parse_options(text: str | None) -> dict:
+    import json
+
+    if not text:
+        return {}
+    source = Path(text)
+    if not text.lstrip().startswith("{") and source.is_file():
+        text = source.read_text(encoding="utf-8")
+    try:
+        options = json.loads(text)
+    except ValueError as error:
+        raise HeygemError(f"--options must be a JSON object such as '{{\"media.output_height\": 360}}': {error}") from None
+    if not isinstance(options, dict):
+        raise HeygemError("--options must be a JSON object")
+    return options
+
+
+def _log_jobs_quietly(args: argparse.Namespace) -> None:
+    """Keep INFO records for the jobs' job.log files without printing them (unless -v)."""
+    logger.setLevel(logging.INFO)
+    if not getattr(args, "verbose", False):
+        for handler in logging.getLogger().handlers:
+            if handler.level < logging.WARNING:
+                handler.setLevel(logging.WARNING)
+
+
+# ---------------------------------------------------------------------- weights
+
+
+def add_weights_parser(subparsers) -> argparse.ArgumentParser:
+    """``python -m heygem weights list|verify|download`` with its three subcommands."""
+    parser = subparsers.add_parser(
+        "weights", help="list, verify or download the checkpoints heygem recognises",
+        description="The checkpoint files heygem recognises (configs/weights.yaml) and what the weights folder "
+                    "($HEYGEM_WEIGHTS or weights/) holds for each. Nothing is downloaded unless you ask.")
+    parser.add_argument("--registry", type=Path, default=None,
+                        help="a registry YAML instead of configs/weights.yaml")
+    actions = parser.add_subparsers(dest="weights_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="every recognised file, its state and what it enables")
+    listing.add_argument("--quick", action="store_true", help="check sizes only; do not hash the files")
+    listing.set_defaults(handler=run_weights_list)
+    verify = actions.add_parser("verify", help="hash installed files against the registry (exit 1 on a mismatch)")
+    verify.add_argument("name", nargs="?", help="one registry name; all installed files when left out")
+    verify.set_defaults(handler=run_weights_verify)
+    download = actions.add_parser("download", help="download one file into the weights folder (resumable)")
+    download.add_argument("name", help="the registry name, e.g. gfpgan_v1.4")
+    download.add_argument("--url", help="fetch from this address instead of the registry's")
+    download.set_defaults(handler=run_weights_download)
+    return parser
+
+
+def describe_path(path: Path | None) -> str:
+    return "-" if path is None else str(path)
+
+
+def run_weights_list(args: argparse.Namespace) -> int:
+    from heygem.weights import check_weights, load_registry, weights_dir
+
+    folder = weights_dir()
+    states = [check_weights(entry, folder, hash_contents=not args.quick) for entry in load_registry(args.registry)]
+    print(f"weights folder: {folder}")
+    rows = [(s.entry.name, s.state, s.entry.purpose, describe_path(s.path), s.entry.enables) for s in states]
+    widths = [max(len(row[column]) for row in rows + [("NAME", "STATE", "FOR", "FILE", "")]) for column in range(4)]
+    print("  ".join(title.ljust(width) for title, width in zip(("NAME", "STATE", "FOR", "FILE"), widths)) + "  ENABLES")
+    for row in rows:
+        print("  ".join(value.ljust(width) for value, width in zip(row, widths)) + "  " + row[4])
+    return 0
+
+
+def run_weights_verify(args: argparse.Namespace) -> int:
+    from heygem.weights import (
+        MISSING,
+        WRONG_CHECKSUM,
+        check_weights,
+        find_entry,
+        find_installed,
+        load_registry,
+        weights_dir,
+    )
+
+    folder = weights_dir()
+    entries = load_registry(args.registry)
+    chosen = [find_entry(entries, args.name)] if args.name else entries
+    failed = False
+    for entry in chosen:
+        state = check_weights(entry, folder)
+        if state.state == MISSING and not args.name:
+            continue
+        print(f"{entry.name}: {state.state} ({describe_path(state.path)}: {state.detail})")
+        failed |= state.state in (WRONG_CHECKSUM, MISSING)
+    if not args.name and all(find_installed(entry, folder) is None for entry in entries):
+        print(f"no recognised weights in {folder}")
+    return 1 if failed else 0
+
+
+def run_weights_download(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from heygem.weights import (
+        UNVERIFIED,
+        VERIFIED,
+        check_weights,
+        download_weights,
+        find_entry,
+        load_registry,
+        weights_dir,
+    )
+
+    folder = weights_dir()
+    entry = find_entry(load_registry(args.registry), args.name)
+    present = check_weights(entry, folder)
+    if present.state in (VERIFIED, UNVERIFIED) and args.url is None:
+        print(f"{entry.name}: already {present.state} at {present.path} ({present.detail})")
+        return 0
+    bar = tqdm(total=entry.size_bytes, unit="B", unit_scale=True, desc=entry.files[0], file=sys.stderr,
+               disable=not sys.stderr.isatty())
+
+    def show(done: int, total: int | None) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        saved = download_weights(entry, folder, args.url, progress=show)
+    finally:
+        bar.close()
+    print(f"{entry.name}: saved {saved.path} ({saved.state}: {saved.detail})")
     return 0
 
 

@@ -224,40 +224,8 @@ def validate(config: Config) -> None:
         raise HeygemError("--crf must be between 0 and 51")
     if not 0 <= config.restore.strength <= 2:
         raise HeygemError("--restore-strength must be between 0 and 2")
-    if config.restore.enabled and config.restore.method == "gfpgan":
-        from heygem.weights import require_gfpgan_checkpoint
-
-        require_gfpgan_checkpoint()  # a missing file is the user's to fix before anything runs
     if config.text.max_characters < 0:
         raise HeygemError("--max-text-chars must be 0 (no limit) or more")
-
-
-# Options whose value names a file on the server. A remote client (REST) may give only the name of a
-# file in the server's weights folder; paths are for the local command line and config files.
-SERVER_FILE_OPTIONS = ("engine.checkpoint",)
-
-
-def limit_remote_options(flat: dict, weights_dir: Path) -> dict:
-    """``flat`` ({"section.name": value}) with server-file options turned from a file name in
-    ``weights_dir`` into its path; HeygemError for a path, a missing file or anything else, and
-    for ``face.detector`` s3fd when ``weights_dir`` lacks the S3FD file."""
-    limited = dict(flat)
-    for key in SERVER_FILE_OPTIONS:
-        value = limited.get(key)
-        if value is None or value == "":
-            continue
-        name = str(value)
-        if not isinstance(value, str) or Path(name).name != name or name in (".", "..") or "\\" in name:
-            raise HeygemError(f"{key} takes the name of a file in the server's weights folder, not a path")
-        candidate = Path(weights_dir) / name
-        if not candidate.is_file():
-            raise HeygemError(f"{key}: the server's weights folder has no file named {name!r}")
-        limited[key] = str(candidate)
-    if limited.get("face.detector") == "s3fd":
-        from heygem.weights import require_s3fd_checkpoint
-
-        require_s3fd_checkpoint(weights_dir)  # refused before anything is queued
-    return limited
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:

@@ -10,12 +10,10 @@ code run. torch and urllib's network code are imported inside the functions.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -452,86 +450,4 @@ def fetch_to_part(url: str, part_path: Path, entry: WeightsEntry,
 # python -m heygem weights list|verify|download
 # ---------------------------------------------------------------------------------------------
 
-def add_weights_parser(subparsers) -> argparse.ArgumentParser:
-    """``python -m heygem weights list|verify|download`` with its three subcommands."""
-    parser = subparsers.add_parser(
-        "weights", help="list, verify or download the checkpoints heygem recognises",
-        description="The checkpoint files heygem recognises (configs/weights.yaml) and what the weights folder "
-                    "($HEYGEM_WEIGHTS or weights/) holds for each. Nothing is downloaded unless you ask.")
-    parser.add_argument("--registry", type=Path, default=None,
-                        help="a registry YAML instead of configs/weights.yaml")
-    actions = parser.add_subparsers(dest="weights_command", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="every recognised file, its state and what it enables")
-    listing.add_argument("--quick", action="store_true", help="check sizes only; do not hash the files")
-    listing.set_defaults(handler=run_weights_list)
-    verify = actions.add_parser("verify", help="hash installed files against the registry (exit 1 on a mismatch)")
-    verify.add_argument("name", nargs="?", help="one registry name; all installed files when left out")
-    verify.set_defaults(handler=run_weights_verify)
-    download = actions.add_parser("download", help="download one file into the weights folder (resumable)")
-    download.add_argument("name", help="the registry name, e.g. gfpgan_v1.4")
-    download.add_argument("--url", help="fetch from this address instead of the registry's")
-    download.set_defaults(handler=run_weights_download)
-    return parser
 
-
-def describe_path(path: Path | None) -> str:
-    return "-" if path is None else str(path)
-
-
-def run_weights_list(args: argparse.Namespace) -> int:
-    pass
-
-    folder = weights_dir()
-    states = [check_weights(entry, folder, hash_contents=not args.quick) for entry in load_registry(args.registry)]
-    print(f"weights folder: {folder}")
-    rows = [(s.entry.name, s.state, s.entry.purpose, describe_path(s.path), s.entry.enables) for s in states]
-    widths = [max(len(row[column]) for row in rows + [("NAME", "STATE", "FOR", "FILE", "")]) for column in range(4)]
-    print("  ".join(title.ljust(width) for title, width in zip(("NAME", "STATE", "FOR", "FILE"), widths)) + "  ENABLES")
-    for row in rows:
-        print("  ".join(value.ljust(width) for value, width in zip(row, widths)) + "  " + row[4])
-    return 0
-
-
-def run_weights_verify(args: argparse.Namespace) -> int:
-    pass
-
-    folder = weights_dir()
-    entries = load_registry(args.registry)
-    chosen = [find_entry(entries, args.name)] if args.name else entries
-    failed = False
-    for entry in chosen:
-        state = check_weights(entry, folder)
-        if state.state == MISSING and not args.name:
-            continue
-        print(f"{entry.name}: {state.state} ({describe_path(state.path)}: {state.detail})")
-        failed |= state.state in (WRONG_CHECKSUM, MISSING)
-    if not args.name and all(find_installed(entry, folder) is None for entry in entries):
-        print(f"no recognised weights in {folder}")
-    return 1 if failed else 0
-
-
-def run_weights_download(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    pass
-
-    folder = weights_dir()
-    entry = find_entry(load_registry(args.registry), args.name)
-    present = check_weights(entry, folder)
-    if present.state in (VERIFIED, UNVERIFIED) and args.url is None:
-        print(f"{entry.name}: already {present.state} at {present.path} ({present.detail})")
-        return 0
-    bar = tqdm(total=entry.size_bytes, unit="B", unit_scale=True, desc=entry.files[0], file=sys.stderr,
-               disable=not sys.stderr.isatty())
-
-    def show(done: int, total: int | None) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    try:
-        saved = download_weights(entry, folder, args.url, progress=show)
-    finally:
-        bar.close()
-    print(f"{entry.name}: saved {saved.path} ({saved.state}: {saved.detail})")
-    return 0

@@ -195,8 +195,8 @@ def test_basic_auth_and_upload_limit(tmp_path, speech_clip):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from heygem.api import create_router
-    from heygem.jobs import JobStore
+    from heygem.jobs.api import create_router
+    from heygem.jobs.store import JobStore
 
     store = JobStore(tmp_path / "outputs", max_upload_bytes=60_000)
     application = FastAPI()
@@ -287,8 +287,8 @@ def test_hostile_or_wrong_type_upload_names_are_refused_and_nothing_is_queued(tm
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from heygem.api import create_router
-    from heygem.jobs import JobStore
+    from heygem.jobs.api import create_router
+    from heygem.jobs.store import JobStore
 
     store = JobStore(tmp_path / "outputs")
     client = TestClient(FastAPI(routes=create_router(store).routes))

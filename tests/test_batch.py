@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg, write_tight_face_photo
 
-from heygem.batch import BatchItem, item_key, plan_items, resolve_under_roots, run_batch
 from heygem.errors import HeygemError
+from heygem.jobs.batch import BatchItem, item_key, plan_items, resolve_under_roots, run_batch
 from heygem.media.probing import probe
 
 
@@ -238,12 +238,13 @@ def test_batch_speaks_text_items_with_subtitles(tmp_path):
 
 
 def test_batch_mode_does_not_import_the_command_line_module():
-    """heygem.batch takes its option flags from heygem.flags, so it and heygem.cli do not import each other."""
-    code = ("import argparse, sys, heygem.batch as batch\n"
+    """The command line builds the batch and jobs commands' parsers; batch mode does not import it back."""
+    code = ("import argparse, sys, heygem.jobs.batch\n"
+            "assert 'heygem.cli' not in sys.modules, 'heygem.jobs.batch imported heygem.cli'\n"
+            "from heygem.cli import add_batch_parser, add_jobs_parser, option_overrides\n"
             "commands = argparse.ArgumentParser().add_subparsers()\n"
-            "batch.add_batch_parser(commands); batch.add_jobs_parser(commands)\n"
+            "add_batch_parser(commands); add_jobs_parser(commands)\n"
             "args = commands.choices['batch'].parse_args(['in', '-o', 'out', '--fps', '12'])\n"
-            "assert batch.option_overrides(args) == {'media.fps': 12}, args\n"
-            "assert 'heygem.cli' not in sys.modules, 'heygem.batch imported heygem.cli'\n")
+            "assert option_overrides(args) == {'media.fps': 12}, args\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

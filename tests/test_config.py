@@ -59,7 +59,7 @@ def test_cli_flags_cover_every_option_and_override_the_config():
 
 
 def test_remote_clients_name_checkpoints_inside_the_weights_folder_only(tmp_path):
-    from heygem.config import limit_remote_options
+    from heygem.jobs.request import limit_remote_options
 
     (tmp_path / "wav2lip_gan.pth").write_bytes(b"x")
     limited = limit_remote_options({"engine.checkpoint": "wav2lip_gan.pth", "face.pads": [0, 1, 0, 0]}, tmp_path)

@@ -17,22 +17,9 @@ import pytest
 from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
 
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.jobs import (
-    CANCELLED,
-    DONE,
-    FAILED,
-    QUEUED,
-    RUNNING,
-    JobStore,
-    Upload,
-    UploadTooLarge,
-    devices_from_flags,
-    parse_devices,
-    plan_devices,
-    process_owner,
-    sanitize_filename,
-    start_workers,
-)
+from heygem.jobs.files import Upload, UploadTooLarge, sanitize_filename
+from heygem.jobs.store import CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobStore, process_owner
+from heygem.jobs.worker import devices_from_flags, parse_devices, plan_devices, start_workers
 from heygem.media.probing import probe
 
 
@@ -406,7 +393,7 @@ def test_a_job_store_from_before_the_worker_columns_is_upgraded(tmp_path, media)
 
 
 def test_limits_refuse_a_job_before_anything_is_written(tmp_path, face_photo, speech_wav, monkeypatch):
-    from heygem.jobs import JobLimits, NotEnoughDisk, QueueFull
+    from heygem.jobs.store import JobLimits, NotEnoughDisk, QueueFull
 
     store = JobStore(tmp_path / "out", limits=JobLimits(max_queued=1, max_audio_seconds=60, max_output_height=512))
     store.create_job(face_photo, speech_wav)
@@ -431,8 +418,8 @@ def test_the_rest_api_answers_429_with_retry_after_and_507(tmp_path, face_photo,
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from heygem.api import create_router
-    from heygem.jobs import JobLimits
+    from heygem.jobs.api import create_router
+    from heygem.jobs.store import JobLimits
 
     def client_for(limits):
         store = JobStore(tmp_path / f"out{id(limits)}", limits=limits)
@@ -459,8 +446,9 @@ def test_an_upload_that_meets_a_full_disk_is_refused_with_507_and_leaves_nothing
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from heygem.api import create_router
-    from heygem.jobs import NotEnoughDisk, files
+    from heygem.jobs import files
+    from heygem.jobs.api import create_router
+    from heygem.jobs.store import NotEnoughDisk
 
     real_open = open
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from conftest import ASSETS, REPO, assert_playable_mp4, decode_frames, run_ffmpeg, write_tight_face_photo
 
-from heygem.jobs import CANCELLED, DONE, RUNNING, JobStore
+from heygem.jobs.store import CANCELLED, DONE, RUNNING, JobStore
 from heygem.media.probing import probe
 
 ray = pytest.importorskip("ray")
 
-from heygem.batch import run_batch  # noqa: E402
+from heygem.jobs.batch import run_batch  # noqa: E402
 from heygem.jobs.ray_executor import start_ray_workers  # noqa: E402
 
 
@@ -226,8 +226,8 @@ def test_batch_over_ray_gives_the_same_summary(tmp_path):
 
 def test_without_ray_the_app_and_a_job_never_import_it(tmp_path, media):
     code = (
-        "import sys, app, heygem.cli, heygem.batch, heygem.doctor, heygem.jobs.ray_executor\n"
-        "from heygem.jobs import JobStore, start_workers\n"
+        "import sys, app, heygem.cli, heygem.jobs.batch, heygem.doctor, heygem.jobs.ray_executor\n"
+        "from heygem.jobs.store import JobStore\nfrom heygem.jobs.worker import start_workers\n"
         "heygem.cli.build_parser(); app.parse_args([])\n"
         f"store = JobStore({str(tmp_path / 'outputs')!r})\n"
         f"job_id = store.create_job({str(media['face'])!r}, {str(media['speech'])!r}, {{'media.output_height': 128}})\n"

@@ -457,7 +457,8 @@ def test_s3fd_finds_a_small_marker_on_tiles_when_the_shrunk_frame_shows_none():
 
 
 def test_s3fd_without_its_file_says_which_file_to_put_where(tmp_path, no_weights, face_video, short_speech):
-    from heygem.config import limit_remote_options
+    from heygem.config import Config
+    from heygem.jobs.request import check_options
     from heygem.pipeline import generate
     from heygem.weights import find_s3fd_checkpoint, require_s3fd_checkpoint
 
@@ -467,21 +468,23 @@ def test_s3fd_without_its_file_says_which_file_to_put_where(tmp_path, no_weights
     assert "s3fd.pth" in message and str(no_weights) in message and "\n" not in message
     assert not (tmp_path / "never.mp4").exists()
     with pytest.raises(HeygemError, match="s3fd.pth"):  # a REST or Gradio client's options: a 400
-        limit_remote_options({"face.detector": "s3fd"}, no_weights)
-    assert limit_remote_options({"face.detector": "mediapipe"}, no_weights) == {"face.detector": "mediapipe"}
+        check_options({"face.detector": "s3fd"}, Config(), remote=True, folder=no_weights)
+    assert check_options({"face.detector": "mediapipe"}, Config(), remote=True,
+                         folder=no_weights)[0] == {"face.detector": "mediapipe"}
 
     published = no_weights / "S3FD-619a316812.pth"  # the other published name, any case
     published.write_bytes(b"")
     assert find_s3fd_checkpoint(no_weights) == require_s3fd_checkpoint(no_weights) == published
-    assert limit_remote_options({"face.detector": "s3fd"}, no_weights) == {"face.detector": "s3fd"}
+    assert check_options({"face.detector": "s3fd"}, Config(), remote=True, folder=no_weights)[0] == {
+        "face.detector": "s3fd"}
 
 
 def test_the_detector_option_round_trips_through_flag_yaml_and_cache_key(tmp_path, face_video):
     import argparse
 
+    from heygem.cli import add_option_flags, option_overrides
     from heygem.config import apply_overrides, load_config
     from heygem.face import avatar_cache
-    from heygem.flags import add_option_flags, option_overrides
     from heygem.types import FrameGeometry
 
     default = load_config()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from heygem.config import Config, apply_overrides, load_config
+from heygem.config import Config, load_config
 from heygem.errors import HeygemError
 from heygem.jobs.files import (
     DATABASE_NAME,
@@ -44,6 +44,7 @@ from heygem.jobs.files import (
     human_size,
     store_input,
 )
+from heygem.jobs.request import check_options
 from heygem.media.probing import probe_inputs
 
 logger = logging.getLogger("heygem")
@@ -192,21 +193,6 @@ def iso_time(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-
-def flatten_options(options: dict | None) -> dict:
-    """Options as flat dotted keys: {"face": {"pads": x}} and {"face.pads": x} both give the latter."""
-    flat: dict = {}
-    for key, value in (options or {}).items():
-        if not isinstance(key, str):
-            raise HeygemError(f"option names are text, not {key!r}")
-        if "." not in key and isinstance(value, dict):
-            for leaf, leaf_value in value.items():
-                flat[f"{key}.{leaf}"] = leaf_value
-        else:
-            flat[key] = value
-    return flat
 
 
 def new_job_id() -> str:
@@ -446,16 +432,15 @@ class JobStore:
 
     # ------------------------------------------------------------------ creating
 
-    def resolve_options(self, options: dict | None) -> tuple[dict, Config]:
-        """Options as flat dotted keys plus the config they give; HeygemError for unknown or bad ones."""
-        flat = flatten_options(options)
-        config = apply_overrides(self.base_config, flat)
-        return flat, config
+    def resolve_options(self, options: dict | None, remote: bool = False) -> tuple[dict, Config]:
+        """Options as flat dotted keys plus the config they give, checked as heygem.jobs.request checks a
+        request (``remote``: from a client of a server); HeygemError for unknown or bad ones."""
+        return check_options(options, self.base_config, remote=remote)
 
     def create_job(self, face: Path | str | Upload, audio: Path | str | Upload | None,
                    options: dict | None = None, *, batch: str | None = None, label: str | None = None,
                    item_key: str | None = None, text: str | None = None, voice: str | None = None,
-                   speed: float = 1.0) -> str:
+                   speed: float = 1.0, remote: bool = False) -> str:
         """Queue a generation and return its id.
 
         ``face`` is a video or photo, ``audio`` an audio file (or a video with
@@ -463,13 +448,14 @@ class JobStore:
         the job's folder first, so the caller may delete its copies at once.
         ``text`` instead of ``audio`` is spoken now (heygem.speech.tts, with ``voice`` and
         ``speed``) into the job's speech.wav, with its cues in speech.srt; the
-        result then gets them as subtitles. Unknown options, unreadable files,
+        result then gets them as subtitles. ``remote``: the request comes from a client of a server
+        (the page, gradio_client, REST), whose options are limited (heygem.jobs.request). Unknown options, unreadable files,
         files over the upload limit and unusable text raise HeygemError here,
         before anything is queued.
         """
         if text is not None and audio is not None:
             raise HeygemError("give either audio or text, not both")
-        flat_options, config = self.resolve_options(options)
+        flat_options, config = self.resolve_options(options, remote=remote)
         self._check_room()
         job_id = new_job_id()
         directory = self.outputs_dir / job_id

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import re
 import secrets
@@ -33,21 +32,15 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.routing import APIRoute
 from starlette.datastructures import UploadFile
 
-from heygem.batch import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
-from heygem.config import limit_remote_options
 from heygem.errors import HeygemError
-from heygem.jobs import DONE, JobStore, NotEnoughDisk, QueueFull, Upload, UploadTooLarge, flatten_options, human_size
-from heygem.weights import weights_dir
+from heygem.jobs.files import Upload, UploadTooLarge, human_size
+from heygem.jobs.request import check_upload_name, flatten_options, parse_options
+from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
 
 logger = logging.getLogger("heygem")
 
 JOB_ID_PATTERN = re.compile(r"^[0-9A-Za-z-]{1,64}$")
 MULTIPART_OVERHEAD = 1 << 20  # bytes of form fields and boundaries allowed on top of the two files
-MAX_UPLOAD_NAME_BYTES = 255  # longest upload file name accepted (a file name on most filesystems)
-UPLOAD_SUFFIXES = {  # what each multipart field may be, by the name's extension
-    "face": VIDEO_SUFFIXES | IMAGE_SUFFIXES,
-    "audio": AUDIO_SUFFIXES | VIDEO_SUFFIXES,
-}
 
 
 class ApiError(Exception):
@@ -77,42 +70,6 @@ def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
     password_ok = secrets.compare_digest(password.encode(), expected_password.encode())
     if not (user_ok and password_ok):
         raise ApiError(401, "wrong user name or password", challenge)
-
-
-def remote_options(text: str) -> dict:
-    """The options a remote client sent as JSON text, flattened to dotted keys, with server-file
-    options limited to names of files in the weights folder; HeygemError says what is wrong."""
-    try:
-        options = json.loads(text or "{}")
-    except ValueError as error:
-        raise HeygemError(f"options is not valid JSON: {error}") from None
-    if not isinstance(options, dict):
-        raise HeygemError('options must be a JSON object, e.g. {"media.output_height": 360}')
-    return limit_remote_options(flatten_options(options), weights_dir())
-
-
-def check_upload_name(name: str, role: str) -> None:
-    """Raise ApiError(400) unless ``name`` is a plain file name of a type the ``role`` field takes.
-
-    A remote client's file name is never a path: one with folder parts, control
-    characters (NUL, newlines), only dots, or over 255 bytes is refused rather
-    than quietly renamed, and so is an extension that is not a video, image or
-    audio type (the contents are probed as well, once the file is stored).
-    """
-    shown = repr(name[:60] + ("..." if len(name) > 60 else ""))
-    if any(ord(character) < 32 or ord(character) == 127 for character in name):
-        raise ApiError(400, f"the {role} file name {shown} has control characters (such as NUL or a line break); "
-                            "rename the file")
-    if "/" in name or "\\" in name or name.strip(" .") == "":
-        raise ApiError(400, f"the {role} file name {shown} is not a plain file name; send the file's own name "
-                            "without folders")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_UPLOAD_NAME_BYTES:
-        raise ApiError(400, f"the {role} file name is longer than {MAX_UPLOAD_NAME_BYTES} bytes; rename the file")
-    suffix = ("." + name.rpartition(".")[2].lower()) if "." in name else ""
-    if suffix not in UPLOAD_SUFFIXES[role]:
-        kinds = "a video or a photo" if role == "face" else "an audio file or a video with sound"
-        raise ApiError(400, f"the {role} file {shown} is not {kinds} by its extension; send e.g. "
-                            + (".mp4, .mov, .jpg or .png" if role == "face" else ".wav, .mp3, .m4a or .mp4"))
 
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
@@ -170,7 +127,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
             if not isinstance(options_text, str):
                 options_text = (await options_text.read()).decode("utf-8", "replace")
             try:
-                options = remote_options(options_text)
+                options = parse_options(options_text)
             except HeygemError as error:
                 raise ApiError(400, str(error)) from None
             text, voice, speed = form.get("text"), form.get("voice"), form.get("speed")
@@ -180,21 +137,25 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
             if subtitles:  # a shorthand for the option text.subtitles
                 try:
                     options = {**options, **flatten_options({"text.subtitles": subtitles.strip()})}
-                    store.resolve_options(options)
+                    store.resolve_options(options, remote=True)
                 except HeygemError as error:
                     raise ApiError(400, str(error)) from None
             try:
                 speed = float(speed) if speed else 1.0
             except ValueError:
                 raise ApiError(400, f"speed must be a number such as 1.0, not {speed!r}") from None
-            check_upload_name(face.filename or "", "face")
-            if audio is not None:
-                check_upload_name(audio.filename or "", "audio")
+            try:
+                check_upload_name(face.filename or "", "face")
+                if audio is not None:
+                    check_upload_name(audio.filename or "", "audio")
+            except HeygemError as error:
+                raise ApiError(400, str(error)) from None
             face_upload = Upload(face.filename, face.file)
             audio_upload = Upload(audio.filename, audio.file) if audio is not None else None
             try:
                 job_id = await run_in_threadpool(
-                    lambda: store.create_job(face_upload, audio_upload, options, text=text, voice=voice, speed=speed))
+                    lambda: store.create_job(face_upload, audio_upload, options, text=text, voice=voice, speed=speed,
+                                             remote=True))
             except UploadTooLarge as error:
                 raise ApiError(413, str(error)) from None
             except QueueFull as error:

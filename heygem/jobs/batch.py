@@ -20,7 +20,6 @@ items the same way and queues them on its own workers.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
@@ -34,26 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heygem.errors import HeygemError
-from heygem.flags import add_devices_flag, add_option_flags, option_overrides
-from heygem.jobs import (
-    CANCELLED,
-    DEFAULT_OUTPUTS,
-    DONE,
-    FAILED,
-    JobStore,
-    devices_from_flags,
-    new_job_id,
-    sanitize_filename,
-    start_workers,
-)
-from heygem.jobs.files import RESULT_SUBTITLES_NAME
-from heygem.jobs.ray_executor import add_ray_flag
+from heygem.jobs.files import DEFAULT_OUTPUTS, RESULT_SUBTITLES_NAME, sanitize_filename
+from heygem.jobs.store import DONE, FAILED, JobStore, new_job_id
+from heygem.jobs.worker import start_workers
+from heygem.media.probing import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
 
 logger = logging.getLogger("heygem")
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
-VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".ts"}
-AUDIO_SUFFIXES = {".wav", ".mp3", ".m4a", ".aac", ".flac", ".ogg", ".oga", ".opus", ".wma"}
 TEXT_SUFFIXES = {".txt"}  # UTF-8 text to speak
 PAIRINGS = ("stem", "cross")  # or the path of a CSV manifest
 
@@ -506,124 +492,3 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
     return ordered
 
 
-def _parse_options(text: str | None) -> dict:
-    if not text:
-        return {}
-    source = Path(text)
-    if not text.lstrip().startswith("{") and source.is_file():
-        text = source.read_text(encoding="utf-8")
-    try:
-        options = json.loads(text)
-    except ValueError as error:
-        raise HeygemError(f"--options must be a JSON object such as '{{\"media.output_height\": 360}}': {error}") from None
-    if not isinstance(options, dict):
-        raise HeygemError("--options must be a JSON object")
-    return options
-
-
-def _log_jobs_quietly(args: argparse.Namespace) -> None:
-    """Keep INFO records for the jobs' job.log files without printing them (unless -v)."""
-    logger.setLevel(logging.INFO)
-    if not getattr(args, "verbose", False):
-        for handler in logging.getLogger().handlers:
-            if handler.level < logging.WARNING:
-                handler.setLevel(logging.WARNING)
-
-
-def batch_command(args: argparse.Namespace) -> int:
-    if args.ray is not None and args.devices is not None:
-        raise HeygemError("--devices is for the workers of this machine; with --ray each item gets one GPU of "
-                          "the cluster: leave --devices out")
-    devices = devices_from_flags(args.devices)
-    _log_jobs_quietly(args)
-    options = {**_parse_options(args.options), **option_overrides(args)}
-    results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
-                        jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet, devices=devices,
-                        ray_address=args.ray)
-    counts: dict[str, int] = {}
-    for result in results:
-        counts[result.status] = counts.get(result.status, 0) + 1
-    print(", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
-          + f"; summary in {Path(args.output) / SUMMARY_NAME}")
-    return 1 if counts.get(FAILED) or counts.get(CANCELLED) else 0
-
-
-def add_batch_parser(subparsers) -> argparse.ArgumentParser:
-    """``python -m heygem batch INPUT_DIR --output OUT_DIR [--pairing stem|cross|manifest.csv]``."""
-    parser = subparsers.add_parser(
-        "batch", help="make a video for every face/audio (or face/text) pair in a folder",
-        description="Make a video for every face/audio pair in a folder; a .txt file is spoken instead of audio "
-                    "(and the video gets subtitles). Rerunning skips items whose inputs and options are "
-                    "unchanged; a failed item does not stop the others; summary.csv lists them all.")
-    parser.add_argument("input_dir", help="folder with the faces (videos, images) and audio or UTF-8 .txt files")
-    parser.add_argument("--output", "-o", required=True, help="folder for the videos, their JSON summaries and summary.csv")
-    parser.add_argument("--pairing", default="stem",
-                        help="stem: same file name before the suffix; cross: every face with every audio; "
-                             "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem)")
-    parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
-                                          "or a file holding such JSON; the option flags below override it")
-    parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
-                        help="the job store the items run through (default: outputs/)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_devices_flag(parser)
-    add_ray_flag(parser, "items")
-    add_option_flags(parser)
-    parser.set_defaults(handler=batch_command)
-    return parser
-
-
-def jobs_command(args: argparse.Namespace) -> int:
-    devices = devices_from_flags(getattr(args, "devices", None), getattr(args, "workers", None))
-    store = JobStore(args.jobs_dir)
-    if args.jobs_action == "list":
-        jobs = store.list(status=args.status, limit=args.limit)
-        print(f"{'id':24} {'status':10} {'progress':>8}  {'engine':9} {'device':8} {'created':20} error/stage")
-        for job in jobs:
-            detail = job.error or job.stage
-            print(f"{job.id:24} {job.status:10} {job.progress:8.0%}  {job.engine:9} {job.device or '':8} "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.created)):20} {detail}")
-        return 0
-    if args.jobs_action == "clean":
-        removed = store.clean(args.older_than * 86400)
-        print(f"removed {len(removed)} finished job(s) older than {args.older_than:g} day(s)")
-        return 0
-    if args.jobs_action == "cancel":
-        print(f"{args.job_id}: {store.cancel(args.job_id).status}")
-        return 0
-    if args.jobs_action == "retry":
-        print(f"{args.job_id}: {store.retry(args.job_id).status}")
-        return 0
-    if args.jobs_action == "work":
-        _log_jobs_quietly(args)
-        workers = start_workers(store, args.workers, devices=devices)
-        print(f"{len(workers)} worker(s) running jobs from {store.outputs_dir}; Ctrl+C stops")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            return 0
-    raise HeygemError("choose a jobs action: list, clean, cancel, retry or work")
-
-
-def add_jobs_parser(subparsers) -> argparse.ArgumentParser:
-    """``python -m heygem jobs list|clean --older-than DAYS|cancel ID|retry ID|work``."""
-    parser = subparsers.add_parser("jobs", help="list, clean, cancel or retry jobs; or run a worker",
-                                   description="The job store shared by the web app, the REST API and batch mode.")
-    parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS), help="the job store (default: outputs/)")
-    actions = parser.add_subparsers(dest="jobs_action", required=True)
-    listing = actions.add_parser("list", help="jobs, newest first")
-    listing.add_argument("--status", choices=("queued", "running", "done", "failed", "cancelled"))
-    listing.add_argument("--limit", type=int, default=50)
-    cleaning = actions.add_parser("clean", help="delete finished jobs and their folders")
-    cleaning.add_argument("--older-than", type=float, required=True, metavar="DAYS",
-                          help="delete jobs that finished more than this many days ago (0: all finished jobs)")
-    cancelling = actions.add_parser("cancel", help="cancel a queued or running job")
-    cancelling.add_argument("job_id")
-    retrying = actions.add_parser("retry", help="queue a failed or cancelled job again")
-    retrying.add_argument("job_id")
-    working = actions.add_parser("work", help="run queued jobs in this process (when the app runs with --workers 0)")
-    working.add_argument("--workers", type=int, default=None,
-                         help="how many (default: one per GPU, or one; with --devices: one per listed device)")
-    add_devices_flag(working)
-    parser.set_defaults(handler=jobs_command)
-    return parser

@@ -271,10 +271,7 @@ def batch_command(args: argparse.Namespace) -> int:
     from heygem.jobs.store import CANCELLED, FAILED
     from heygem.jobs.worker import devices_from_flags
 
-    if args.ray is not None and args.devices is not None:
-        raise HeygemError("--devices is for the workers of this machine; with --ray each item gets one GPU of "
-                          "the cluster: leave --devices out")
-    devices = devices_from_flags(args.devices)
+    devices = devices_from_flags(args.devices, ray=args.ray, what="item")
     _log_jobs_quietly(args)
     options = {**_parse_options(args.options), **option_overrides(args)}
     results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,

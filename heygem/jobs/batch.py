@@ -323,6 +323,11 @@ def item_key(item: BatchItem, options: dict) -> str:
     return digest.hexdigest()
 
 
+def new_batch_id() -> str:
+    """A new batch's id: batch- and a job id (when it was made, and random)."""
+    return f"batch-{new_job_id()}"
+
+
 def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, batch: str,
                  reuse: bool = False) -> dict[str, str | Exception]:
     """Queue one job per item that can run; return item name -> job id, or the error that stopped it.
@@ -423,7 +428,7 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
     output_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(jobs_dir)
     state = _load_state(output_dir)
-    batch = new_job_id()
+    batch = new_batch_id()
     results: dict[str, BatchResult] = {}
     to_submit = []
     for item in items:

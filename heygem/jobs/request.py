@@ -92,6 +92,16 @@ def check_options(options: dict | None, base: Config, *, remote: bool = False,
     return flat, config
 
 
+def check_speech(audio_given: bool, text: str | None, own_audio: bool = False) -> None:
+    """HeygemError unless a request names exactly one kind of speech: an audio file, text to speak, or
+    (``own_audio``) the face video's own sound."""
+    if text and (audio_given or own_audio):
+        raise HeygemError("give speech or text, not both: clear one of them")
+    if not text and not audio_given and not own_audio:
+        raise HeygemError("add speech (an audio file or a recording) or text to speak, or use the face video's "
+                          "own sound")
+
+
 def check_upload_name(name: str, role: str) -> None:
     """HeygemError unless ``name`` is a plain file name of a type the ``role`` ("face" or "audio") takes.
 

@@ -44,7 +44,7 @@ from heygem.jobs.files import (
     human_size,
     store_input,
 )
-from heygem.jobs.request import check_options
+from heygem.jobs.request import check_options, check_speech
 from heygem.media.probing import probe_inputs
 
 logger = logging.getLogger("heygem")
@@ -453,8 +453,7 @@ class JobStore:
         files over the upload limit and unusable text raise HeygemError here,
         before anything is queued.
         """
-        if text is not None and audio is not None:
-            raise HeygemError("give either audio or text, not both")
+        check_speech(audio is not None, text, own_audio=audio is None and text is None)
         flat_options, config = self.resolve_options(options, remote=remote)
         self._check_room()
         job_id = new_job_id()

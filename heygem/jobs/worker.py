@@ -233,8 +233,13 @@ def plan_devices(count: int | None = None, devices: list[str] | None = None) -> 
     return [None] * count
 
 
-def devices_from_flags(devices: str | None, workers: int | None = None) -> list[str] | None:
-    """``--devices`` checked against this machine and against ``--workers``; None when it was not given."""
+def devices_from_flags(devices: str | None, workers: int | None = None, *, ray: str | None = None,
+                       what: str = "job") -> list[str] | None:
+    """``--devices`` checked against this machine and against ``--workers``; None when it was not given.
+    With ``--ray`` (``ray`` not None) each ``what`` gets one GPU of the cluster: --devices is refused."""
+    if ray is not None and devices is not None:
+        raise HeygemError(f"--devices is for the workers of this machine; with --ray each {what} gets one GPU of "
+                          f"the cluster: leave --devices out")
     if devices is None:
         return None
     names = parse_devices(devices)

@@ -589,10 +589,15 @@ def synthesize(text: str, voice: str | Voice | None = None, speed: float = 1.0, 
                   voice_note=choice.note)
 
 
+def pcm16(samples: np.ndarray) -> np.ndarray:
+    """(N,) float samples in [-1, 1] as (N,) int16 little-endian PCM, rounded and clipped."""
+    return np.clip(np.round(samples * 32767.0), -32768, 32767).astype("<i2")
+
+
 def write_wav(speech: Speech, path: str | Path) -> Path:
     """16-bit PCM mono WAV at the speech's sample rate."""
     path = Path(path)
-    pcm = np.clip(np.round(speech.samples * 32767.0), -32768, 32767).astype("<i2")  # (N,) int16 little-endian
+    pcm = pcm16(speech.samples)  # (N,) int16 little-endian
     with wave.open(str(path), "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)

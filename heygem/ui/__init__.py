@@ -1,0 +1,38 @@
+"""The web page (Gradio Blocks), one module per tab; the only package that imports gradio. ``python app.py``
+serves it with the REST API (heygem.jobs.api) beside it, and everything it does goes through the job
+store (heygem.jobs), so a job started here shows up in the REST API and ``python -m heygem jobs list``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from heygem import __version__
+from heygem.jobs.store import JobStore
+from heygem.ui.batch import batch_tab
+from heygem.ui.client_api import client_api
+from heygem.ui.common import CSS
+from heygem.ui.generate import generate_tab
+from heygem.ui.jobs import jobs_tab
+from heygem.ui.system import system_tab
+
+
+def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
+    """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``."""
+    with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
+        gr.Markdown(f"# heygem\nA face (video or photo) and some speech in, a lip-synced talking video out. "
+                    f"<small>v{__version__} · jobs are kept in `{store.outputs_dir}` · REST API under `/api/jobs`</small>")
+        with gr.Tabs():
+            generate_tab(store)
+            batch_tab(store, batch_roots)
+            jobs_tab(store)
+            system_tab()
+        client_api(store)
+    return demo
+
+
+def page_style() -> dict:
+    """The page's theme and CSS, as launch() takes them."""
+    return {"theme": gr.themes.Soft(), "css": CSS}

@@ -1,0 +1,119 @@
+"""The Batch tab: many faces and audio files (uploaded, or from a server folder under --batch-root),
+paired by name, every face with every audio, or by a CSV manifest; queued, followed in a table,
+the results in a zip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from heygem.errors import HeygemError
+from heygem.jobs.batch import collect_files, new_batch_id, plan_items, resolve_under_roots, submit_items, zip_results
+from heygem.jobs.store import JobStore
+from heygem.ui.common import BATCH_COLUMNS, STATUS_LABELS, error_text, option_controls, options_from_controls
+
+
+def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
+    """Many faces and audio files (uploaded or from a server folder), paired, queued, followed in a table."""
+
+    def plan_batch(source, uploaded, folder, pairing, manifest):
+        if source == "folder":
+            directory = resolve_under_roots(folder, batch_roots)
+            files, base = collect_files(directory), directory
+        else:
+            if not uploaded:
+                raise HeygemError("upload some faces and audio files first")
+            files, base = [Path(path) for path in uploaded], None
+        if pairing == "manifest":
+            if not manifest:
+                raise HeygemError("upload the CSV manifest (columns face,audio[,text][,name][,options])")
+            return plan_items(files, str(manifest), base_dir=base)
+        return plan_items(files, pairing, base_dir=base)
+
+    def start_batch(source, uploaded, folder, pairing, manifest, *controls):
+        try:
+            items = plan_batch(source, uploaded, folder, pairing, manifest)
+        except HeygemError as error:
+            gr.Warning(str(error))
+            return (gr.update(), gr.update(), f"**Nothing started:** {error}", gr.update(),
+                    gr.Timer(active=False))
+        batch = new_batch_id()
+        outcome = submit_items(store, items, options_from_controls(*controls), batch)
+        state = {"batch": batch, "items": [
+            {"name": item.name, "face": item.face_path.name if item.face_path else "",
+             "audio": item.speech_label, "note": item.note,
+             "job": outcome[item.name] if isinstance(outcome[item.name], str) else None,
+             "error": None if isinstance(outcome[item.name], str) else error_text(outcome[item.name])}
+            for item in items]}
+        table, summary, finished = batch_table(store, state)
+        return state, table, summary, gr.update(visible=False, value=None), gr.Timer(active=not finished)
+
+    def refresh_batch(state):
+        if not state:
+            return gr.update(), gr.update(), gr.update(), gr.Timer(active=False)
+        table, summary, finished = batch_table(store, state)
+        download = gr.update(visible=False)
+        if finished:
+            archive = zip_results(store, state["batch"])
+            download = gr.update(visible=archive is not None, value=str(archive) if archive else None)
+        return table, summary, download, gr.Timer(active=not finished)
+
+    with gr.Tab("Batch", id="batch"):
+        batch_state = gr.State(None)
+        batch_timer = gr.Timer(1.5, active=False)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1):
+                source = gr.Radio([("Upload files", "upload"), ("A folder on the server", "folder")],
+                                  value="upload", label="Inputs")
+                uploaded = gr.File(file_count="multiple", label="Faces and audio files (or .txt files to speak)",
+                                   file_types=["video", "image", "audio", ".txt"], height=160)
+                roots_text = ", ".join(f"`{root}`" for root in batch_roots) or \
+                    "none (start the app with --batch-root DIR)"
+                folder = gr.Textbox(label="Folder on the server", visible=False,
+                                    placeholder=str(batch_roots[0]) if batch_roots else "",
+                                    info=f"must be inside: {roots_text}".replace("`", ""))
+                pairing = gr.Radio(
+                    [("Same name: anna.mp4 + anna.wav (or anna.txt)", "stem"), ("Every face with every audio", "cross"),
+                     ("A CSV manifest", "manifest")], value="stem", label="Pairing")
+                manifest = gr.File(label="Manifest CSV: face,audio[,text][,name][,options]", file_types=[".csv"],
+                                   visible=False, height=90)
+                batch_controls = option_controls(store, prefix="batch-")
+                start = gr.Button("Start batch", variant="primary")
+            with gr.Column(scale=2):
+                batch_summary = gr.Markdown("Items and their progress show here.")
+                batch_items = gr.Dataframe(pd.DataFrame(columns=BATCH_COLUMNS), interactive=False, wrap=True,
+                                           max_height=480, elem_id="batch-table",
+                                           column_widths=["12%", "12%", "12%", "9%", "8%", "27%", "7%", "13%"])
+                batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False)
+        source.change(lambda choice: (gr.update(visible=choice == "upload"), gr.update(visible=choice == "folder")),
+                      source, [uploaded, folder], queue=False, api_visibility="private")
+        pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False,
+                       api_visibility="private")
+        start.click(start_batch, [source, uploaded, folder, pairing, manifest, *batch_controls],
+                    [batch_state, batch_items, batch_summary, batch_zip, batch_timer],
+                    concurrency_limit=2, api_visibility="private")
+        batch_timer.tick(refresh_batch, batch_state, [batch_items, batch_summary, batch_zip, batch_timer],
+                         show_progress="hidden", concurrency_limit=None, api_visibility="private")
+
+
+def batch_table(store: JobStore, state: dict) -> tuple[pd.DataFrame, str, bool]:
+    """The batch's rows (one per item, with its job's state), a one-line summary, and whether all ended."""
+    rows, finished = [], True
+    counts: dict[str, int] = {}
+    for item in state["items"]:
+        job = store.find(item["job"]) if item["job"] else None
+        status = job.status if job else "failed" if item["error"] else "deleted"
+        if job is not None and not job.is_finished:
+            finished = False
+        counts[status] = counts.get(status, 0) + 1
+        detail = item["error"] or (job.error or job.stage if job else "") or item.get("note")
+        rows.append([item["name"], item["face"], item["audio"], STATUS_LABELS.get(status, status),
+                     f"{job.progress:.0%}" if job else "", detail or "",
+                     f"{job.seconds:.1f}" if job and job.seconds else "", item["job"] or ""])
+    frame = pd.DataFrame(rows, columns=BATCH_COLUMNS)
+    summary = f"**{state['batch']}** · {len(rows)} item(s): " + ", ".join(
+        f"{count} {status}" for status, count in sorted(counts.items()))
+    return frame, summary, finished

@@ -1,0 +1,53 @@
+"""The System tab: what ``python -m heygem doctor`` reports, the weights folder as ``python -m heygem
+weights list`` shows it, and the GPU benchmark on request.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+import pandas as pd
+
+from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
+from heygem.weights import weights_dir
+
+
+def weights_frame() -> pd.DataFrame:
+    """What `python -m heygem weights list` reports: one row per recognised file."""
+    from heygem.cli import describe_path
+    from heygem.weights import check_weights, load_registry
+
+    folder = weights_dir()
+    rows = [(state.entry.name, state.state, state.entry.purpose, describe_path(state.path), state.entry.enables)
+            for state in (check_weights(entry, folder) for entry in load_registry())]
+    return pd.DataFrame(rows, columns=["name", "state", "for", "file", "enables"])
+
+
+def system_markdown() -> str:
+    """The doctor's checks (heygem.doctor) as Markdown, without the GPU benchmark."""
+    return format_markdown(run_checks(benchmark=False))
+
+
+def benchmark_markdown_now() -> str:
+    """Run the doctor's GPU micro-benchmark (seconds) in a process of its own, so the jobs here keep cuDNN."""
+    return benchmark_markdown(run_benchmark(separate_process=True))
+
+
+def system_tab() -> None:
+    """What `python -m heygem doctor` reports, checked when the tab opens; the GPU benchmark on request."""
+    with gr.Tab("System", id="system") as tab:
+        gr.Markdown("The same checks as `python -m heygem doctor` on the machine that serves this page.")
+        report = gr.Markdown("Loading…", elem_id="system-report")
+        gr.Markdown(f"Network weights in `{weights_dir()}`, as `python -m heygem weights list` reports them "
+                    "(`python -m heygem weights download NAME` fetches one):")
+        weights = gr.Dataframe(headers=["name", "state", "for", "file", "enables"], interactive=False,
+                               elem_id="system-weights", wrap=True)
+        system_refresh = gr.Button("Check again")
+        gr.Markdown("The GPU benchmark runs the Wav2Lip generator for a few seconds with cuDNN on and off "
+                    "(jobs running on the same GPU slow it down).")
+        benchmark_button = gr.Button("Run the GPU benchmark", elem_id="benchmark-button")
+        benchmark = gr.Markdown(elem_id="system-benchmark")
+        for trigger in (tab.select, system_refresh.click):
+            trigger(system_markdown, None, report, api_visibility="private")
+            trigger(weights_frame, None, weights, api_visibility="private")
+        benchmark_button.click(benchmark_markdown_now, None, benchmark, concurrency_limit=1,
+                               api_visibility="private")

@@ -50,20 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_jobs_parser(commands)
     add_weights_parser(commands)
 
-    doctor = commands.add_parser(
+    doctor_command = commands.add_parser(
         "doctor", help="check this machine: packages, GPU, ffmpeg, mediapipe, weights",
         description="Check what heygem needs on this machine and say how to fix what is missing. Exit status 0 "
                     "when the default (landmark) engine can run, 1 otherwise.",
     )
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.add_argument("--no-benchmark", action="store_true",
+    doctor_command.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor_command.add_argument("--no-benchmark", action="store_true",
                         help="skip the few-second GPU convolution benchmark (cuDNN on against off)")
-    doctor.add_argument("--benchmark", action="store_true", help="with --ray: run the GPU benchmark on each node too")
+    doctor_command.add_argument("--benchmark", action="store_true", help="with --ray: run the GPU benchmark on each node too")
     from heygem.jobs.ray_executor import add_ray_flag
 
-    add_ray_flag(doctor, help="run the checks on every node of a Ray cluster, each with its own packages, GPUs "
+    add_ray_flag(doctor_command, help="run the checks on every node of a Ray cluster, each with its own packages, GPUs "
                               "and weights/, and print a report per node")
-    doctor.set_defaults(handler=run_doctor)
+    doctor_command.set_defaults(handler=run_doctor)
 
     voices = commands.add_parser(
         "voices", help="list the text-to-speech voices",

@@ -11,3 +11,9 @@ class HeygemError(Exception):
 
 class GenerationCancelled(Exception):
     """Raised inside a generation when its ``should_stop`` callback asks it to stop."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type's name when it has none): for one-line reports."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

@@ -13,6 +13,7 @@ import torch
 from conftest import REPO
 
 from heygem import doctor
+from heygem.runtime.benchmark import Benchmark, cudnn_switched, run_benchmark, time_generator
 
 
 def run_doctor(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -168,34 +169,34 @@ def test_the_timing_function_counts_faces_and_restores_cudnn_flags():
             return faces[:, :3]
 
     mel_windows, faces = torch.zeros(4, 1, 80, 16), torch.zeros(4, 6, 96, 96)
-    faces_per_second = doctor.time_generator(CountingModel(), mel_windows, faces, warmup=2, seconds=0.05,
+    faces_per_second = time_generator(CountingModel(), mel_windows, faces, warmup=2, seconds=0.05,
                                              min_iterations=5)
     assert faces_per_second > 0
     assert len(calls) >= 2 + 1 + 5 and set(calls) == {4}  # warm-up, the one-pass estimate, the timed passes
 
     cudnn = torch.backends.cudnn
     before = cudnn.enabled, cudnn.benchmark
-    with doctor.cudnn_switched(False):
+    with cudnn_switched(False):
         assert cudnn.enabled is False and cudnn.benchmark is True
     assert (cudnn.enabled, cudnn.benchmark) == before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only wording")
 def test_the_benchmark_is_skipped_without_a_gpu():
-    outcome = doctor.run_benchmark()
+    outcome = run_benchmark()
     assert not outcome.ran and outcome.result is None and outcome.note.startswith("skipped: no CUDA GPU")
     assert "no CUDA GPU" in doctor.benchmark_markdown(outcome)
 
 
 def test_the_benchmark_process_answers_in_json():
-    """What the web app's benchmark button runs: `python -m heygem.doctor`, one JSON line back."""
-    result = subprocess.run([sys.executable, "-m", "heygem.doctor"], cwd=REPO, capture_output=True, text=True,
+    """What the web app's benchmark button runs: `python -m heygem.runtime.benchmark`, one JSON line back."""
+    result = subprocess.run([sys.executable, "-m", "heygem.runtime.benchmark"], cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr
-    outcome = doctor.Benchmark.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    outcome = Benchmark.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
     if torch.cuda.is_available():
         assert outcome.ran and outcome.result.faces_per_second_cudnn > 0 and outcome.result.batch_size == 64
-        assert doctor.Benchmark.from_dict(outcome.to_dict()) == outcome
+        assert Benchmark.from_dict(outcome.to_dict()) == outcome
     else:
-        assert outcome == doctor.Benchmark(False, "skipped: no CUDA GPU on this machine (the benchmark times GPU "
+        assert outcome == Benchmark(False, "skipped: no CUDA GPU on this machine (the benchmark times GPU "
                                                   "convolutions)")

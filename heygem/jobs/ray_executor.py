@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from heygem.errors import GenerationCancelled, HeygemError
+from heygem.errors import GenerationCancelled, HeygemError, first_line
 from heygem.jobs.files import RESULT_NAME
 from heygem.jobs.store import JobStore
 from heygem.jobs.worker import Worker
@@ -86,7 +86,7 @@ def connect(address: str | None = LOCAL) -> None:
             _check_reachable(address)
             ray.init(address=address, log_to_driver=False)
     except ConnectionError as problem:
-        raise HeygemError(f"cannot join the Ray cluster at {address} ({_first_line(problem).rstrip('.')}): start "
+        raise HeygemError(f"cannot join the Ray cluster at {address} ({first_line(problem).rstrip('.')}): start "
                           "it with `ray start --head`, or give --ray no address to start one here") from None
     resources = ray.cluster_resources()
     logger.info("Ray cluster: %d node(s), %g CPU(s), %g GPU(s)", len(alive_nodes()),
@@ -280,7 +280,7 @@ class RayGeneration:
             try:
                 outcome = self._wait(ray, reference, key, progress, should_stop)
             except death_errors as problem:
-                logger.warning("job %s: the Ray worker running it died (%s)", job_id, _first_line(problem))
+                logger.warning("job %s: the Ray worker running it died (%s)", job_id, first_line(problem))
                 if attempt == runs:
                     raise HeygemError(f"the Ray worker running this job died {runs} times; see job.log") from None
                 continue
@@ -352,11 +352,6 @@ def _write_atomically(path: Path, data: bytes) -> None:
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 def start_ray_workers(store: JobStore, address: str | None = LOCAL, *, batch: str | None = None,

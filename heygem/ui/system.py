@@ -7,7 +7,8 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
-from heygem.doctor import benchmark_markdown, format_markdown, run_benchmark, run_checks
+from heygem.doctor import benchmark_markdown, format_markdown, run_checks
+from heygem.runtime.benchmark import run_benchmark
 from heygem.weights import weights_dir
 
 

@@ -93,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from heygem.jobs.request import check_options
     from heygem.pipeline import generate
 
-    config = load_config(args.config, option_overrides(args))
+    config = check_options(option_overrides(args), load_config(args.config))[1]  # as every job request is checked
     bars: dict[str, tqdm] = {}
     stage_spans = {}
 

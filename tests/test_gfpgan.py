@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from heygem.errors import HeygemError
-from heygem.models.gfpgan import DECODER_CHANNELS, GFPGANClean, ModulatedConv2d, StyleConv, StyleDecoder, load_gfpgan
+from heygem.models.gfpgan import DECODER_CHANNELS, GFPGANClean, ModulatedConv2d, StyleConv, StyleDecoder
+from heygem.render.gfpgan import load_gfpgan
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import ASSETS, assert_playable_mp4, decode_frames, run_ffmpeg
 
-from heygem.config import BlendConfig, Config, FaceConfig, RestoreConfig, apply_overrides
+from heygem.config import BlendConfig, Config, FaceConfig, RestoreConfig
 from heygem.engines.wav2lip.engine import resize_to_box
 from heygem.errors import HeygemError
 from heygem.models.gfpgan import GFPGANClean
@@ -281,9 +281,11 @@ def test_restorer_gfpgan_without_its_file_is_a_user_error_everywhere(tmp_path, m
     from conftest import REPO
 
     monkeypatch.setenv("HEYGEM_WEIGHTS", str(tmp_path))
+    from heygem.jobs.request import check_options
+
     with pytest.raises(HeygemError, match="GFPGANv1.4.pth"):
-        apply_overrides(Config(), {"restore.method": "gfpgan"})  # options are checked before a job is queued
-    assert apply_overrides(Config(), {"restore.method": "gfpgan", "restore.enabled": False}).restore.method == "gfpgan"
+        check_options({"restore.method": "gfpgan"}, Config())  # a job request is checked before it is queued
+    assert check_options({"restore.method": "gfpgan", "restore.enabled": False}, Config())[1].restore.method == "gfpgan"
     result = subprocess.run([sys.executable, "-m", "heygem", "generate", "--face", str(face_photo), "--audio",
                              str(short_speech), "--output", str(tmp_path / "out.mp4"), "--restorer", "gfpgan"],
                             cwd=REPO, capture_output=True, text=True, timeout=300, check=False)

@@ -25,23 +25,16 @@ batch and output channels scaled by the demodulation factors.
 
 from __future__ import annotations
 
-import logging
 import math
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from heygem.errors import HeygemError
-
-logger = logging.getLogger("heygem")
-
 FACE_SIZE = 512
 STYLE_SIZE = 512
 LEAKY_SLOPE = 0.2
 DEMODULATION_EPS = 1e-8
-GFPGAN_EXPECTED = "the official GFPGANv1.4.pth (the 'clean' GFPGAN architecture, 512x512)"
 
 # Channels per feature-map size. The U-Net side runs at half the width of StyleGAN2's
 # default widths (channel multiplier 2), which the decoder uses unchanged.
@@ -392,40 +385,3 @@ class GFPGANClean(nn.Module):
         return self.stylegan_decoder(style_codes, conditions, randomize_noise)
 
 
-def load_gfpgan(checkpoint_path: Path, device: torch.device | str = "cpu") -> GFPGANClean:
-    """GFPGANClean in eval mode on ``device`` with every weight from ``checkpoint_path``.
-
-    Accepts the released layout ``{"params_ema": ...}``, a training layout ``{"params": ...}``
-    and a bare state dict. Every key and shape must match; otherwise a HeygemError names
-    the file and the first missing, unexpected or wrongly shaped keys.
-    """
-    from heygem.weights import describe_mismatch, describe_unreadable
-
-    checkpoint_path = Path(checkpoint_path)
-    if not checkpoint_path.is_file():
-        raise HeygemError(f"GFPGAN checkpoint not found: {checkpoint_path}; expected {GFPGAN_EXPECTED}")
-    try:
-        payload = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any failure to unpickle means the file is not usable
-        raise HeygemError(f"{checkpoint_path} is not a readable GFPGAN checkpoint "
-                          f"({describe_unreadable(checkpoint_path, error)}); expected {GFPGAN_EXPECTED}") from None
-    if isinstance(payload, dict):
-        for wrapper in ("params_ema", "params"):
-            if isinstance(payload.get(wrapper), dict):
-                payload = payload[wrapper]
-                break
-    if not isinstance(payload, dict) or not payload or not all(
-            isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in payload.items()):
-        raise HeygemError(f"{checkpoint_path} holds no GFPGAN weights (neither a state dict nor a dict with "
-                          f"'params_ema' or 'params'); expected {GFPGAN_EXPECTED}")
-    state_dict = {key.removeprefix("module."): value for key, value in payload.items()}
-
-    with torch.device("meta"):  # no random init: every value comes from the file
-        model = GFPGANClean()
-    problem = describe_mismatch(model.state_dict(), state_dict)
-    if problem:
-        raise HeygemError(f"{checkpoint_path} does not fit GFPGAN: {problem}; expected {GFPGAN_EXPECTED}")
-    state_dict = {key: value.float() if value.is_floating_point() else value for key, value in state_dict.items()}
-    model.load_state_dict(state_dict, strict=True, assign=True)
-    logger.info("loaded GFPGAN weights from %s", checkpoint_path)
-    return model.to(device).eval()

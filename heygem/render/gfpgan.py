@@ -22,18 +22,24 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.nn import functional
 
 from heygem.config import BlendConfig, EngineConfig
+from heygem.errors import HeygemError
 from heygem.render.blend import blend_patch
 from heygem.runtime.kept import GFPGAN_RESTORER, KEPT, file_identity
 from heygem.types import Face, FacePatch
 
+if TYPE_CHECKING:
+    from heygem.models.gfpgan import GFPGANClean
+
 logger = logging.getLogger("heygem")
 
+GFPGAN_EXPECTED = "the official GFPGANv1.4.pth (the 'clean' GFPGAN architecture, 512x512)"
 ALIGNED_SIZE = 512  # GFPGAN's input and output size
 # The five-point template of 512x512 FFHQ faces: image-left eye, image-right eye, nose tip,
 # image-left mouth corner, image-right mouth corner (x, y pixels)
@@ -307,10 +313,51 @@ def restore_patches_gfpgan(restorer: GfpganRestorer, patches: list[FacePatch | N
 # Loading, once per process
 
 
+def load_gfpgan(checkpoint_path: Path, device="cpu") -> GFPGANClean:
+    """GFPGANClean in eval mode on ``device`` with every weight from ``checkpoint_path``.
+
+    Accepts the released layout ``{"params_ema": ...}``, a training layout ``{"params": ...}``
+    and a bare state dict. Every key and shape must match; otherwise a HeygemError names
+    the file and the first missing, unexpected or wrongly shaped keys.
+    """
+    import torch
+
+    from heygem.models.gfpgan import GFPGANClean
+    from heygem.weights import describe_mismatch, describe_unreadable
+
+    checkpoint_path = Path(checkpoint_path)
+    if not checkpoint_path.is_file():
+        raise HeygemError(f"GFPGAN checkpoint not found: {checkpoint_path}; expected {GFPGAN_EXPECTED}")
+    try:
+        payload = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure to unpickle means the file is not usable
+        raise HeygemError(f"{checkpoint_path} is not a readable GFPGAN checkpoint "
+                          f"({describe_unreadable(checkpoint_path, error)}); expected {GFPGAN_EXPECTED}") from None
+    if isinstance(payload, dict):
+        for wrapper in ("params_ema", "params"):
+            if isinstance(payload.get(wrapper), dict):
+                payload = payload[wrapper]
+                break
+    if not isinstance(payload, dict) or not payload or not all(
+            isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in payload.items()):
+        raise HeygemError(f"{checkpoint_path} holds no GFPGAN weights (neither a state dict nor a dict with "
+                          f"'params_ema' or 'params'); expected {GFPGAN_EXPECTED}")
+    state_dict = {key.removeprefix("module."): value for key, value in payload.items()}
+
+    with torch.device("meta"):  # no random init: every value comes from the file
+        model = GFPGANClean()
+    problem = describe_mismatch(model.state_dict(), state_dict)
+    if problem:
+        raise HeygemError(f"{checkpoint_path} does not fit GFPGAN: {problem}; expected {GFPGAN_EXPECTED}")
+    state_dict = {key: value.float() if value.is_floating_point() else value for key, value in state_dict.items()}
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    logger.info("loaded GFPGAN weights from %s", checkpoint_path)
+    return model.to(device).eval()
+
+
 def load_restorer(checkpoint: Path, config: EngineConfig) -> GfpganRestorer:
     """The GFPGAN restorer for ``checkpoint`` on the engine's device and precision, loaded once per
     process and kept for later jobs while the file and those options stay the same (heygem.runtime.kept)."""
-    from heygem.models.gfpgan import load_gfpgan
     from heygem.runtime.device import configure_backends, pick_device
 
     device = pick_device(config.device)

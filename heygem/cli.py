@@ -401,12 +401,8 @@ def add_weights_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def describe_path(path: Path | None) -> str:
-    return "-" if path is None else str(path)
-
-
 def run_weights_list(args: argparse.Namespace) -> int:
-    from heygem.weights import check_weights, load_registry, weights_dir
+    from heygem.weights import check_weights, describe_path, load_registry, weights_dir
 
     folder = weights_dir()
     states = [check_weights(entry, folder, hash_contents=not args.quick) for entry in load_registry(args.registry)]
@@ -424,6 +420,7 @@ def run_weights_verify(args: argparse.Namespace) -> int:
         MISSING,
         WRONG_CHECKSUM,
         check_weights,
+        describe_path,
         find_entry,
         find_installed,
         load_registry,

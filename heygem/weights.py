@@ -319,6 +319,11 @@ def installed_names(weights_dir: Path, registry: str | Path | None = None) -> se
     return {entry.name for entry in load_registry(registry) if find_installed(entry, weights_dir) is not None}
 
 
+def describe_path(path: Path | None) -> str:
+    """A file's path for a table, or "-" for none."""
+    return "-" if path is None else str(path)
+
+
 def file_sha256(path: Path) -> str:
     """The SHA-256 of a file's bytes as 64 lowercase hex digits, read 1 MiB at a time."""
     digest = hashlib.sha256()

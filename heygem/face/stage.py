@@ -1,4 +1,4 @@
-"""Step 5b: a face (or None) for every frame of every batch, as the frames stream past.
+"""Step 5: a face (or None) for every frame of every batch, as the frames stream past.
 
 The face video's tracking comes from the avatar cache when the same video was tracked before
 with the same face options. Otherwise every batch of new source frames is tracked as a run of
@@ -32,7 +32,7 @@ logger = logging.getLogger("heygem")
 
 
 class FaceStage:
-    """Step 4: attach a face (or None) to every frame of every batch.
+    """Step 5: attach a face (or None) to every frame of every batch.
 
     The face video's tracking comes from the avatar cache when it was tracked before with
     the same options; otherwise each batch of new source frames is tracked as a run from a

@@ -1,4 +1,4 @@
-"""Stage 7: encode the output frames to an H.264/AAC MP4, with one x264 or several at once.
+"""Step 7: encode the output frames to an H.264/AAC MP4, with one x264 or several at once.
 
 ffmpeg only ever receives raw I420 (yuv420p) bytes on its stdin: it is the
 format x264 encodes, half the bytes of BGR, and it spares ffmpeg's scaler

@@ -1,4 +1,4 @@
-"""Step 5a: the face input as output batches: a still image repeated, or a video decoded in bounded batches.
+"""Step 4: the face input as output batches: a still image repeated, or a video decoded in bounded batches.
 
 Frames travel as I420 (what ffmpeg decodes and encodes), half the bytes of BGR; a video
 shorter than the audio plays forward and backward from a raw frame file on disk, so memory

@@ -1,4 +1,4 @@
-"""Stage 6: paste generated patches back into their frames without a visible edge.
+"""Step 6: paste generated patches back into their frames without a visible edge.
 
 The patch is colour-matched to the frame on the soft edge of its mask (where a
 seam would show), then alpha-blended with a feathered mask that is exactly 0

@@ -21,7 +21,7 @@ from heygem.types import EngineBatch, FrameBatch
 
 
 class CpuRender:
-    """Steps 5b-5d on the CPU: the engine's patches, restored, blended into BGR frames. An engine
+    """Step 6 on the CPU: the engine's patches, restored, blended into BGR frames. An engine
     with generate_i420 (the landmark engine) blends windows of the I420 frames itself, in its
     rendering processes where it has them: no frame is converted to BGR, and the blend stage only
     pastes the finished bytes."""

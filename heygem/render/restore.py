@@ -1,4 +1,4 @@
-"""Stage 5: restoration (deblur) of the generated mouth region.
+"""Step 6: restoration (deblur) of the generated mouth region.
 
 ``choose_restorer`` settles the --restorer option before anything loads: "sharpen" is an
 unsharp mask applied only where the engine changed pixels, so untouched skin is left

@@ -1,4 +1,4 @@
-"""Stage 2: audio features, exactly as the public Wav2Lip analyses speech.
+"""Step 2: audio features, exactly as the public Wav2Lip analyses speech.
 
 16 kHz mono; pre-emphasis 0.97; STFT with n_fft 800, window 800, hop 200
 (80 mel frames per second, centred frames with reflect padding as librosa 0.7 did); 80 mel bands from 55 to 7600 Hz; amplitude to dB

@@ -14,8 +14,7 @@ from heygem.weights import weights_dir
 
 def weights_frame() -> pd.DataFrame:
     """What `python -m heygem weights list` reports: one row per recognised file."""
-    from heygem.cli import describe_path
-    from heygem.weights import check_weights, load_registry
+    from heygem.weights import check_weights, describe_path, load_registry
 
     folder = weights_dir()
     rows = [(state.entry.name, state.state, state.entry.purpose, describe_path(state.path), state.entry.enables)

@@ -558,7 +558,7 @@ class _Planned:
 
 
 class LandmarkDeviceRender(RegionRender):
-    """Steps 5c-5e for the landmark engine with torch (--render torch), on the engine's --device.
+    """Step 6 for the landmark engine with torch (--render torch), on the engine's --device.
 
     Three stages. "plan", per batch, on the host: the engine's mouth shapes advance over every
     frame as on the CPU path (LandmarkEngine.mouth_jobs), each face with landmarks gets a region around

@@ -14,7 +14,7 @@ from heygem.types import FrameBatch
 
 
 class Wav2LipDeviceRender(RegionRender):
-    """Steps 5c-5e on the GPU for the wav2lip engine, frames on the device from upload to download.
+    """Step 6 on the GPU for the wav2lip engine, frames on the device from upload to download.
 
     Two stages (see RegionRender). "render", per batch: cut each face's region out of the I420
     frames into a page-locked buffer, upload it, crop every face to 96x96 (heygem.render.gpu_blend), run

@@ -97,7 +97,8 @@ def main() -> None:
                 cpu_seconds = sum(getattr(cpu, field) - getattr(cpu_started, field)
                                   for field in ("user", "system", "children_user", "children_system"))
                 segments = len(encoder.processes) - 1 if encoders > 1 else 1
-                print(f"{size:>10}  encoders {encoders}  segments {segments:>2}  {frame_count / seconds:7.1f} frames/s  "
+                print(f"{size:>10}  encoders {encoders}  segments {segments:>2}  "
+                      f"{frame_count / seconds:7.1f} frames/s  "
                       f"{seconds:6.2f} s  cpu {cpu_seconds:6.2f} s  {output_path.stat().st_size / 1e6:6.2f} MB")
                 output_path.unlink()
 

@@ -85,7 +85,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                              "max-autotune-no-cudagraphs searches kernels for longer)")
     parser.add_argument("--compile-backend", default="inductor",
                         help="torch.compile backend of the compiled variant (default: inductor)")
-    parser.add_argument("--markdown", action="store_true", help="print only a markdown table, one row per configuration")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print only a markdown table, one row per configuration")
     return parser.parse_args(argv)
 
 

@@ -173,7 +173,8 @@ def run_torch(batches, device_name: str, processes: int = 0):
     """(frames (N, H * 3/2, W) I420 drawn by the --render torch path, seconds per frame after the first
     batch, seconds of the first batch, a line of each stage's busy seconds with its thread's CPU
     seconds and the CPU seconds of this process and of the rendering processes). The batches go
-    through heygem.render.LandmarkDeviceRender's stages, each in its own thread as in the pipeline: regions cut into a host buffer and the faces
+    through heygem.render.LandmarkDeviceRender's stages, each in its own thread as in the pipeline:
+    regions cut into a host buffer and the faces
     planned (in ``processes`` rendering processes, 0: in the stage's thread), uploaded, drawn
     (landmark_torch), copied back and pasted."""
     from heygem.config import Config

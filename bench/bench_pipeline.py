@@ -12,7 +12,8 @@ busy seconds per stage (with the CPU seconds of the stage's own thread in that t
 busy much longer than that waits for the GPU, other processes or the interpreter lock), and the
 CPU seconds each kind of process used (the main process with all its threads, the x264
 encoders, the ffmpeg decoders, rendering and tracking processes):
-their sum over the wall time is how many cores the run kept busy. The wav2lip engine runs a random-init checkpoint in the official layout
+their sum over the wall time is how many cores the run kept busy. The wav2lip engine runs a
+random-init checkpoint in the official layout
 (the same speed as trained weights) unless --weights names a folder with real ones.
 
 Configurations (--configs picks some, run in the order given: "cold cache" clears the avatar
@@ -321,12 +322,14 @@ def main() -> None:
         inputs = {}
         machine = machine_description()
         print(f"machine: {machine}")
-        print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s (shorter where noted); output at the input's size\n")
+        print(f"input: {width}x{height}, 25 fps, {args.seconds:g} s (shorter where noted); "
+              "output at the input's size\n")
         common = {option: yaml.safe_load(value) for option, value in args.set}
         if common:
             print("every configuration with " + ", ".join(f"{key}={value}" for key, value in common.items()) + "\n")
         header = ("| configuration | frames | wall s | frames/s | x real time | peak RSS MiB | peak VRAM MiB "
-                  "| avatar cache | busy seconds per stage (its thread's CPU seconds) | peak RSS by process, MiB | CPU seconds by process |")
+                  "| avatar cache | busy seconds per stage (its thread's CPU seconds) "
+                  "| peak RSS by process, MiB | CPU seconds by process |")
         rows = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |"]
         print(header)
         for name in args.configs:
@@ -352,13 +355,15 @@ def main() -> None:
             label = name if seconds == args.seconds else f"{name} ({seconds:g} s input)"
             row = (f"| {label} | {result['frames']} | {result['seconds']:.1f} | "
                    f"{result['frames'] / result['seconds']:.1f} | {result['video_seconds'] / result['seconds']:.2f} | "
-                   f"{result['peak_rss_mib']:.0f} | {result['peak_vram_mib']:.0f} | {result['avatar_cache']} | {stages} | "
+                   f"{result['peak_rss_mib']:.0f} | {result['peak_vram_mib']:.0f} | "
+                   f"{result['avatar_cache']} | {stages} | "
                    f"{result['peak_rss_parts']} | {result['cpu_seconds']} |")
             rows.append(row)
             print(row)
         if args.markdown:
             options = "".join(f", {key}={value}" for key, value in common.items())
-            args.markdown.write_text(f"Machine: {machine}\n\nInput: {width}x{height}, 25 fps, {args.seconds:g} s{options}\n\n"
+            args.markdown.write_text(f"Machine: {machine}\n\n"
+                                     f"Input: {width}x{height}, 25 fps, {args.seconds:g} s{options}\n\n"
                                      + "\n".join(rows) + "\n", encoding="utf-8")
 
 

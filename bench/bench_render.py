@@ -117,7 +117,8 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
     print(f"{name}, torch {torch.__version__}; {width}x{height}, batches of {args.batch}, {args.batches} batches"
           + (", portrait with landmarks" if args.landmarks else ""))
-    print(f"import torch {torch_seconds:.1f} s; build the engine (CUDA start, weights, cuDNN check) {engine_seconds:.1f} s")
+    print(f"import torch {torch_seconds:.1f} s; "
+          f"build the engine (CUDA start, weights, cuDNN check) {engine_seconds:.1f} s")
     busy = ", ".join(f"{name} {1000 * seconds / (args.batches + 3):.2f}" for name, seconds in clock.seconds.items()
                      if name in ("render", "paste"))
     print(f"render stages: {1000 * timings['whole batch'] / args.batches:.2f} ms per batch, "

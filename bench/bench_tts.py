@@ -102,7 +102,8 @@ def run_breakdown(checkout: Path) -> list[str]:
     step = time.perf_counter()
     synthesize(PARAGRAPH, voice=voice)
     timings["second call"] = time.perf_counter() - step
-    lines = ["| step | seconds |", "| --- | ---: |"] + [f"| {name} | {seconds:.2f} |" for name, seconds in timings.items()]
+    lines = ["| step | seconds |", "| --- | ---: |"] + [f"| {name} | {seconds:.2f} |"
+                                                        for name, seconds in timings.items()]
     lines.append(f"| speech made per call | {first.duration:.1f} |")
     return lines
 

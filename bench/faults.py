@@ -54,10 +54,10 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from bench_pipeline import process_table
+from bench_pipeline import process_table  # noqa: E402 - found through the sys.path entry above
 
-from heygem.media.ffmpeg import ffmpeg_binary
-from heygem.media.probing import probe
+from heygem.media.ffmpeg import ffmpeg_binary  # noqa: E402 - found through the sys.path entry above
+from heygem.media.probing import probe  # noqa: E402 - found through the sys.path entry above
 
 ASSETS = REPO / "assets"
 FINISHED = ("done", "failed", "cancelled")
@@ -467,7 +467,8 @@ def disk_part(work: Path, inputs: Inputs, timeout: float, method: str = "auto") 
                         "the result cannot be written (over the file size limit)",
                         "job failed, the message says the disk is full; no result, no partial file" if mounted else
                         "job failed (ffmpeg stopped by SIGXFSZ or told the file is too large); no result or partial",
-                        f"job {job['status']}: {error or '(no message)'}" + (f"; left {leftovers}" if leftovers else ""),
+                        f"job {job['status']}: {error or '(no message)'}"
+                        + (f"; left {leftovers}" if leftovers else ""),
                         job["status"] == "failed" and mentions_disk and "\n" not in error
                         and not (outputs / job_id / "result.mp4").exists() and not leftovers))
         if mounted:
@@ -493,7 +494,8 @@ def disk_part(work: Path, inputs: Inputs, timeout: float, method: str = "auto") 
             rows.append(Row("an upload that does not fit on the full disk (--min-free-mb 0)",
                             "507 with a one-line error, nothing queued, no traceback",
                             f"HTTP {refused.status_code}: {body.get('error', refused.text[:120])}"
-                            + ("; a job was queued" if stored else "") + ("; a traceback" if unchecked_traceback else ""),
+                            + ("; a job was queued" if stored else "")
+                            + ("; a traceback" if unchecked_traceback else ""),
                             refused.status_code == 507 and "\n" not in body.get("error", "\n") and not stored
                             and not unchecked_traceback))
             filler.unlink()
@@ -504,8 +506,8 @@ def disk_part(work: Path, inputs: Inputs, timeout: float, method: str = "auto") 
                         f"GET /api/jobs {'200' if answering else 'failed'}; next job {after['status']}",
                         answering and after["status"] == "done"))
         traceback_in_log = "Traceback" in server.log_text()
-        rows.append(Row("server log during the full disk", "no traceback", "a traceback" if traceback_in_log else "none",
-                        not traceback_in_log))
+        rows.append(Row("server log during the full disk", "no traceback",
+                        "a traceback" if traceback_in_log else "none", not traceback_in_log))
     finally:
         server.stop()
         if mounted:

@@ -33,15 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Make one lip-synced MP4 from a face video or photo and an audio file (or a video's audio).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    generate.add_argument("--face", required=True, type=Path, help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
+    generate.add_argument("--face", required=True, type=Path,
+                          help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
     speech = generate.add_mutually_exclusive_group(required=True)
-    speech.add_argument("--audio", type=Path, help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
+    speech.add_argument("--audio", type=Path,
+                        help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
     speech.add_argument("--text", help="words to speak instead of an audio file (made offline; see `voices`); "
                                        "also writes OUT.wav, OUT.srt and the subtitles --subtitles asks for")
     speech.add_argument("--text-file", type=Path, help="a UTF-8 text file to speak instead of an audio file")
     generate.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`")
     generate.add_argument("--speed", type=float, default=1.0, help="with --text: speaking speed, 0.5 to 2.0")
-    generate.add_argument("--output", "-o", required=True, type=Path, help="the MP4 to write; a .json summary is written beside it")
+    generate.add_argument("--output", "-o", required=True, type=Path,
+                          help="the MP4 to write; a .json summary is written beside it")
     generate.add_argument("--config", type=Path, default=None, help="a YAML config instead of configs/default.yaml")
     add_option_flags(generate)
     generate.set_defaults(handler=run_generate)
@@ -58,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_command.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor_command.add_argument("--no-benchmark", action="store_true",
                         help="skip the few-second GPU convolution benchmark (cuDNN on against off)")
-    doctor_command.add_argument("--benchmark", action="store_true", help="with --ray: run the GPU benchmark on each node too")
+    doctor_command.add_argument("--benchmark", action="store_true",
+                                help="with --ray: run the GPU benchmark on each node too")
     from heygem.jobs.ray_executor import add_ray_flag
 
     add_ray_flag(doctor_command, help="run the checks on every node of a Ray cluster, each with its own packages, GPUs "
@@ -78,14 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "in a language without an installed Piper voice (such as Chinese) espeak-ng does.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    say.add_argument("text", metavar="TEXT", help="the words to speak (sentences are split at . ! ? ; 。！？； and line breaks)")
+    say.add_argument("text", metavar="TEXT",
+                     help="the words to speak (sentences are split at . ! ? ; 。！？； and line breaks)")
     say.add_argument("--output", "-o", required=True, type=Path, help="the WAV file to write")
     say.add_argument("--voice", default=None, help="a voice name from `python -m heygem voices`")
     say.add_argument("--speed", type=float, default=1.0, help="speaking speed, 0.5 (slow) to 2.0 (fast)")
     say.add_argument("--pause", type=float, default=0.3, help="seconds of silence between sentences")
-    say.add_argument("--srt", type=Path, default=None, help="also write one subtitle cue per sentence to this .srt file")
+    say.add_argument("--srt", type=Path, default=None,
+                     help="also write one subtitle cue per sentence to this .srt file")
     say.add_argument("--max-text-chars", type=int, default=None,
-                     help="longest text spoken, in characters (0: no limit; default: text.max_characters of the config)")
+                     help="longest text spoken, in characters "
+                          "(0: no limit; default: text.max_characters of the config)")
     say.set_defaults(handler=run_say)
     return parser
 
@@ -197,7 +204,8 @@ def run_say(args: argparse.Namespace) -> int:
         write_srt(speech.cues, args.srt)
     if speech.voice_note:
         print(f"note: {speech.voice_note}", file=sys.stderr)
-    print(f"wrote {args.output} ({speech.duration:.2f} s, {len(speech.cues)} sentences) with the voice {speech.voice.name}")
+    print(f"wrote {args.output} ({speech.duration:.2f} s, {len(speech.cues)} sentences) "
+          f"with the voice {speech.voice.name}")
     return 0
 
 
@@ -251,7 +259,8 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
                     "(and the video gets subtitles). Rerunning skips items whose inputs and options are "
                     "unchanged; a failed item does not stop the others; summary.csv lists them all.")
     parser.add_argument("input_dir", help="folder with the faces (videos, images) and audio or UTF-8 .txt files")
-    parser.add_argument("--output", "-o", required=True, help="folder for the videos, their JSON summaries and summary.csv")
+    parser.add_argument("--output", "-o", required=True,
+                        help="folder for the videos, their JSON summaries and summary.csv")
     parser.add_argument("--pairing", default="stem",
                         help="stem: same file name before the suffix; cross: every face with every audio; "
                              "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem)")
@@ -361,7 +370,8 @@ def _parse_options(text: str | None) -> dict:
     try:
         options = json.loads(text)
     except ValueError as error:
-        raise HeygemError(f"--options must be a JSON object such as '{{\"media.output_height\": 360}}': {error}") from None
+        raise HeygemError(f"--options must be a JSON object such as '{{\"media.output_height\": 360}}': "
+                          f"{error}") from None
     if not isinstance(options, dict):
         raise HeygemError("--options must be a JSON object")
     return options

@@ -74,7 +74,8 @@ def test_no_module_imports_another_that_imports_it_back_even_through_functions()
 
 def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
     first, second = tmp_path / "first.py", tmp_path / "second.py"
-    first.write_text("from heygem import errors\nif TYPE_CHECKING:\n    from heygem import pipeline\n", encoding="utf-8")
+    first.write_text("from heygem import errors\nif TYPE_CHECKING:\n    from heygem import pipeline\n",
+                     encoding="utf-8")
     second.write_text("def later():\n    from heygem.config import option\n    import heygem.media.frames\n",
                       encoding="utf-8")
     assert imported_modules(first) == {"heygem.errors"}

@@ -271,7 +271,7 @@ def test_concurrent_stores_of_one_key_leave_one_valid_entry(cache, presenter):
         start = threading.Barrier(2)
         errors = []
 
-        def store(track):
+        def store(track, start=start, errors=errors):
             try:
                 start.wait()
                 avatar_cache.store_track(key, track, whole_video=True)

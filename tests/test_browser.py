@@ -21,7 +21,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"),
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"),
 ]
 
 
@@ -41,7 +42,8 @@ def app_url(tmp_path_factory):
     log_path = folder / "app.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--outputs", str(folder / "outputs")],
+        process = subprocess.Popen([sys.executable, "app.py", "--port", str(port),
+                                    "--outputs", str(folder / "outputs")],
                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

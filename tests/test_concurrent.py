@@ -239,7 +239,8 @@ def test_the_avatar_cache_reuses_tracking_for_other_audio_and_misses_on_changed_
     assert first.avatar_cache == "miss"
     second = generate(face_video, other_speech, tmp_path / "second.mp4")
     assert second.avatar_cache == "hit"
-    assert "faces" not in second.seconds_per_stage or second.seconds_per_stage["faces"] < first.seconds_per_stage["faces"]
+    assert ("faces" not in second.seconds_per_stage
+            or second.seconds_per_stage["faces"] < first.seconds_per_stage["faces"])
     uncached = generate(face_video, other_speech, tmp_path / "uncached.mp4", overrides={"run.avatar_cache": False})
     assert uncached.avatar_cache == "off"
     np.testing.assert_array_equal(decode_frames(tmp_path / "second.mp4"), decode_frames(tmp_path / "uncached.mp4"))

@@ -16,7 +16,7 @@ def test_default_yaml_holds_every_default_with_a_comment():
     lines = DEFAULT_CONFIG_PATH.read_text().splitlines()
     for section, leaf in iter_options():
         assert data[section][leaf.name] == getattr(getattr(defaults, section), leaf.name), (section, leaf.name)
-        line = next(l for l in lines if l.strip().startswith(f"{leaf.name}:"))
+        line = next(text for text in lines if text.strip().startswith(f"{leaf.name}:"))
         assert f"# {leaf.metadata['flag']}:" in line
     assert load_config() == defaults
 

@@ -183,8 +183,8 @@ def test_the_fast_mode_does_not_import_torchs_compiler():
     import subprocess
     import sys
 
-    code = ("import sys, torch; from heygem.runtime.device import configure_backends; configure_backends(device='cpu'); "
-            "print('torch._inductor' in sys.modules)")
+    code = ("import sys, torch; from heygem.runtime.device import configure_backends; "
+            "configure_backends(device='cpu'); print('torch._inductor' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -190,8 +190,8 @@ def test_the_benchmark_is_skipped_without_a_gpu():
 
 def test_the_benchmark_process_answers_in_json():
     """What the web app's benchmark button runs: `python -m heygem.runtime.benchmark`, one JSON line back."""
-    result = subprocess.run([sys.executable, "-m", "heygem.runtime.benchmark"], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run([sys.executable, "-m", "heygem.runtime.benchmark"], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     outcome = Benchmark.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
     if torch.cuda.is_available():

@@ -42,7 +42,8 @@ def test_choosing_an_engine_imports_no_network_library():
     import sys
 
     code = ("import sys; from heygem.config import EngineConfig; from heygem.engines import choose_engine; "
-            "choose_engine(EngineConfig()); print(sorted(m for m in ('torch', 'mediapipe', 'gradio') if m in sys.modules))")
+            "choose_engine(EngineConfig()); "
+            "print(sorted(m for m in ('torch', 'mediapipe', 'gradio') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

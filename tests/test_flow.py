@@ -124,7 +124,7 @@ def test_an_error_stops_every_stage_names_the_stage_and_runs_clean_up(concurrent
 
     def source():
         try:
-            for index in range(10_000):
+            for index in range(10_000):  # noqa: UP028 - one item at a time, so the finally below runs on close
                 yield index
         finally:
             cleaned.append("source")

@@ -1,4 +1,5 @@
-"""Face crops, sharpening, masks and pasting on I420 frames (heygem.render.gpu_blend), checked against OpenCV and the CPU stages."""
+"""Face crops, sharpening, masks and pasting on I420 frames (heygem.render.gpu_blend), checked against
+OpenCV and the CPU stages."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def lower_face_landmarks(box) -> np.ndarray:
     return landmarks
 
 
-def frame_masks(canvas: gpu_blend.FaceCanvas, masks: torch.Tensor, frame_count: int, height: int, width: int) -> np.ndarray:
+def frame_masks(canvas: gpu_blend.FaceCanvas, masks: torch.Tensor, frame_count: int, height: int,
+                width: int) -> np.ndarray:
     """Each face's canvas mask placed on its frame: (N, H, W) float32, the largest where faces meet."""
     placed = np.zeros((frame_count, height, width), dtype=np.float32)
     for face, (x, y) in enumerate(canvas.origin.tolist()):
@@ -61,7 +63,8 @@ def frame_masks(canvas: gpu_blend.FaceCanvas, masks: torch.Tensor, frame_count: 
 
 @pytest.mark.parametrize("image_kind", ["random", "portrait"])
 def test_i420_to_bgr_matches_opencv(portrait, image_kind):
-    image = np.random.default_rng(1).integers(0, 256, (48, 62, 3), dtype=np.uint8) if image_kind == "random" else portrait
+    image = (np.random.default_rng(1).integers(0, 256, (48, 62, 3), dtype=np.uint8) if image_kind == "random"
+             else portrait)
     planes = to_planes([image])
     y, u, v = gpu_blend.split_planes(planes)
     converted = gpu_blend.i420_to_bgr(y, u, v)  # (1, 3, h, w)
@@ -72,7 +75,8 @@ def test_i420_to_bgr_matches_opencv(portrait, image_kind):
 
 @pytest.mark.parametrize("image_kind", ["random", "portrait"])
 def test_bgr_to_i420_matches_opencv(portrait, image_kind):
-    image = np.random.default_rng(2).integers(0, 256, (48, 62, 3), dtype=np.uint8) if image_kind == "random" else portrait
+    image = (np.random.default_rng(2).integers(0, 256, (48, 62, 3), dtype=np.uint8) if image_kind == "random"
+             else portrait)
     height, width = image.shape[:2]
     bgr = torch.from_numpy(image).permute(2, 0, 1)[None].float()  # (1, 3, h, w)
 

@@ -71,7 +71,8 @@ def test_sanitize_filename_limits_length_and_keeps_suffix():
 
 def test_create_job_keeps_inputs_options_and_queue_order(tmp_path, media):
     store = JobStore(tmp_path / "outputs")
-    first = store.create_job(media["face"], media["speech"], {"face": {"pads": [0, 20, 0, 0]}, "media.output_height": 256})
+    first = store.create_job(media["face"], media["speech"],
+                             {"face": {"pads": [0, 20, 0, 0]}, "media.output_height": 256})
     second = store.create_job(Upload("result.mp4", io.BytesIO(media["face"].read_bytes())), media["speech"], {})
     job = store.get(first)
     assert job.status == QUEUED and job.jobs_ahead == 0 and job.engine == "auto"

@@ -377,7 +377,8 @@ def test_a_failure_in_a_rendering_process_is_raised_by_generate(talking_sequence
 
     batch = talking_sequence[0]
     four_channels = EngineBatch(frame_indices=batch.frame_indices, faces=batch.faces, mel_windows=batch.mel_windows,
-                                fps=FPS, frames_bgr=np.concatenate([batch.frames_bgr, batch.frames_bgr[..., :1]], axis=3))
+                                fps=FPS,
+                                frames_bgr=np.concatenate([batch.frames_bgr, batch.frames_bgr[..., :1]], axis=3))
     with pytest.raises(ValueError) as inline_error:
         LandmarkEngine(EngineConfig(), FPS).generate(four_channels)
     before = child_pids()
@@ -607,7 +608,8 @@ def _blend_as_written(frame_bgr: np.ndarray, patch: FacePatch, color_match: bool
     if color_match and edge.sum() >= 16:
         new_pixels = new_pixels + (region[edge].astype(np.float32).mean(axis=0) - new_pixels[edge].mean(axis=0))
     alpha = patch.mask[:, :, None]
-    region[...] = np.clip(np.rint(region.astype(np.float32) * (1.0 - alpha) + new_pixels * alpha), 0, 255).astype(np.uint8)
+    region[...] = np.clip(np.rint(region.astype(np.float32) * (1.0 - alpha) + new_pixels * alpha),
+                          0, 255).astype(np.uint8)
     return frame
 
 

@@ -58,7 +58,8 @@ def cpu_render(frames_i420: np.ndarray, faces: list, windows: np.ndarray) -> tup
 
 
 def torch_render(frames_i420: np.ndarray, faces: list, windows: np.ndarray) -> tuple[np.ndarray, LandmarkEngine]:
-    """The same frames drawn by heygem.engines.landmark.device on CPU tensors, regions cut and pasted as the render stage does."""
+    """The same frames drawn by heygem.engines.landmark.device on CPU tensors, regions cut and pasted as
+    the render stage does."""
     engine = LandmarkEngine(EngineConfig(), FPS)
     jobs = engine.mouth_jobs(faces, windows)
     frames = frames_i420.copy()

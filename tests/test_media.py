@@ -243,7 +243,8 @@ def test_decoder_count():
                                                     fps_fraction="25/1"),
                                           DecoderShare(index=1, count=3, chunk_frames=32))
     graph = decode_args[decode_args.index("-filter_complex") + 1]
-    assert graph.index("fps=") < graph.index("select=eq(mod(floor(n/32)\\,3)\\,1)") < graph.index("setpts=N/FRAME_RATE/TB")
+    assert (graph.index("fps=") < graph.index("select=eq(mod(floor(n/32)\\,3)\\,1)")
+            < graph.index("setpts=N/FRAME_RATE/TB"))
 
 
 def test_i420_frames_convert_each_frame_or_region_as_the_whole_batch_conversion_does(face_video):
@@ -266,7 +267,8 @@ def test_i420_frames_convert_each_frame_or_region_as_the_whole_batch_conversion_
     # resampled: the same from I420 as from the BGR frame, unless the region shrinks to half or less and
     # is halved in I420 first (then the same picture within a few levels)
     image = BgrImage(whole[3])
-    for box, size in [((31, 17, 201, 151), (120, 90)), ((31, 17, 51, 31), (60, 42)), ((0, 0, width, height), (400, 300))]:
+    for box, size in [((31, 17, 201, 151), (120, 90)), ((31, 17, 51, 31), (60, 42)),
+                      ((0, 0, width, height), (400, 300))]:
         np.testing.assert_array_equal(frame.region(*box, rgb=True, size=size), image.region(*box, rgb=True, size=size))
     halved = frame.region(31, 17, 287, 223, rgb=True, size=(96, 78)).astype(int)
     expected = image.region(31, 17, 287, 223, rgb=True, size=(96, 78))

@@ -18,7 +18,8 @@ from heygem.speech.audio import load_audio_16k
 def photo_result(tmp_path_factory, face_photo, short_speech):
     output = tmp_path_factory.mktemp("photo") / "talking astronaut.mp4"
     stages = []
-    summary = generate(face_photo, short_speech, output, progress=lambda stage, fraction: stages.append((stage, fraction)))
+    summary = generate(face_photo, short_speech, output,
+                       progress=lambda stage, fraction: stages.append((stage, fraction)))
     return summary, output, stages
 
 

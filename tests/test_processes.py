@@ -43,6 +43,7 @@ def test_helper_processes_started_from_a_script_do_not_run_the_script_again(tmp_
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
     answers = [line for line in result.stdout.splitlines() if line.startswith("answered:")]
-    assert len(answers) == 2 and all("failed: ValueError: unknown message 'no such request'" in line for line in answers)
+    assert len(answers) == 2 and all("failed: ValueError: unknown message 'no such request'" in line
+                                     for line in answers)
     assert marker.read_text() == "imported\n"  # the parent's import only
     assert "main spec after the start: None" in result.stdout  # the script's module is as it was

@@ -325,7 +325,8 @@ def test_three_frames_with_gfpgan_make_a_playable_mp4(tmp_path, monkeypatch, fac
     assert restored.shape == sharpened.shape == (3, 256, 256, 3)
     difference = np.abs(restored.astype(int) - sharpened.astype(int)).mean(axis=(0, 3))  # (256, 256)
     points = five_points(portrait_face.landmarks) / 2  # (5, 2) in the 256x256 output
-    (left, top), (right, bottom) = np.floor(points[3:].min(axis=0)).astype(int), np.ceil(points[3:].max(axis=0)).astype(int)
+    (left, top), (right, bottom) = (np.floor(points[3:].min(axis=0)).astype(int),
+                                    np.ceil(points[3:].max(axis=0)).astype(int))
     assert difference[top - 3:bottom + 4, left:right + 1].mean() > 5  # around the mouth: restored
     eyes_row = int(points[:2, 1].min())
     assert difference[:eyes_row].mean() < 1.0  # the eyes and above: the source's (up to x264)

@@ -143,7 +143,8 @@ def test_s3fd_finds_tight_and_loose_crops_on_every_frame(tmp_path, size):
 
     detector = S3FDDetector(load_s3fd(real_s3fd_checkpoint(), device="cpu"))
     for kind, margin in crop_cases():
-        video = drifting_video(tmp_path, f"{kind}-{size}", lambda index: face_crop(margin, size, (0.01 * index, 0))[0])
+        video = drifting_video(tmp_path, f"{kind}-{size}",
+                               lambda index, margin=margin: face_crop(margin, size, (0.01 * index, 0))[0])
         tracked = track_every_frame(video, FaceConfig(detector="s3fd"), detector=detector)
         assert all(points is not None for points in tracked), (kind, size)
 

@@ -68,7 +68,8 @@ def test_bundled_voice_speaks_english(english_speech):
     assert [cue.text for cue in speech.cues] == ["The quick brown fox jumps over the lazy dog.", "Is it raining today?"]
     assert_cues_fit(speech)
     # the pause between the sentences is silent and as long as asked
-    gap = speech.samples[int(speech.cues[0].end * speech.sample_rate) + 1:int(speech.cues[1].start * speech.sample_rate) - 1]
+    gap = speech.samples[int(speech.cues[0].end * speech.sample_rate) + 1:
+                         int(speech.cues[1].start * speech.sample_rate) - 1]
     assert abs(len(gap) / speech.sample_rate - 0.3) < 0.01 and not gap.any()
     # each cue holds sound
     for cue in speech.cues:
@@ -129,7 +130,8 @@ def test_split_english(text, expected):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("你好，世界。今天天气很好！你吃了吗？我们走吧；好", ["你好，世界。", "今天天气很好！", "你吃了吗？", "我们走吧；", "好"]),
+    ("你好，世界。今天天气很好！你吃了吗？我们走吧；好",
+     ["你好，世界。", "今天天气很好！", "你吃了吗？", "我们走吧；", "好"]),
     ("他说：“走吧。”然后走了。", ["他说：“走吧。”", "然后走了。"]),
     ("第一行\n第二行", ["第一行", "第二行"]),
 ])

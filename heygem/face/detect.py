@@ -110,7 +110,8 @@ class MediapipeDetector:
             whole = self._boxes(self._full_range, image_rgb, 0.0, 0.0, 1.0)
             canvas_bgr, x, y, scale = zoomed_out(frame)
             canvas_rgb = np.ascontiguousarray(canvas_bgr[:, :, ::-1])
-            results.append(merge_boxes(np.concatenate([whole, self._boxes(self._short_range, canvas_rgb, x, y, scale)])))
+            results.append(merge_boxes(np.concatenate([whole,
+                                                       self._boxes(self._short_range, canvas_rgb, x, y, scale)])))
         return results
 
     @staticmethod

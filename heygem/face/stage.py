@@ -159,7 +159,8 @@ def take_trackers(config: FaceConfig, size: int, still_images: bool = False,
     (docs/benchmarks.md)."""
     if processes and detector is not None:
         raise ValueError("tracking processes use mediapipe's own detector")
-    key = processes_pool_key(config, size, still_images) if processes else pool_key(config, size, still_images, detector)
+    key = (processes_pool_key(config, size, still_images) if processes
+           else pool_key(config, size, still_images, detector))
     pool = KEPT.take(FACE_TRACKERS, key, usable=lambda kept: kept.alive())
     if pool is not None:
         pool.use_options(config)

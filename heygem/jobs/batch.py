@@ -13,7 +13,8 @@ Items are planned from a list of files by one of three pairings:
 An item made from text gets its subtitles (``text.subtitles``) and ``NAME.srt``.
 
 ``python -m heygem batch`` runs the items with a worker in this process
-(one per device with ``--devices cuda:0,cuda:1``), skips items whose inputs and options are unchanged since a finished earlier run,
+(one per device with ``--devices cuda:0,cuda:1``), skips items whose inputs and options are
+unchanged since a finished earlier run,
 keeps going when an item fails and writes ``summary.csv``. The web app plans
 items the same way and queues them on its own workers.
 """

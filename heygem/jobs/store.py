@@ -449,7 +449,8 @@ class JobStore:
         ``text`` instead of ``audio`` is spoken now (heygem.speech.tts, with ``voice`` and
         ``speed``) into the job's speech.wav, with its cues in speech.srt; the
         result then gets them as subtitles. ``remote``: the request comes from a client of a server
-        (the page, gradio_client, REST), whose options are limited (heygem.jobs.request). Unknown options, unreadable files,
+        (the page, gradio_client, REST), whose options are limited (heygem.jobs.request). Unknown
+        options, unreadable files,
         files over the upload limit and unusable text raise HeygemError here,
         before anything is queued.
         """

@@ -64,7 +64,8 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
     try:
         run_on = job_device(job.options, device)
         logger.info("job %s: attempt %d started by %s on %s", job.id, job.attempts, owner, run_on)
-        for stale in (job.result_path, job.summary_path, job.directory / RESULT_SUBTITLES_NAME):  # left by an interrupted attempt
+        # left by an interrupted attempt
+        for stale in (job.result_path, job.summary_path, job.directory / RESULT_SUBTITLES_NAME):
             stale.unlink(missing_ok=True)
         overrides = dict(job.options)
         if run_on != "auto":

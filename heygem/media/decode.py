@@ -39,7 +39,8 @@ def video_decode_args(path: Path, fps_fraction: str, geometry: FrameGeometry, so
         stream = stream.filter("select", f"eq(mod(floor(n/{share.chunk_frames}),{share.count}),{share.index})")
         # the frames kept, retimed back to back: a constant-rate output then neither repeats nor drops any
         stream = stream.filter("setpts", "N/FRAME_RATE/TB")
-    same_size = (geometry.width, geometry.height) == (source.width - source.width % 2, source.height - source.height % 2)
+    same_size = (geometry.width, geometry.height) == (source.width - source.width % 2,
+                                                      source.height - source.height % 2)
     if same_size and source.plain_yuv420:  # the decoder's own frames: no scaler (~5x faster at 1080p)
         if (geometry.width, geometry.height) != (source.width, source.height):
             stream = stream.filter("crop", geometry.width, geometry.height, 0, 0)

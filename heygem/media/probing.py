@@ -29,7 +29,8 @@ def probe(path: str | Path) -> MediaInfo:
     try:
         container = av.open(str(path))
     except (av.error.FFmpegError, OSError, ValueError):
-        raise HeygemError(f"{path.name} is not a media file heygem can read (expected a video, image or audio file)") from None
+        raise HeygemError(f"{path.name} is not a media file heygem can read "
+                          "(expected a video, image or audio file)") from None
     with container:
         video = next((s for s in container.streams.video), None)
         audio = next((s for s in container.streams.audio), None)

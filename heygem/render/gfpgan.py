@@ -226,7 +226,8 @@ class GfpganRestorer:
         y, u, v = gpu_blend.split_planes(planes)
         regions = gpu_blend.i420_to_bgr(y[rows_device], u[rows_device], v[rows_device])  # (S, 3, Hc, Wc) 0..255
         matrices = alignment_matrices(landmarks[rows])  # (S, 2, 3) region pixels -> template pixels
-        aligned = warp_images(regions, invert_affine(matrices), ALIGNED_SIZE, ALIGNED_SIZE, "border")  # (S, 3, 512, 512)
+        # aligned: (S, 3, 512, 512)
+        aligned = warp_images(regions, invert_affine(matrices), ALIGNED_SIZE, ALIGNED_SIZE, "border")
         restored = self.restore_faces(aligned)  # (S, 3, 512, 512) BGR
         back = warp_images(restored, matrices, height, width)  # (S, 3, Hc, Wc), 0 outside the square
         inside = warp_images(torch.ones_like(restored[:, :1]), matrices, height, width)  # (S, 1, Hc, Wc)

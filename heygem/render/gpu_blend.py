@@ -143,11 +143,13 @@ def face_canvas(frame_index, boxes, frame_height: int, frame_width: int, device:
     boxes_cpu = np.asarray(torch.as_tensor(boxes).cpu(), dtype=np.int64).reshape(-1, 4)  # (F, 4)
     index_cpu = np.asarray(torch.as_tensor(frame_index).cpu(), dtype=np.int64).reshape(-1)  # (F,)
     if len(index_cpu) != len(boxes_cpu) or len(boxes_cpu) == 0:
-        raise ValueError(f"need one frame index per box and at least one box; got {len(index_cpu)} and {len(boxes_cpu)}")
+        raise ValueError("need one frame index per box and at least one box; "
+                         f"got {len(index_cpu)} and {len(boxes_cpu)}")
     x1, y1, x2, y2 = boxes_cpu.T
     if (x1 < 0).any() or (y1 < 0).any() or (x2 > frame_width).any() or (y2 > frame_height).any() \
             or (x2 <= x1).any() or (y2 <= y1).any():
-        raise ValueError(f"boxes must be non-empty and inside the {frame_width}x{frame_height} frame: {boxes_cpu.tolist()}")
+        raise ValueError(f"boxes must be non-empty and inside the {frame_width}x{frame_height} frame: "
+                         f"{boxes_cpu.tolist()}")
     left, top = x1 & ~1, y1 & ~1  # (F,) even
     right, bottom = x2 + (x2 & 1), y2 + (y2 & 1)  # (F,) even, at most the (even) frame size
     width, height = int((right - left).max()), int((bottom - top).max())
@@ -295,14 +297,16 @@ def crop_faces(planes: torch.Tensor, frame_index, boxes, size: int = FACE_SIZE) 
     target = torch.full_like(box_size, size)
     method = _resize_methods(box_size, target, cubic_when_larger=False)  # (F,)
     no_offset = torch.zeros_like(offset[:, 0])
-    rows = _resize_matrix(box_size[:, 1], target[:, 1], offset[:, 1], no_offset, canvas.height, size, method)  # (F, S, Hc)
-    columns = _resize_matrix(box_size[:, 0], target[:, 0], offset[:, 0], no_offset, canvas.width, size, method)  # (F, S, Wc)
+    # rows: (F, S, Hc), columns: (F, S, Wc)
+    rows = _resize_matrix(box_size[:, 1], target[:, 1], offset[:, 1], no_offset, canvas.height, size, method)
+    columns = _resize_matrix(box_size[:, 0], target[:, 0], offset[:, 0], no_offset, canvas.width, size, method)
     crops = rows[:, None] @ regions @ columns[:, None].transpose(2, 3)  # (F, 3, S, S)
     return crops.round_().clamp_(0.0, 255.0).div_(255.0)  # rounded like OpenCV's uint8 result
 
 
 def gaussian_radius(sigma: float) -> int:
-    """Half the tap count of OpenCV's Gaussian kernel for float images and ksize 0: round(8 sigma + 1) taps, made odd."""
+    """Half the tap count of OpenCV's Gaussian kernel for float images and ksize 0: round(8 sigma + 1)
+    taps, made odd."""
     return (round(8.0 * float(sigma) + 1.0) | 1) // 2
 
 
@@ -487,8 +491,9 @@ def paste_faces(planes: torch.Tensor, frame_index, boxes, patches: torch.Tensor,
     source = torch.full_like(box_size, patch_size)
     method = _resize_methods(source, box_size, cubic_when_larger=True)  # (F,)
     no_offset = torch.zeros_like(offset[:, 0])
-    rows = _resize_matrix(source[:, 1], box_size[:, 1], no_offset, offset[:, 1], patch_size, canvas.height, method)  # (F, Hc, S)
-    columns = _resize_matrix(source[:, 0], box_size[:, 0], no_offset, offset[:, 0], patch_size, canvas.width, method)  # (F, Wc, S)
+    # rows: (F, Hc, S), columns: (F, Wc, S)
+    rows = _resize_matrix(source[:, 1], box_size[:, 1], no_offset, offset[:, 1], patch_size, canvas.height, method)
+    columns = _resize_matrix(source[:, 0], box_size[:, 0], no_offset, offset[:, 0], patch_size, canvas.width, method)
     scaled = rows[:, None] @ (patches.float() * 255.0) @ columns[:, None].transpose(2, 3)  # (F, 3, Hc, Wc)
     scaled = scaled.clamp_(0.0, 255.0)
 
@@ -534,5 +539,6 @@ def blend_canvas(planes: torch.Tensor, canvas: FaceCanvas, regions: torch.Tensor
             rows_view[rows[face, row], columns[face, column]] = values[face, row, column]
 
 
-__all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "blend_canvas", "colour_shift", "crop_faces", "face_canvas", "face_masks",
-           "gather_canvas", "gaussian_blur", "gaussian_radius", "i420_to_bgr", "paste_faces", "sharpen_changed", "split_planes"]
+__all__ = ["FACE_SIZE", "FaceCanvas", "bgr_to_i420", "blend_canvas", "colour_shift", "crop_faces", "face_canvas",
+           "face_masks", "gather_canvas", "gaussian_blur", "gaussian_radius", "i420_to_bgr", "paste_faces",
+           "sharpen_changed", "split_planes"]

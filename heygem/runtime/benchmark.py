@@ -181,8 +181,8 @@ def benchmark_in_child_process() -> Benchmark:
     import json
 
     package_parent = Path(__file__).resolve().parents[2]  # the folder that holds heygem/
-    completed = subprocess.run([sys.executable, "-m", "heygem.runtime.benchmark"], cwd=package_parent, capture_output=True,
-                               text=True, timeout=300, stdin=subprocess.DEVNULL)
+    completed = subprocess.run([sys.executable, "-m", "heygem.runtime.benchmark"], cwd=package_parent,
+                               capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
         errors = completed.stderr.strip().splitlines()

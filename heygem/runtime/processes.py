@@ -83,7 +83,8 @@ class ProcessPool:
         self._finalizer = weakref.finalize(self, _stop_processes, self.processes, self.connections)
         for index in range(size):
             parent_end, child_end = context.Pipe()
-            process = context.Process(target=target, args=(child_end, *args), daemon=True, name=f"heygem-{name}-{index}")
+            process = context.Process(target=target, args=(child_end, *args), daemon=True,
+                                      name=f"heygem-{name}-{index}")
             with _main_script_left_out():
                 process.start()
             child_end.close()

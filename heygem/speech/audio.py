@@ -1,7 +1,8 @@
 """Step 2: audio features, exactly as the public Wav2Lip analyses speech.
 
 16 kHz mono; pre-emphasis 0.97; STFT with n_fft 800, window 800, hop 200
-(80 mel frames per second, centred frames with reflect padding as librosa 0.7 did); 80 mel bands from 55 to 7600 Hz; amplitude to dB
+(80 mel frames per second, centred frames with reflect padding as librosa 0.7 did); 80 mel bands
+from 55 to 7600 Hz; amplitude to dB
 (floor 1e-5) minus a 20 dB reference; symmetric normalisation of
 [-100 dB, 0 dB] onto [-4, 4] with clipping. The STFT and the Slaney-style mel
 filters are written out here with numpy (the same numbers librosa gives, see

@@ -180,7 +180,8 @@ def burn_subtitles(video_path: Path, cues, crf: int = 18, preset: str = "veryfas
         except BrokenPipeError:
             encode_errors.seek(0)
             lines = encode_errors.read().decode(errors="replace").strip().splitlines()
-            raise HeygemError(f"drawing the subtitles failed: {lines[-1] if lines else 'the encoder stopped'}") from None
+            raise HeygemError("drawing the subtitles failed: "
+                              f"{lines[-1] if lines else 'the encoder stopped'}") from None
         finally:
             for process in (decoder, encoder):
                 if process.poll() is None:

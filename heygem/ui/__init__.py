@@ -23,7 +23,8 @@ def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
     """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``."""
     with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
         gr.Markdown(f"# heygem\nA face (video or photo) and some speech in, a lip-synced talking video out. "
-                    f"<small>v{__version__} · jobs are kept in `{store.outputs_dir}` · REST API under `/api/jobs`</small>")
+                    f"<small>v{__version__} · jobs are kept in `{store.outputs_dir}` · "
+                    f"REST API under `/api/jobs`</small>")
         with gr.Tabs():
             generate_tab(store)
             batch_tab(store, batch_roots)

@@ -19,7 +19,7 @@ def client_api(store: JobStore) -> None:
     MP4 (with progress), /job_status reports any job. Nothing of this shows on the page."""
 
     async def generate(face: str, audio: str | None, engine: str = "auto", options: str = "{}", text: str = "",
-                       voice: str = "", progress=gr.Progress()) -> str:
+                       voice: str = "", progress=gr.Progress()) -> str:  # noqa: B008 - how Gradio passes progress
         """Make a lip-synced MP4 of ``face`` (a video or photo) speaking ``audio``, or ``text`` spoken offline
         by ``voice`` (see `python -m heygem voices`; the result then carries subtitles); with neither, the face
         video's own sound. ``engine``: auto, wav2lip or landmark. ``options``: JSON of more options with the

@@ -144,7 +144,8 @@ def job_card(job) -> str:
     elif job.status == RUNNING:
         detail = f"{html.escape(job.stage or 'starting')} · {job.progress:.0%}"
     elif job.status == DONE:
-        detail = f"Finished in {job.seconds:.1f} s with the {html.escape(job.engine)} engine" if job.seconds else "Finished"
+        detail = (f"Finished in {job.seconds:.1f} s with the {html.escape(job.engine)} engine" if job.seconds
+                  else "Finished")
         restorer = (job.read_summary() or {}).get("restorer")
         if restorer:
             detail += f" · restorer: {html.escape(str(restorer))}"

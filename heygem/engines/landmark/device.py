@@ -429,7 +429,8 @@ def _constants(device) -> DrawConstants:
 
     key = str(device)
     if key not in _CONSTANTS:
-        _CONSTANTS[key] = DrawConstants(*(to_device(table, device) for table in (TOOTH_EDGES, CAVITY_TINT, TONGUE_TINT)))
+        _CONSTANTS[key] = DrawConstants(*(to_device(table, device)
+                                          for table in (TOOTH_EDGES, CAVITY_TINT, TONGUE_TINT)))
     return _CONSTANTS[key]
 
 

@@ -391,7 +391,8 @@ def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, w
         window = (slice(lips[0].start + inside[0].start, lips[0].start + inside[0].stop),
                   slice(lips[1].start + inside[1].start, lips[1].start + inside[1].stop))
         interior = MouthInterior(window=window, u=lips_field.u[inside], u_column=lips_field.u_column[inside],
-                                 v=lips_field.v[inside], target_levels=[level[inside] for level in lips_field.target_levels],
+                                 v=lips_field.v[inside],
+                                 target_levels=[level[inside] for level in lips_field.target_levels],
                                  closing_px=closing_px[inside], interior_weight=interior_weight[inside],
                                  geometry=geometry, colours=colours)
     return WarpedMouth(box=box, image_bgr=image, mask=mask, fade=fade, mouth_width=geometry.mouth_width,

@@ -87,7 +87,8 @@ class LandmarkEngine:
         self.region_margin = REGION_MARGIN
         self.shapes = MouthShapeTracker(fps)
         self.teeth = TeethColour()
-        self._pool = pool  # a heygem.engines.landmark.processes.RenderPool, else started with the first batch that needs it
+        # a heygem.engines.landmark.processes.RenderPool, else started with the first batch that needs it
+        self._pool = pool
         logger.debug("landmark engine at %.3f fps, mouth strength %.2f, %d rendering processes",
                      self.fps, self.mouth_strength, self.workers)
 

@@ -54,12 +54,9 @@ def find_gfpgan_checkpoint(folder: Path | None = None) -> Path | None:
 
 def require_gfpgan_checkpoint(folder: Path | None = None) -> Path:
     """GFPGANv1.4.pth in ``folder`` (default: :func:`weights_dir`), or a HeygemError saying how to get it."""
-    folder = Path(folder) if folder is not None else weights_dir()
-    checkpoint = find_gfpgan_checkpoint(folder)
-    if checkpoint is None:
-        raise HeygemError(f"--restorer gfpgan needs GFPGANv1.4.pth in {folder}: run `python -m heygem weights "
-                          f"download gfpgan_v1.4` or put the file there (or choose --restorer auto, sharpen or none)")
-    return checkpoint
+    return require_first_file(folder, GFPGAN_FILE_NAMES, "--restorer gfpgan needs GFPGANv1.4.pth in {folder}: run "
+                              "`python -m heygem weights download gfpgan_v1.4` or put the file there (or choose "
+                              "--restorer auto, sharpen or none)")
 
 
 def find_s3fd_checkpoint(folder: Path | None = None) -> Path | None:
@@ -71,12 +68,18 @@ def find_s3fd_checkpoint(folder: Path | None = None) -> Path | None:
 def require_s3fd_checkpoint(folder: Path | None = None) -> Path:
     """The S3FD file in ``folder`` (default: :func:`weights_dir`); HeygemError saying which file to put
     there when it is missing."""
+    return require_first_file(folder, S3FD_FILE_NAMES,
+                              f"--detector s3fd needs the S3FD weights: put {S3FD_FILE_NAME} (or {S3FD_FILE_NAMES[1]}) "
+                              "into {folder}, or run python -m heygem weights download s3fd")
+
+
+def require_first_file(folder: Path | None, names, missing: str) -> Path:
+    """:func:`find_first_file`, or HeygemError(``missing``, its ``{folder}`` filled in) when none is there."""
     folder = Path(folder) if folder is not None else weights_dir()
-    checkpoint_path = find_s3fd_checkpoint(folder)
-    if checkpoint_path is None:
-        raise HeygemError(f"--detector s3fd needs the S3FD weights: put {S3FD_FILE_NAME} (or {S3FD_FILE_NAMES[1]}) "
-                          f"into {folder}, or run python -m heygem weights download s3fd")
-    return checkpoint_path
+    found = find_first_file(folder, names)
+    if found is None:
+        raise HeygemError(missing.format(folder=folder))
+    return found
 
 
 def find_first_file(folder: Path | None, names) -> Path | None:

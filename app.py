@@ -1,10 +1,11 @@
 """heygem's web app and REST API: arguments and launch only (the page is heygem.ui, the API heygem.jobs.api).
 
-    python app.py [--host 127.0.0.1] [--port 7860] [--auth user:pass] [--share] [--outputs DIR]
+    python app.py [--host 127.0.0.1] [--port 7860] [--users FILE | --auth user:pass] [--share] [--outputs DIR]
 
 One process serves the page (Gradio Blocks) and the REST API under /api, and runs the job
 worker(s). Everything either does goes through the job store (heygem.jobs), so a job started here
-shows up in the REST API and in ``python -m heygem jobs list``, and survives a restart.
+shows up in the REST API and in ``python -m heygem jobs list``, and survives a restart. A server
+that several people share needs ``--users`` (heygem.jobs.users): each then sees only their own jobs.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from heygem.jobs.api import create_router
 from heygem.jobs.files import DEFAULT_OUTPUTS
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobLimits, JobStore
+from heygem.jobs.users import Users
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.runtime import library_logs
 from heygem.ui import build_ui, page_style
+from heygem.ui.access import PageAccess
 
 logger = logging.getLogger("heygem")
 
@@ -35,7 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=7860, help="port to listen on")
     parser.add_argument("--auth", metavar="USER:PASS", default=os.environ.get("HEYGEM_AUTH"),
                         help="ask for this user name and password on the page and the REST API "
-                             "(default: $HEYGEM_AUTH, or none)")
+                             "(default: $HEYGEM_AUTH, or none); one person's server: a shared one needs --users")
+    parser.add_argument("--users", metavar="FILE", default=os.environ.get("HEYGEM_USERS"),
+                        help="the users who may sign in, one a line: NAME:SECRET or admin NAME:SECRET (see "
+                             "`python -m heygem users --help`); each sees only their own jobs, an admin all "
+                             "(default: $HEYGEM_USERS, or none)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="where jobs are kept (default: outputs/)")
     parser.add_argument("--max-upload-mb", type=float, default=500, help="largest file accepted, in MB")
@@ -71,8 +78,17 @@ def main(argv: list[str] | None = None) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug or args.verbose else logging.INFO)
-    auth = None
-    if args.auth:
+    auth, users = None, None
+    if args.users and args.auth:
+        print("error: give --users (a user file) or --auth (one shared user), not both", file=sys.stderr)
+        raise SystemExit(2)
+    if args.users:
+        try:
+            users = Users.load(args.users)
+        except HeygemError as problem:
+            print(f"error: {problem}", file=sys.stderr)
+            raise SystemExit(2) from None
+    elif args.auth:
         user, colon, password = args.auth.partition(":")
         if not colon or not user or not password:
             raise SystemExit("--auth takes USER:PASS")
@@ -97,17 +113,18 @@ def main(argv: list[str] | None = None) -> None:
     elif args.workers != 0:
         start_workers(store, args.workers, devices=devices)
         threading.Thread(target=warm_up, name="heygem-warm-up", daemon=True).start()
-    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root])
+    access = PageAccess(store, users)
+    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access)
     demo.queue(default_concurrency_limit=4, max_size=256)
-    router = create_router(store, auth=auth, max_upload_bytes=max_upload_bytes)
+    router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes)
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(
-        server_name=args.host, server_port=args.port, share=args.share, auth=auth, quiet=True,
+        server_name=args.host, server_port=args.port, share=args.share, auth=access.page_auth(auth), quiet=True,
         prevent_thread_lock=True,
-        auth_message="heygem: sign in with the user name and password the server was started with",
-        max_file_size=max_upload_bytes, allowed_paths=[str(store.outputs_dir)],
-        blocked_paths=[str(store.database_path) + suffix for suffix in ("", "-wal", "-shm")],
+        auth_message="heygem: sign in with your user name and secret" if users else
+                     "heygem: sign in with the user name and password the server was started with",
+        max_file_size=max_upload_bytes, **access.served_paths(),
         app_kwargs={"routes": router.routes}, show_error=True, footer_links=["api", "gradio"],
         **page_style(),
     )

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_batch_parser(commands)
     add_jobs_parser(commands)
+    add_users_parser(commands)
     add_weights_parser(commands)
 
     doctor_command = commands.add_parser(
@@ -296,12 +297,13 @@ def batch_command(args: argparse.Namespace) -> int:
 
 
 def add_jobs_parser(subparsers) -> argparse.ArgumentParser:
-    """``python -m heygem jobs list|clean --older-than DAYS|cancel ID|retry ID|work``."""
+    """``python -m heygem jobs list|clean --older-than DAYS|cancel ID|retry ID|delete ID|work``."""
     from heygem.jobs.files import DEFAULT_OUTPUTS
 
-    parser = subparsers.add_parser("jobs", help="list, clean, cancel or retry jobs; or run a worker",
+    parser = subparsers.add_parser("jobs", help="list, clean, cancel, retry or delete jobs; or run a worker",
                                    description="The job store shared by the web app, the REST API and batch mode.")
-    parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS), help="the job store (default: outputs/)")
+    folder_help = "the job store, as app.py's --outputs (default: outputs/)"
+    parser.add_argument("--jobs-dir", "--outputs", dest="jobs_dir", default=str(DEFAULT_OUTPUTS), help=folder_help)
     actions = parser.add_subparsers(dest="jobs_action", required=True)
     listing = actions.add_parser("list", help="jobs, newest first")
     listing.add_argument("--status", choices=("queued", "running", "done", "failed", "cancelled"))
@@ -313,10 +315,14 @@ def add_jobs_parser(subparsers) -> argparse.ArgumentParser:
     cancelling.add_argument("job_id")
     retrying = actions.add_parser("retry", help="queue a failed or cancelled job again")
     retrying.add_argument("job_id")
+    deleting = actions.add_parser("delete", help="delete a job that is not running, with its files")
+    deleting.add_argument("job_id")
     working = actions.add_parser("work", help="run queued jobs in this process (when the app runs with --workers 0)")
     working.add_argument("--workers", type=int, default=None,
                          help="how many (default: one per GPU, or one; with --devices: one per listed device)")
     add_devices_flag(working)
+    for action in actions.choices.values():  # also after the action: jobs delete ID --outputs DIR
+        action.add_argument("--jobs-dir", "--outputs", dest="jobs_dir", default=argparse.SUPPRESS, help=folder_help)
     parser.set_defaults(handler=jobs_command)
     return parser
 
@@ -347,6 +353,10 @@ def jobs_command(args: argparse.Namespace) -> int:
     if args.jobs_action == "retry":
         print(f"{args.job_id}: {store.retry(args.job_id).status}")
         return 0
+    if args.jobs_action == "delete":
+        store.delete(args.job_id)
+        print(f"{args.job_id}: deleted")
+        return 0
     if args.jobs_action == "work":
         _log_jobs_quietly(args)
         workers = start_workers(store, args.workers, devices=devices)
@@ -356,7 +366,32 @@ def jobs_command(args: argparse.Namespace) -> int:
                 time.sleep(3600)
         except KeyboardInterrupt:
             return 0
-    raise HeygemError("choose a jobs action: list, clean, cancel, retry or work")
+    raise HeygemError("choose a jobs action: list, clean, cancel, retry, delete or work")
+
+
+def add_users_parser(subparsers) -> argparse.ArgumentParser:
+    """``python -m heygem users hash``: a secret hashed for app.py's --users file."""
+    parser = subparsers.add_parser("users", help="make lines of the --users file of a shared server",
+                                   description="A shared server (python app.py --users FILE) reads one user a line: "
+                                               "NAME:SECRET, or admin NAME:SECRET. `hash` prints SECRET hashed, "
+                                               "to write NAME:HASH instead.")
+    actions = parser.add_subparsers(dest="users_action", required=True)
+    hashing = actions.add_parser("hash", help="print a secret hashed (asked for when --secret is not given)")
+    hashing.add_argument("--secret", help="the secret (default: asked for without echo)")
+    parser.set_defaults(handler=users_command)
+    return parser
+
+
+def users_command(args: argparse.Namespace) -> int:
+    import getpass
+
+    from heygem.jobs.users import hash_secret
+
+    secret = args.secret if args.secret is not None else getpass.getpass("secret: ")
+    if not secret.strip() or secret != secret.strip():
+        raise HeygemError("give a secret without spaces at its ends")
+    print(hash_secret(secret))
+    return 0
 
 
 def _parse_options(text: str | None) -> dict:

@@ -181,13 +181,18 @@ def test_an_older_jobs_db_gets_the_submitter_column_in_place(tmp_path, speech):
     outputs = tmp_path / "outputs"
     store = JobStore(outputs)
     job_id = store.create_job(ASSETS / "astronaut.jpg", speech)
+    row = dict(store._connect().execute("SELECT * FROM jobs").fetchone())
     store.close()
-    with sqlite3.connect(outputs / "jobs.db") as db:  # as an earlier release left it
-        db.execute("ALTER TABLE jobs DROP COLUMN submitter")
+    (outputs / "jobs.db").unlink()
+    old_columns = [name for name in row if name not in ("worker", "device", "submitter")]
+    with sqlite3.connect(outputs / "jobs.db") as db:  # the table as the first release made it
+        db.execute(f"CREATE TABLE jobs ({', '.join(old_columns)})")
+        db.execute(f"INSERT INTO jobs VALUES ({', '.join('?' * len(old_columns))})",
+                   [row[name] for name in old_columns])
     reopened = JobStore(outputs)
     assert reopened.get(job_id).submitter is None
     columns = {row["name"] for row in reopened._connect().execute("PRAGMA table_info(jobs)")}
-    assert "submitter" in columns
+    assert {"submitter", "worker", "device"} <= columns
     mine = reopened.create_job(ASSETS / "astronaut.jpg", speech, submitter="bob")
     assert [job.id for job in reopened.list(submitter="bob")] == [mine]
     assert reopened.counts(submitter="bob")["queued"] == 1 and reopened.counts()["queued"] == 2

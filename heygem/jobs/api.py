@@ -9,12 +9,17 @@
     GET    /api/jobs/{id}          -> {"id", "status", "progress", "stage", "error", "created", ...}
     GET    /api/jobs/{id}/result   -> the MP4 (404 until the job is done)
     GET    /api/jobs/{id}/log      -> the job's log as text
-    DELETE /api/jobs/{id}          -> cancels the job
+    DELETE /api/jobs/{id}          -> cancels a queued or running job; deletes a finished (done, failed,
+                                   cancelled) one with its files -> {"id", "status": "deleted"}
     POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again
 
 Every error is JSON ``{"error": message}``. With ``auth`` set, every route
-needs HTTP basic auth with the same user and password as the web UI. Only
-files inside the job folders are ever served.
+needs HTTP basic auth with the same user and password as the web UI. With
+``users`` (heygem.jobs.users), every route needs one of those users (basic auth
+NAME:SECRET, or ``Authorization: Bearer SECRET``); each job belongs to the user
+who submitted it, a user sees and touches only their own (another's answers
+404, as a job that does not exist) and an admin every job. Only files inside
+the job folders are ever served.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ from heygem.errors import HeygemError
 from heygem.jobs.files import Upload, UploadTooLarge, human_size
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
+from heygem.jobs.users import Users, may_see, submitter_filter
 
 logger = logging.getLogger("heygem")
 
 JOB_ID_PATTERN = re.compile(r"^[0-9A-Za-z-]{1,64}$")
+BASIC_CHALLENGE = 'Basic realm="heygem", charset="UTF-8"'
 MULTIPART_OVERHEAD = 1 << 20  # bytes of form fields and boundaries allowed on top of the two files
 
 
@@ -57,7 +64,7 @@ def error_response(status: int, message: str, headers: dict | None = None) -> JS
 
 def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
     """Raise ApiError(401) unless the request carries these basic-auth credentials."""
-    challenge = {"WWW-Authenticate": 'Basic realm="heygem", charset="UTF-8"'}
+    challenge = {"WWW-Authenticate": BASIC_CHALLENGE}
     scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "basic":
         raise ApiError(401, "this server needs a user name and password (HTTP basic auth)", challenge)
@@ -72,20 +79,32 @@ def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
         raise ApiError(401, "wrong user name or password", challenge)
 
 
-def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
+def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users: Users | None = None,
                   max_upload_bytes: int | None = None) -> APIRouter:
-    """The /api routes over ``store``; include them in the app that also serves the UI."""
+    """The /api routes over ``store``; include them in the app that also serves the UI. ``users``: who
+    may call them, each seeing their own jobs (``auth``, one shared name and password, is then unused)."""
+
+    def signed_in(request: Request):
+        """The request's user (request.state.user), or 401; None when the server has no users."""
+        if users is None:
+            if auth is not None:
+                check_basic_auth(request, auth)
+            return None
+        user = users.from_authorization(request.headers.get("authorization", ""))
+        if user is None:
+            raise ApiError(401, "this server needs a user: HTTP basic auth NAME:SECRET, or the header "
+                                "Authorization: Bearer SECRET", {"WWW-Authenticate": BASIC_CHALLENGE})
+        return user
 
     class GuardedRoute(APIRoute):
-        """Checks basic auth first and turns ApiError and HeygemError into JSON errors."""
+        """Checks the user first and turns ApiError and HeygemError into JSON errors."""
 
         def get_route_handler(self) -> Callable:
             handler = super().get_route_handler()
 
             async def guarded(request: Request) -> Response:
                 try:
-                    if auth is not None:
-                        check_basic_auth(request, auth)
+                    request.state.user = signed_in(request)
                     return await handler(request)
                 except ApiError as error:
                     return error_response(error.status, error.message, error.headers)
@@ -94,16 +113,17 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
 
     router = APIRouter(prefix="/api", route_class=GuardedRoute)
 
-    def find_job(job_id: str):
-        if not JOB_ID_PATTERN.match(job_id):
-            raise ApiError(404, f"there is no job {job_id!r}")
-        job = store.find(job_id)
-        if job is None:
+    def find_job(job_id: str, request: Request):
+        """The job, when it exists and the request's user may see it; else 404 (the same answer for both,
+        so that ids of other users' jobs do not leak)."""
+        job = store.find(job_id) if JOB_ID_PATTERN.match(job_id) else None
+        if job is None or not may_see(request.state.user, job.submitter):
             raise ApiError(404, f"there is no job {job_id!r}")
         return job
 
     @router.post("/jobs", status_code=201)
     async def submit_job(request: Request):
+        user = request.state.user
         limit = max_upload_bytes
         declared = request.headers.get("content-length")
         if limit is not None and declared and declared.isdigit() and int(declared) > 2 * limit + MULTIPART_OVERHEAD:
@@ -155,7 +175,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
             try:
                 job_id = await run_in_threadpool(
                     lambda: store.create_job(face_upload, audio_upload, options, text=text, voice=voice, speed=speed,
-                                             remote=True))
+                                             remote=True, submitter=user and user.name))
             except UploadTooLarge as error:
                 raise ApiError(413, str(error)) from None
             except QueueFull as error:
@@ -170,20 +190,21 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
                             headers={"Location": f"/api/jobs/{job_id}"})
 
     @router.get("/jobs")
-    def list_jobs(status: str | None = None, limit: int = 100):
+    def list_jobs(request: Request, status: str | None = None, limit: int = 100):
+        submitter = submitter_filter(request.state.user)
         try:
-            jobs = store.list(status=status, limit=max(1, min(limit, 1000)))
+            jobs = store.list(status=status, limit=max(1, min(limit, 1000)), submitter=submitter)
         except HeygemError as error:
             raise ApiError(400, str(error)) from None
-        return {"jobs": [job.to_dict() for job in jobs], "counts": store.counts()}
+        return {"jobs": [job.to_dict() for job in jobs], "counts": store.counts(submitter=submitter)}
 
     @router.get("/jobs/{job_id}")
-    def get_job(job_id: str):
-        return find_job(job_id).to_dict()
+    def get_job(job_id: str, request: Request):
+        return find_job(job_id, request).to_dict()
 
     @router.get("/jobs/{job_id}/result")
-    def get_result(job_id: str):
-        job = find_job(job_id)
+    def get_result(job_id: str, request: Request):
+        job = find_job(job_id, request)
         if job.status != DONE or not job.result_path.is_file():
             detail = f": {job.error}" if job.error else (f" ({job.stage} {job.progress:.0%})" if job.stage else "")
             raise ApiError(404, f"job {job_id} has no result yet: it is {job.status}{detail}")
@@ -191,21 +212,25 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None,
         return FileResponse(job.result_path, media_type="video/mp4", filename=name)
 
     @router.get("/jobs/{job_id}/log")
-    def get_log(job_id: str):
-        job = find_job(job_id)
+    def get_log(job_id: str, request: Request):
+        job = find_job(job_id, request)
         text = job.log_path.read_text(encoding="utf-8", errors="replace") if job.log_path.is_file() else ""
         return PlainTextResponse(text)
 
     @router.delete("/jobs/{job_id}")
-    def cancel_job(job_id: str):
-        job = find_job(job_id)
-        if job.is_finished:
-            raise ApiError(409, f"job {job_id} is already {job.status}")
-        return store.cancel(job_id).to_dict()
+    def cancel_or_delete_job(job_id: str, request: Request):
+        job = find_job(job_id, request)
+        if not job.is_finished:
+            return store.cancel(job_id).to_dict()
+        try:
+            store.delete(job_id)
+        except HeygemError as error:  # queued again (a retry) or claimed since it was read
+            raise ApiError(409, str(error)) from None
+        return {"id": job_id, "status": "deleted"}
 
     @router.post("/jobs/{job_id}/retry")
-    def retry_job(job_id: str):
-        find_job(job_id)
+    def retry_job(job_id: str, request: Request):
+        find_job(job_id, request)
         try:
             return store.retry(job_id).to_dict()
         except HeygemError as error:

@@ -330,11 +330,11 @@ def new_batch_id() -> str:
 
 
 def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, batch: str,
-                 reuse: bool = False) -> dict[str, str | Exception]:
+                 reuse: bool = False, submitter: str | None = None) -> dict[str, str | Exception]:
     """Queue one job per item that can run; return item name -> job id, or the error that stopped it.
 
-    With ``reuse``, an item whose inputs and options match a queued, running or
-    done job is attached to that job instead of making a new one.
+    The jobs belong to ``submitter`` (heygem.jobs.users), if given. With ``reuse``, an item whose inputs and
+    options match a queued, running or done job is attached to that job instead of making a new one.
     """
     outcome: dict[str, str | Exception] = {}
     for item in items:
@@ -350,7 +350,8 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
                 outcome[item.name] = existing.id
             else:
                 outcome[item.name] = store.create_job(item.face_path, item.audio_path, merged, batch=batch,
-                                                      label=item.name, item_key=key, text=item.text)
+                                                      label=item.name, item_key=key, text=item.text,
+                                                      submitter=submitter)
         except (HeygemError, OSError) as error:
             outcome[item.name] = error if isinstance(error, HeygemError) else HeygemError(str(error))
     return outcome

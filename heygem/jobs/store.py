@@ -80,14 +80,15 @@ CREATE TABLE IF NOT EXISTS jobs (
     label TEXT,                            -- the batch item's name
     item_key TEXT,                         -- hash of inputs and options, for resuming batches
     worker TEXT,                           -- the worker that claimed the last attempt (e.g. worker-1)
-    device TEXT                            -- the engine.device that attempt ran with (cuda:1, cpu, auto)
+    device TEXT,                           -- the engine.device that attempt ran with (cuda:1, cpu, auto)
+    submitter TEXT                         -- the user who submitted it (app.py --users); NULL: no user
 );
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, queued, id);
 CREATE INDEX IF NOT EXISTS jobs_by_batch ON jobs (batch);
 CREATE INDEX IF NOT EXISTS jobs_by_item_key ON jobs (item_key);
 """
 # Columns newer than the first release of the schema: added to an older jobs.db when it is opened.
-_ADDED_COLUMNS = {"worker": "TEXT", "device": "TEXT"}
+_ADDED_COLUMNS = {"worker": "TEXT", "device": "TEXT", "submitter": "TEXT"}
 
 
 @dataclass
@@ -115,6 +116,7 @@ class Job:
     owner: str | None
     worker: str | None  # the worker that claimed the last attempt
     device: str | None  # the engine.device the last attempt ran with
+    submitter: str | None  # the user who submitted it (heygem.jobs.users); None: made without a user
     directory: Path
     jobs_ahead: int | None = None  # queued jobs that run before this one (None unless queued)
     summary: dict | None = field(default=None, repr=False)  # result.json, once done
@@ -182,6 +184,7 @@ class Job:
             "label": self.label,
             "worker": self.worker,
             "device": self.device,
+            "submitter": self.submitter,
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "seconds_per_stage": summary.get("seconds_per_stage"),
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
@@ -365,7 +368,7 @@ class JobStore:
             options=json.loads(row["options"]), engine=row["engine"], attempts=row["attempts"],
             cancel_requested=bool(row["cancel_requested"]), batch=row["batch"], label=row["label"],
             item_key=row["item_key"], owner=row["owner"], worker=row["worker"], device=row["device"],
-            directory=self.outputs_dir / row["id"],
+            submitter=row["submitter"], directory=self.outputs_dir / row["id"],
         )
 
     def get(self, job_id: str) -> Job:
@@ -387,17 +390,19 @@ class JobStore:
         except HeygemError:
             return None
 
-    def list(self, status: str | None = None, batch: str | None = None, limit: int | None = None) -> list[Job]:
-        """Jobs, newest first; queued ones carry their place in the queue."""
+    def list(self, status: str | None = None, batch: str | None = None, limit: int | None = None,
+             submitter: str | None = None) -> list[Job]:
+        """Jobs (of ``submitter``, if given), newest first; queued ones carry their place in the queue."""
         clauses, parameters = [], []
         if status is not None:
             if status not in STATUSES:
                 raise HeygemError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
             clauses.append("status = ?")
             parameters.append(status)
-        if batch is not None:
-            clauses.append("batch = ?")
-            parameters.append(batch)
+        for column, value in (("batch", batch), ("submitter", submitter)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                parameters.append(value)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         query = f"SELECT * FROM jobs {where} ORDER BY created DESC, id DESC"
         if limit is not None:
@@ -411,9 +416,11 @@ class JobStore:
             job.jobs_ahead = ahead.get(job.id) if job.status == QUEUED else None
         return jobs
 
-    def counts(self) -> dict[str, int]:
-        """How many jobs are in each state."""
-        rows = self._connect().execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+    def counts(self, submitter: str | None = None) -> dict[str, int]:
+        """How many jobs (of ``submitter``, if given) are in each state."""
+        where, parameters = ("WHERE submitter = ?", (submitter,)) if submitter is not None else ("", ())
+        rows = self._connect().execute(f"SELECT status, COUNT(*) FROM jobs {where} GROUP BY status",
+                                       parameters).fetchall()
         counts = dict.fromkeys(STATUSES, 0)
         counts.update({row[0]: row[1] for row in rows})
         return counts
@@ -440,7 +447,7 @@ class JobStore:
     def create_job(self, face: Path | str | Upload, audio: Path | str | Upload | None,
                    options: dict | None = None, *, batch: str | None = None, label: str | None = None,
                    item_key: str | None = None, text: str | None = None, voice: str | None = None,
-                   speed: float = 1.0, remote: bool = False) -> str:
+                   speed: float = 1.0, remote: bool = False, submitter: str | None = None) -> str:
         """Queue a generation and return its id.
 
         ``face`` is a video or photo, ``audio`` an audio file (or a video with
@@ -449,7 +456,8 @@ class JobStore:
         ``text`` instead of ``audio`` is spoken now (heygem.speech.tts, with ``voice`` and
         ``speed``) into the job's speech.wav, with its cues in speech.srt; the
         result then gets them as subtitles. ``remote``: the request comes from a client of a server
-        (the page, gradio_client, REST), whose options are limited (heygem.jobs.request). Unknown
+        (the page, gradio_client, REST), whose options are limited (heygem.jobs.request); ``submitter``:
+        the user it belongs to (heygem.jobs.users). Unknown
         options, unreadable files,
         files over the upload limit and unusable text raise HeygemError here,
         before anything is queued.
@@ -486,9 +494,9 @@ class JobStore:
             with self._transaction() as db:
                 db.execute(
                     "INSERT INTO jobs (id, status, created, queued, face_name, audio_name, options, engine, "
-                    "batch, label, item_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "batch, label, item_key, submitter) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job_id, QUEUED, now, now, face_name, audio_name, json.dumps(flat_options, ensure_ascii=False),
-                     config.engine.name, batch, label, item_key))
+                     config.engine.name, batch, label, item_key, submitter))
         except (OSError, sqlite3.OperationalError) as problem:
             shutil.rmtree(directory, ignore_errors=True)
             if _is_disk_full(problem):

@@ -11,6 +11,7 @@ import gradio as gr
 
 from heygem import __version__
 from heygem.jobs.store import JobStore
+from heygem.ui.access import PageAccess
 from heygem.ui.batch import batch_tab
 from heygem.ui.client_api import client_api
 from heygem.ui.common import CSS
@@ -19,18 +20,20 @@ from heygem.ui.jobs import jobs_tab
 from heygem.ui.system import system_tab
 
 
-def build_ui(store: JobStore, batch_roots: list[Path]) -> gr.Blocks:
-    """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``."""
+def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None = None) -> gr.Blocks:
+    """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``; ``access``: who sees which
+    jobs (default: a server for one person, who sees every job)."""
+    access = access if access is not None else PageAccess(store)
     with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
         gr.Markdown(f"# heygem\nA face (video or photo) and some speech in, a lip-synced talking video out. "
-                    f"<small>v{__version__} · jobs are kept in `{store.outputs_dir}` · "
+                    f"<small>v{__version__} · "
                     f"REST API under `/api/jobs`</small>")
         with gr.Tabs():
-            generate_tab(store)
-            batch_tab(store, batch_roots)
-            jobs_tab(store)
+            generate_tab(store, access)
+            batch_tab(store, batch_roots, access)
+            jobs_tab(store, access)
             system_tab()
-        client_api(store)
+        client_api(store, access)
     return demo
 
 

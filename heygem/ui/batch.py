@@ -13,10 +13,11 @@ import pandas as pd
 from heygem.errors import HeygemError
 from heygem.jobs.batch import collect_files, new_batch_id, plan_items, resolve_under_roots, submit_items, zip_results
 from heygem.jobs.store import JobStore
+from heygem.ui.access import PageAccess
 from heygem.ui.common import BATCH_COLUMNS, STATUS_LABELS, error_text, option_controls, options_from_controls
 
 
-def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
+def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> None:
     """Many faces and audio files (uploaded or from a server folder), paired, queued, followed in a table."""
 
     def plan_batch(source, uploaded, folder, pairing, manifest):
@@ -33,7 +34,22 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
             return plan_items(files, str(manifest), base_dir=base)
         return plan_items(files, pairing, base_dir=base)
 
-    def start_batch(source, uploaded, folder, pairing, manifest, *controls):
+    def preview_batch(source, uploaded, folder, pairing, manifest):
+        """The items Start would queue, before anything runs: which face speaks which audio (or text)."""
+        if (source == "upload" and not uploaded) or (source == "folder" and not (folder or "").strip()):
+            return pd.DataFrame(columns=BATCH_COLUMNS), "Items and their progress show here."
+        try:
+            items = plan_batch(source, uploaded, folder, pairing, manifest)
+        except HeygemError as error:
+            return pd.DataFrame(columns=BATCH_COLUMNS), f"**Nothing to start yet:** {error}"
+        rows = [[item.name, item.face_path.name if item.face_path else "", item.speech_label,
+                 "will not run" if item.problem else "not started", "", item.problem or item.note or "", "", ""]
+                for item in items]
+        ready = sum(1 for item in items if not item.problem)
+        return (pd.DataFrame(rows, columns=BATCH_COLUMNS),
+                f"**Preview:** {ready} of {len(items)} item(s) will run when you press Start batch.")
+
+    def start_batch(source, uploaded, folder, pairing, manifest, *controls, request: gr.Request):
         try:
             items = plan_batch(source, uploaded, folder, pairing, manifest)
         except HeygemError as error:
@@ -41,7 +57,8 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
             return (gr.update(), gr.update(), f"**Nothing started:** {error}", gr.update(),
                     gr.Timer(active=False))
         batch = new_batch_id()
-        outcome = submit_items(store, items, options_from_controls(*controls), batch)
+        outcome = submit_items(store, items, options_from_controls(*controls), batch,
+                               submitter=access.submitter(request))
         state = {"batch": batch, "items": [
             {"name": item.name, "face": item.face_path.name if item.face_path else "",
              "audio": item.speech_label, "note": item.note,
@@ -58,7 +75,8 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
         download = gr.update(visible=False)
         if finished:
             archive = zip_results(store, state["batch"])
-            download = gr.update(visible=archive is not None, value=str(archive) if archive else None)
+            served = access.deliver_file(archive, archive.name) if archive else None
+            download = gr.update(visible=served is not None, value=served)
         return table, summary, download, gr.Timer(active=not finished)
 
     with gr.Tab("Batch", id="batch"):
@@ -67,9 +85,9 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
         with gr.Row(equal_height=False):
             with gr.Column(scale=1):
                 source = gr.Radio([("Upload files", "upload"), ("A folder on the server", "folder")],
-                                  value="upload", label="Inputs")
+                                  value="upload", label="Inputs", visible=bool(batch_roots))  # --batch-root only
                 uploaded = gr.File(file_count="multiple", label="Faces and audio files (or .txt files to speak)",
-                                   file_types=["video", "image", "audio", ".txt"], height=160)
+                                   file_types=["video", "image", "audio", ".txt"], elem_id="batch-files")
                 roots_text = ", ".join(f"`{root}`" for root in batch_roots) or \
                     "none (start the app with --batch-root DIR)"
                 folder = gr.Textbox(label="Folder on the server", visible=False,
@@ -85,13 +103,18 @@ def batch_tab(store: JobStore, batch_roots: list[Path]) -> None:
             with gr.Column(scale=2):
                 batch_summary = gr.Markdown("Items and their progress show here.")
                 batch_items = gr.Dataframe(pd.DataFrame(columns=BATCH_COLUMNS), interactive=False, wrap=True,
-                                           max_height=480, elem_id="batch-table",
-                                           column_widths=["12%", "12%", "12%", "9%", "8%", "27%", "7%", "13%"])
+                                           max_height=480, elem_id="batch-table", elem_classes=["heygem-table"],
+                                           column_widths=["12%", "12%", "12%", "10%", "9%", "24%", "8%", "13%"])
                 batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False)
         source.change(lambda choice: (gr.update(visible=choice == "upload"), gr.update(visible=choice == "folder")),
                       source, [uploaded, folder], queue=False, api_visibility="private")
         pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False,
                        api_visibility="private")
+        planning = [source, uploaded, folder, pairing, manifest]
+        for control in (uploaded, pairing, manifest):
+            control.change(preview_batch, planning, [batch_items, batch_summary], show_progress="hidden",
+                           api_visibility="private")
+        folder.submit(preview_batch, planning, [batch_items, batch_summary], api_visibility="private")
         start.click(start_batch, [source, uploaded, folder, pairing, manifest, *batch_controls],
                     [batch_state, batch_items, batch_summary, batch_zip, batch_timer],
                     concurrency_limit=2, api_visibility="private")

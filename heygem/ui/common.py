@@ -21,7 +21,7 @@ logger = logging.getLogger("heygem")
 ASSETS = REPO_ROOT / "assets"
 OUTPUT_HEIGHTS = [("as the input", 0), ("256 px", 256), ("360 px", 360), ("480 px", 480), ("720 px", 720),
                   ("1080 px", 1080)]
-JOB_COLUMNS = ["id", "status", "stage / error", "engine", "created", "seconds", "face", "audio", "result"]
+JOB_COLUMNS = ["id", "status", "stage / error", "engine", "created", "seconds", "face", "audio"]
 BATCH_COLUMNS = ["item", "face", "audio", "status", "progress", "stage / error", "seconds", "job"]
 WATCH_INTERVAL = 0.5  # seconds between job polls while a page watches a job
 STATUS_LABELS = {"queued": "Queued", "running": "Running", "done": "Done", "failed": "Failed",
@@ -41,6 +41,9 @@ CSS = """
 .job-card .job-error {margin-top: 6px; color: var(--color-red-500, #dc2626);}
 .empty-card {color: var(--body-text-color-subdued); padding: 12px 0;}
 #system-report td:nth-child(-n+2) {white-space: nowrap;}
+.heygem-table th .header {word-break: normal !important; overflow-wrap: normal !important; white-space: nowrap;}
+.heygem-table td .cell-wrap {overflow-wrap: anywhere;}
+.confirm-delete {border: 1px solid var(--color-red-500, #dc2626); border-radius: var(--radius-lg); padding: 8px;}
 """
 
 
@@ -74,7 +77,7 @@ def installed_weights() -> set[str]:
 
 def engine_choices(installed: set[str]) -> list[tuple[str, str]]:
     """Engines the form offers: Wav2Lip only when one of its checkpoints is installed."""
-    choices = [("auto (Wav2Lip when its weights are in weights/)", "auto")]
+    choices = [("auto", "auto")]
     if installed & {"wav2lip", "wav2lip_gan"}:
         choices.append(("Wav2Lip", "wav2lip"))
     return choices + [("built-in landmark engine", "landmark")]
@@ -82,7 +85,7 @@ def engine_choices(installed: set[str]) -> list[tuple[str, str]]:
 
 def restorer_choices(installed: set[str]) -> list[tuple[str, str]]:
     """Restorers the form offers: GFPGAN only when GFPGANv1.4.pth is installed."""
-    choices = [("auto (GFPGAN when installed, for Wav2Lip)", "auto")]
+    choices = [("auto", "auto")]
     if "gfpgan_v1.4" in installed:
         choices.append(("GFPGAN v1.4", "gfpgan"))
     return choices + [("sharpen", "sharpen"), ("none", "none")]
@@ -110,14 +113,16 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
     with gr.Accordion("Options", open=False, elem_id=f"{prefix}options-accordion"):
         with gr.Row():
             engine = gr.Dropdown(engines, value=offered(defaults.engine.name, engines, "auto"), label="Engine",
-                                 elem_id=f"{prefix}engine")
+                                 elem_id=f"{prefix}engine", info="auto: Wav2Lip when its weights are in weights/")
             output_height = gr.Dropdown(OUTPUT_HEIGHTS, value=defaults.media.output_height or 0, label="Output height",
-                                        elem_id=f"{prefix}output-height")
+                                        elem_id=f"{prefix}output-height", info="as the input: the face's own size")
         with gr.Row():
             restorer = gr.Dropdown(restorers, value=offered(restorer_default, restorers, "auto"),
-                                   label="Restore the mouth region", elem_id=f"{prefix}restorer")
+                                   label="Restore the mouth region", elem_id=f"{prefix}restorer",
+                                   info="auto: GFPGAN when installed, for Wav2Lip")
             detector = gr.Dropdown(detectors, label="Face detector", elem_id=f"{prefix}detector",
-                                   value=offered(defaults.face.detector, detectors, "mediapipe"))
+                                   value=offered(defaults.face.detector, detectors, "mediapipe"),
+                                   info="S3FD is offered once its weights are installed")
         gr.Markdown("Extra pixels around the detected face (more chin padding helps when the mouth is cut off):")
         with gr.Row():
             pads = [gr.Number(value=value, label=label, precision=0, minimum=-200, maximum=200, min_width=80)

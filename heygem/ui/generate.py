@@ -16,6 +16,7 @@ from heygem.jobs.request import check_speech
 from heygem.jobs.store import DONE, JobStore
 from heygem.media.probing import IMAGE_SUFFIXES
 from heygem.speech.tts import pcm16
+from heygem.ui.access import PageAccess
 from heygem.ui.common import (
     ASSETS,
     WATCH_INTERVAL,
@@ -41,7 +42,7 @@ def preview_face(face_path):
 def voice_choices() -> list[tuple[str, str]]:
     """The voices text can be spoken with, for the Voice dropdown: auto first (the bundled voice, or
     espeak-ng for a language without a Piper voice)."""
-    choices = [("auto (natural English; espeak-ng for other languages)", "auto")]
+    choices = [("auto", "auto")]
     try:
         from heygem.speech.tts import list_voices
         from heygem.weights import weights_dir
@@ -59,10 +60,12 @@ def example_pairs() -> list[list[str]]:
             if (ASSETS / face).is_file() and (ASSETS / audio).is_file()]
 
 
-def generate_tab(store: JobStore) -> None:
+def generate_tab(store: JobStore, access: PageAccess) -> None:
     """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
+    following: dict[str, str] = {}  # page (Gradio session) -> the job it follows; a new job replaces the old
 
-    def submit(face_path, audio_path, use_video_audio, text, voice, speed, subtitles, *controls):
+    def submit(face_path, audio_path, use_video_audio, text, voice, speed, subtitles, *controls,
+               request: gr.Request):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
         problem = None
         text = (text or "").strip()
@@ -76,7 +79,8 @@ def generate_tab(store: JobStore) -> None:
                     options["text.subtitles"] = subtitles
                 job_id = store.create_job(face_path, None if use_video_audio or text else audio_path,
                                           options, text=text or None,
-                                          voice=None if voice in (None, "", "auto") else voice, speed=float(speed))
+                                          voice=None if voice in (None, "", "auto") else voice, speed=float(speed),
+                                          submitter=access.submitter(request))
             except HeygemError as error:
                 problem = str(error)
         if problem:
@@ -84,26 +88,32 @@ def generate_tab(store: JobStore) -> None:
             return ("", problem_card(problem), gr.update(value=None), gr.update(visible=False, value=None),
                     gr.update(visible=False), gr.update(visible=False))
         job = store.get(job_id)
+        following[request.session_hash or ""] = job_id
         return (job_id, job_card(job), gr.update(value=None), gr.update(visible=False, value=None),
                 gr.update(visible=False), gr.update(visible=True))
 
-    async def watch(job_id):
-        """Follow one job until it ends: card, then the video, the download and the chart."""
+    async def watch(job_id, request: gr.Request):
+        """Follow one job until it ends (or the page starts another): card, then the video, the download and
+        the chart."""
         if not job_id:  # nothing was queued: leave what submit showed
             yield gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
             return
+        page = request.session_hash or ""
         last_card = None
         while True:
-            job = await asyncio.to_thread(store.find, job_id)
+            job = await asyncio.to_thread(access.find, job_id, request)
+            if following.get(page) != job_id:  # a newer job of this page is followed now
+                return
             if job is None:
                 yield "<div class='empty-card'>This job was deleted.</div>", None, gr.update(visible=False), \
                     gr.update(visible=False), gr.update(visible=False)
                 return
             card = job_card(job)
             if job.is_finished:
-                done = job.status == DONE and job.result_path.is_file()
-                yield (card, str(job.result_path) if done else None,
-                       gr.update(visible=done, value=str(job.result_path) if done else None),
+                video = await asyncio.to_thread(access.deliver, job) if job.status == DONE else None
+                if following.get(page) == job_id:
+                    following.pop(page, None)
+                yield (card, video, gr.update(visible=video is not None, value=video),
                        chart_update(job), gr.update(visible=False))
                 return
             if card != last_card:
@@ -111,9 +121,10 @@ def generate_tab(store: JobStore) -> None:
                 yield card, gr.update(), gr.update(), gr.update(), gr.update(visible=True)
             await asyncio.sleep(WATCH_INTERVAL)
 
-    def cancel(job_id):
-        if job_id:
-            store.cancel(job_id)
+    def cancel(job_id, request: gr.Request):
+        job = access.find(job_id, request)
+        if job is not None:
+            store.cancel(job.id)
 
     def listen(text, voice, speed):
         """Speak the typed text as a job would (same voice, speed and length limit): the audio and a note."""
@@ -177,16 +188,16 @@ def generate_tab(store: JobStore) -> None:
                                    x_label_angle=-35, x_title="", label="Seconds per stage", elem_id="stage-chart")
         face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
                     api_visibility="private")
-        watching = generate.click(
+        # A new job replaces the one this page was following (that one keeps running; see Jobs): the old
+        # watch sees it is no longer followed and ends, then the new one starts (always_last).
+        generate.click(
             submit, [face, audio, use_video_audio, text, voice, speed, subtitles, *controls],
             [job_id_state, card, result, download, chart, cancel_button],
             concurrency_limit=8, show_progress="minimal", api_visibility="private",
         ).success(
             watch, job_id_state, [card, result, download, chart, cancel_button],
-            concurrency_limit=None, show_progress="hidden", api_visibility="private",
+            concurrency_limit=None, show_progress="hidden", api_visibility="private", trigger_mode="always_last",
         )
-        # A new job replaces the one this page was following (that one keeps running; see Jobs).
-        generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
         listen_button.click(listen, [text, voice, speed], [preview, preview_note], concurrency_limit=2,
                             api_visibility="private")

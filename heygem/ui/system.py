@@ -1,5 +1,5 @@
 """The System tab: what ``python -m heygem doctor`` reports, the weights folder as ``python -m heygem
-weights list`` shows it, and the GPU benchmark on request.
+weights list`` shows it, and the GPU benchmark on request (offered only on a machine with a CUDA GPU).
 """
 
 from __future__ import annotations
@@ -32,6 +32,15 @@ def benchmark_markdown_now() -> str:
     return benchmark_markdown(run_benchmark(separate_process=True))
 
 
+def has_cuda_gpu() -> bool:
+    """Whether torch sees a CUDA GPU here (the benchmark has nothing to measure otherwise)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def system_tab() -> None:
     """What `python -m heygem doctor` reports, checked when the tab opens; the GPU benchmark on request."""
     with gr.Tab("System", id="system") as tab:
@@ -40,11 +49,14 @@ def system_tab() -> None:
         gr.Markdown(f"Network weights in `{weights_dir()}`, as `python -m heygem weights list` reports them "
                     "(`python -m heygem weights download NAME` fetches one):")
         weights = gr.Dataframe(headers=["name", "state", "for", "file", "enables"], interactive=False,
-                               elem_id="system-weights", wrap=True)
+                               elem_id="system-weights", elem_classes=["heygem-table"], wrap=True,
+                               column_widths=["12%", "14%", "9%", "25%", "40%"])
         system_refresh = gr.Button("Check again")
+        gpu = has_cuda_gpu()
         gr.Markdown("The GPU benchmark runs the Wav2Lip generator for a few seconds with cuDNN on and off "
-                    "(jobs running on the same GPU slow it down).")
-        benchmark_button = gr.Button("Run the GPU benchmark", elem_id="benchmark-button")
+                    "(jobs running on the same GPU slow it down)." if gpu else
+                    "No CUDA GPU here, so there is no GPU benchmark to run.", elem_id="benchmark-note")
+        benchmark_button = gr.Button("Run the GPU benchmark", elem_id="benchmark-button", visible=gpu)
         benchmark = gr.Markdown(elem_id="system-benchmark")
         for trigger in (tab.select, system_refresh.click):
             trigger(system_markdown, None, report, api_visibility="private")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,18 +35,17 @@ def free_port() -> int:
         return probe_socket.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    """`python app.py` on a free port with its own outputs folder."""
+@contextlib.contextmanager
+def running_app(folder: Path, *extra_args: str, headers: dict | None = None) -> Iterator[str]:
+    """`python app.py` on a free port with its own outputs folder (folder/outputs); yields its URL."""
     import httpx
 
-    folder = tmp_path_factory.mktemp("browser")
     port = free_port()
     log_path = folder / "app.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, "app.py", "--port", str(port),
-                                    "--outputs", str(folder / "outputs")],
+                                    "--outputs", str(folder / "outputs"), *extra_args],
                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -52,7 +54,7 @@ def app_url(tmp_path_factory):
             assert process.poll() is None, log_path.read_text(errors="replace")
             assert time.monotonic() < deadline, log_path.read_text(errors="replace")
             try:
-                if httpx.get(f"{url}/api/jobs", timeout=5).status_code == 200:
+                if httpx.get(f"{url}/api/jobs", timeout=5, headers=headers).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.3)
@@ -67,6 +69,12 @@ def app_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    with running_app(tmp_path_factory.mktemp("browser")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def speech_clip(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("browser inputs") / "short speech.wav"
     subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-i", str(ASSETS / "speech_en.wav"), "-t", "1.2",
@@ -74,21 +82,44 @@ def speech_clip(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture()
-def page(app_url):
+@pytest.fixture(scope="module")
+def browser():
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(60_000)
-        page.goto(app_url)
-        page.wait_for_selector("#generate-button")
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
-            yield page
+            yield launched
         finally:
-            context.close()
-            browser.close()
+            launched.close()
+
+
+@contextlib.contextmanager
+def opened_page(browser, url: str, user: tuple[str, str] | None = None):
+    """A fresh browser context on the page (signed in as ``user``); ``page.problems`` collects the console's
+    errors and every HTTP answer of 400 or more."""
+    context = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.problems = []
+    page.on("console", lambda message: page.problems.append(message.text) if message.type == "error" else None)
+    page.on("response", lambda response: page.problems.append(f"HTTP {response.status} {response.url}")
+            if response.status >= 400 else None)
+    page.goto(url)
+    if user is not None:
+        page.locator("input[type=text]").fill(user[0])
+        page.locator("input[type=password]").fill(user[1])
+        page.get_by_role("button", name="Login").click()
+    page.wait_for_selector("#generate-button")
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+@pytest.fixture()
+def page(browser, app_url):
+    with opened_page(browser, app_url) as opened:
+        yield opened
 
 
 def generate_and_download(page, tmp_path: Path) -> Path:
@@ -114,10 +145,11 @@ def test_upload_generate_watch_and_download(page, speech_clip, tmp_path):
     page.locator("#output-height input").fill("256 px")
     page.locator("#output-height input").press("Enter")
     video = generate_and_download(page, tmp_path)
-    assert video.suffix == ".mp4"
+    assert video.name == "astronaut-short speech.mp4"  # named after the inputs, not result.mp4
     assert_playable_mp4(video, probe(speech_clip).duration)
     assert probe(video).height == 256
     assert page.locator("#stage-chart").is_visible()  # seconds per stage, for a finished job
+    assert page.problems == []  # no failed request (e.g. a cancel with no event id) and no console error
 
 
 def test_an_example_fills_the_form_and_generates(page, tmp_path):
@@ -158,7 +190,7 @@ def test_listen_speaks_the_typed_text_and_names_the_voice(page):
                            state="attached")
 
 
-def test_the_system_tab_shows_the_doctor_report_and_runs_the_benchmark_on_request(page):
+def test_the_system_tab_shows_the_doctor_report_and_offers_the_benchmark_only_with_a_gpu(page):
     import torch
 
     page.get_by_role("tab", name="System").click()
@@ -172,6 +204,146 @@ def test_the_system_tab_shows_the_doctor_report_and_runs_the_benchmark_on_reques
 
     assert page.locator("#system-report table").count() == len(SECTIONS)  # one per section
     assert page.inner_text("#system-benchmark").strip() == ""  # not run when the tab opens
+    if not torch.cuda.is_available():
+        assert page.locator("#benchmark-button").count() == 0 or not page.locator("#benchmark-button").is_visible()
+        assert "No CUDA GPU here" in page.inner_text("#benchmark-note")
+        return
     page.click("#benchmark-button")
-    expected = "faces/s" if torch.cuda.is_available() else "skipped: no CUDA GPU"
-    page.locator("#system-benchmark").get_by_text(expected).first.wait_for(timeout=60_000)
+    page.locator("#system-benchmark").get_by_text("faces/s").first.wait_for(timeout=60_000)
+
+
+HEADER_EXTENTS = """(selector) => Array.from(document.querySelectorAll(selector + ' th')).map(cell => {
+    const range = document.createRange();
+    range.selectNodeContents(cell.querySelector('.header'));
+    return {text: range.toString().trim(), lines: range.getClientRects().length,
+            textRight: range.getBoundingClientRect().right, cellRight: cell.getBoundingClientRect().right};
+})"""
+
+
+def assert_headers_whole(page, selector: str, names: list[str]) -> None:
+    """Each column header on one line and inside its cell ("progress", not "progr / ess" or "progres")."""
+    headers = page.evaluate(HEADER_EXTENTS, selector)
+    assert [header["text"] for header in headers] == names
+    for header in headers:
+        assert header["lines"] == 1 and header["textRight"] <= header["cellRight"] - 2, (selector, header)
+
+
+def test_table_headers_stay_whole_and_dropdowns_show_their_text(page):
+    from heygem.ui.common import BATCH_COLUMNS, JOB_COLUMNS
+
+    page.locator("#options-accordion").click()
+    for dropdown in ("#engine", "#restorer", "#output-height", "#detector"):
+        field = page.locator(f"{dropdown} input")
+        assert field.evaluate("input => input.scrollWidth <= input.clientWidth"), dropdown  # no text under the arrow
+    page.get_by_role("tab", name="Jobs").click()
+    page.wait_for_selector("#jobs-table th")
+    assert_headers_whole(page, "#jobs-table", JOB_COLUMNS)
+    page.get_by_role("tab", name="Batch").click()
+    page.wait_for_selector("#batch-table th")
+    assert_headers_whole(page, "#batch-table", BATCH_COLUMNS)
+    page.get_by_role("tab", name="System").click()
+    page.locator("#system-weights").scroll_into_view_if_needed()  # the table draws its rows once in view
+    page.locator("#system-weights [role=gridcell]").get_by_text("wav2lip_gan", exact=True).wait_for()
+    assert_headers_whole(page, "#system-weights", ["name", "state", "for", "file", "enables"])
+    table = page.locator("#system-weights table")
+    assert table.evaluate("table => table.getBoundingClientRect().right") <= \
+        page.locator("#system-weights").evaluate("block => block.getBoundingClientRect().right")  # not cut off
+
+
+def test_the_batch_tab_lists_every_file_and_previews_the_pairing_before_start(page, speech_clip, tmp_path):
+    files = []
+    for name in ("anna", "ben"):
+        shutil.copyfile(ASSETS / "astronaut.jpg", tmp_path / f"{name}.jpg")
+        shutil.copyfile(speech_clip, tmp_path / f"{name}.wav")
+        files += [tmp_path / f"{name}.jpg", tmp_path / f"{name}.wav"]
+    page.get_by_role("tab", name="Batch").click()
+    assert page.get_by_text("A folder on the server").count() == 0  # the app has no --batch-root
+    page.locator("#batch-files input[type=file]").set_input_files([str(path) for path in files])
+    for path in files:
+        page.locator(f"#batch-files td.filename[aria-label='{path.name}']").wait_for()
+    box = page.locator("#batch-files").bounding_box()
+    for path in files:  # every file's row inside the box, none scrolled out of sight
+        shown = page.locator(f"#batch-files td.filename[aria-label='{path.name}']").bounding_box()
+        assert shown["y"] >= box["y"] and shown["y"] + shown["height"] <= box["y"] + box["height"], path.name
+    page.locator("#batch-table [role=gridcell]").get_by_text("anna.wav").wait_for()  # the pairing, before Start
+    rows = page.locator("#batch-table .virtual-row")  # the table's drawn rows (cells: role=gridcell)
+    assert rows.count() == 2
+    assert [cell.strip() for cell in rows.nth(0).locator("[role=gridcell]").all_inner_texts()[:4]] == \
+        ["anna", "anna.jpg", "anna.wav", "not started"]
+    assert "2 of 2 item(s) will run" in page.inner_text("body")
+    assert page.problems == []
+
+
+# ---------------------------------------------------------------------- a server shared by users
+
+USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
+
+
+@pytest.fixture(scope="module")
+def shared_app(tmp_path_factory, speech_clip):
+    """`python app.py --users FILE` holding one finished job of bob's and one of carol's."""
+    import httpx
+
+    folder = tmp_path_factory.mktemp("shared")
+    users_file = folder / "users.txt"
+    users_file.write_text("admin alice:alice-secret\nbob:bob-secret\ncarol:carol-secret\n", encoding="utf-8")
+    with running_app(folder, "--users", str(users_file), headers={"Authorization": "Bearer alice-secret"}) as url:
+        ids = {}
+        for user in ("bob", "carol"):
+            response = httpx.post(f"{url}/api/jobs", auth=(user, USERS[user]), timeout=60,
+                                  files={"face": ("astronaut.jpg", (ASSETS / "astronaut.jpg").read_bytes()),
+                                         "audio": ("hello.wav", speech_clip.read_bytes())},
+                                  data={"options": '{"media.output_height": 256}'})
+            assert response.status_code == 201, response.text
+            ids[user] = response.json()["id"]
+        deadline = time.monotonic() + 120
+        for user, job_id in ids.items():
+            while httpx.get(f"{url}/api/jobs/{job_id}", auth=(user, USERS[user])).json()["status"] != "done":
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+        yield url, folder / "outputs", ids
+
+
+def test_a_user_sees_only_their_jobs_and_files_and_deletes_after_confirming(browser, shared_app, tmp_path):
+    url, outputs, ids = shared_app
+    with opened_page(browser, url, ("carol", USERS["carol"])) as page:
+        page.get_by_role("tab", name="Jobs").click()
+        page.locator("#jobs-table [role=gridcell]").get_by_text(ids["carol"]).wait_for()
+        table = page.locator("#jobs-table .virtual-row").all_inner_texts()
+        assert len(table) == 1 and ids["carol"] in table[0] and "carol" in table[0]
+        assert "1 done" in page.inner_text("body")
+        for job_id in ids.values():  # the job folders are never served as they are, not even one's own
+            for name in ("astronaut.jpg", "result.mp4", "result.json", "job.log"):
+                answer = page.request.get(f"{url}/gradio_api/file={outputs / job_id / name}")
+                assert answer.status in (403, 404), (job_id, name, answer.status)
+        page.locator("#jobs-table [role=gridcell]").get_by_text(ids["carol"]).click()
+        page.wait_for_selector("#selected-video video[src]")
+        with page.expect_download() as download_info:
+            page.click("#selected-download")
+        assert download_info.value.suggested_filename == "astronaut-hello.mp4"
+        target = tmp_path / "carol.mp4"
+        download_info.value.save_as(target)
+        assert probe(target).height == 256
+        selected = page.locator("#selected-job textarea, #selected-job input").first
+        selected.fill(ids["bob"])  # another's job id typed in is as no job at all
+        selected.press("Enter")
+        page.locator("#selected-card").get_by_text("Pick a job in the table.").wait_for()
+        assert page.locator("#selected-video video[src]").count() == 0
+        page.locator("#jobs-table [role=gridcell]").get_by_text(ids["carol"]).click()
+        page.locator("#selected-card").get_by_text(ids["carol"]).wait_for()
+        page.click("#delete-job")
+        confirm = page.locator("#confirm-delete")
+        confirm.get_by_text(f"Delete the job {ids['carol']}").wait_for()
+        page.click("#keep-job-button")
+        confirm.wait_for(state="hidden")
+        assert (outputs / ids["carol"]).is_dir()  # kept
+        page.click("#delete-job")
+        page.click("#confirm-delete-button")
+        page.get_by_text(f"{ids['carol']} deleted.").first.wait_for()
+        assert not (outputs / ids["carol"]).exists() and (outputs / ids["bob"]).is_dir()
+        assert page.problems == [] or all("/gradio_api/file=" in problem for problem in page.problems)
+    with opened_page(browser, url, ("alice", USERS["alice"])) as page:  # the admin sees every job
+        page.get_by_role("tab", name="Jobs").click()
+        page.locator("#jobs-table [role=gridcell]").get_by_text(ids["bob"]).wait_for()
+        rows = page.locator("#jobs-table .virtual-row").all_inner_texts()
+        assert len(rows) == 1 and rows[0].endswith("bob")  # carol's was deleted; the user column names bob

@@ -49,7 +49,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
         return (pd.DataFrame(rows, columns=BATCH_COLUMNS),
                 f"**Preview:** {ready} of {len(items)} item(s) will run when you press Start batch.")
 
-    def start_batch(source, uploaded, folder, pairing, manifest, *controls, request: gr.Request):
+    def start_batch(request: gr.Request, source, uploaded, folder, pairing, manifest, *controls):
         try:
             items = plan_batch(source, uploaded, folder, pairing, manifest)
         except HeygemError as error:
@@ -104,7 +104,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
                 batch_summary = gr.Markdown("Items and their progress show here.")
                 batch_items = gr.Dataframe(pd.DataFrame(columns=BATCH_COLUMNS), interactive=False, wrap=True,
                                            max_height=480, elem_id="batch-table", elem_classes=["heygem-table"],
-                                           column_widths=["12%", "12%", "12%", "10%", "9%", "24%", "8%", "13%"])
+                                           column_widths=["10%", "11%", "11%", "10%", "11%", "23%", "10%", "14%"])
                 batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False)
         source.change(lambda choice: (gr.update(visible=choice == "upload"), gr.update(visible=choice == "folder")),
                       source, [uploaded, folder], queue=False, api_visibility="private")

@@ -64,8 +64,8 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
     """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
     following: dict[str, str] = {}  # page (Gradio session) -> the job it follows; a new job replaces the old
 
-    def submit(face_path, audio_path, use_video_audio, text, voice, speed, subtitles, *controls,
-               request: gr.Request):
+    def submit(request: gr.Request, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
+               *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
         problem = None
         text = (text or "").strip()

@@ -132,7 +132,9 @@ def test_bad_requests_get_a_message(app, speech_clip, tmp_path):
     assert cancelled.status_code == 200 and cancelled.json()["status"] in ("cancelled", "running")
     finished = app.wait_finished([job_id, second])
     assert finished[job_id]["status"] == "done" and finished[second]["status"] == "cancelled"
-    assert "already done" in error_of(app.client.delete(f"/api/jobs/{job_id}"), 409)
+    deleted = app.client.delete(f"/api/jobs/{job_id}")  # a finished job: deleted, with its files
+    assert deleted.status_code == 200 and deleted.json() == {"id": job_id, "status": "deleted"}
+    assert app.client.get(f"/api/jobs/{job_id}").status_code == 404 and not (app.outputs / job_id).exists()
     assert app.client.post(f"/api/jobs/{second}/retry").json()["status"] in ("queued", "running")
     assert app.wait_finished([second])[second]["status"] == "done"
 

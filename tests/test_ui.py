@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -69,3 +70,58 @@ def test_the_job_card_says_which_restorer_ran():
     assert "with the wav2lip engine" in card and "restorer: gfpgan" in card
     job.read_summary = lambda: None  # a summary that could not be read: no restorer shown, no error
     assert "restorer" not in job_card(job)
+
+
+def test_downloads_are_named_after_their_inputs():
+    from heygem.ui.access import download_name
+
+    def job(face, audio, label=None):
+        return SimpleNamespace(face_name=face, audio_name=audio, label=label)
+
+    assert download_name(job("astronaut.jpg", "speech_en.wav")) == "astronaut-speech_en.mp4"
+    assert download_name(job("anna talking.mp4", None)) == "anna talking.mp4"  # the video's own sound
+    assert download_name(job("astronaut.jpg", "speech.wav")) == "astronaut-speech.mp4"  # typed text
+    assert download_name(job("a.jpg", "b.wav", label="item-3")) == "item-3.mp4"  # a batch item keeps its name
+
+
+def test_the_page_shows_each_user_their_jobs_and_serves_copies_not_the_job_folders(tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import ASSETS
+
+    from heygem.jobs.store import DONE, JobStore, process_owner
+    from heygem.jobs.users import Users
+    from heygem.ui.access import PageAccess
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    store = JobStore(tmp_path / "outputs")
+    users = Users.parse("admin alice:a-secret\nbob:b-secret\ncarol:c-secret\n")
+    access = PageAccess(store, users)
+    as_user = {name: SimpleNamespace(username=name) for name in ("alice", "bob", "carol")}
+    speech = ASSETS / "speech_en.wav"
+    bobs = store.create_job(ASSETS / "astronaut.jpg", speech, submitter=access.submitter(as_user["bob"]))
+    carols = store.create_job(ASSETS / "astronaut.jpg", speech, submitter="carol")
+    owner = process_owner("test")
+    claimed = store.claim_next(owner)
+    shutil.copyfile(speech, claimed.result_path)
+    store.finish(claimed.id, owner, DONE)
+
+    assert [job.id for job in access.jobs(as_user["bob"])] == [bobs]
+    assert {job.id for job in access.jobs(as_user["alice"])} == {bobs, carols}
+    assert access.counts(as_user["carol"])["queued"] == 1 and access.counts(as_user["carol"])["done"] == 0
+    assert access.find(bobs, as_user["carol"]) is None and access.find(bobs, as_user["alice"]).id == bobs
+    assert access.find(bobs, SimpleNamespace(username=None)) is None  # no known user: no job
+    assert access.page_auth(None)("bob", "b-secret") and not access.page_auth(None)("bob", "c-secret")
+
+    copy = Path(access.deliver(store.get(bobs)))
+    assert copy.name == "astronaut-speech_en.mp4" and copy.read_bytes() == speech.read_bytes()
+    assert copy.is_relative_to(tmp_path / "gradio") and not copy.is_relative_to(store.outputs_dir)
+    assert access.deliver(store.get(bobs)) == str(copy)  # one copy per job and file
+    paths = access.served_paths()
+    assert paths["allowed_paths"] == [] and str(store.outputs_dir) in paths["blocked_paths"]
+    access.forget(bobs)
+    assert not copy.exists()
+    assert access.deliver(store.get(carols)) is None  # no video yet
+    alone = PageAccess(store)  # no --users: one person, who sees every job
+    assert {job.id for job in alone.jobs(SimpleNamespace(username=None))} == {bobs, carols}
+    store.close()

@@ -14,6 +14,7 @@ from conftest import ASSETS, run_ffmpeg
 from heygem.errors import HeygemError
 from heygem.jobs.store import DONE, JobStore, process_owner
 from heygem.jobs.users import Users, hash_secret
+from heygem.weights import weights_dir
 
 USERS_FILE = """\
 # who may use this server
@@ -137,16 +138,25 @@ def test_another_users_job_answers_404_on_every_route(served):
     assert store.find(job) is not None and store.get(job).status == DONE
     own = client.get(f"/api/jobs/{job}/result", headers=bearer("bob-secret"))
     assert own.status_code == 200 and own.content == (ASSETS / "speech_en.wav").read_bytes()
-    assert "queued" in client.get(f"/api/jobs/{job}/log", headers=bearer("bob-secret")).text
+    log = client.get(f"/api/jobs/{job}/log", headers=bearer("bob-secret")).text
+    assert "queued: face 'astronaut.jpg'" in log and str(store.outputs_dir) not in log
     admin = basic("alice", "alice-secret")
     assert client.get(f"/api/jobs/{ids['none']}", headers=admin).status_code == 200
     assert client.get(f"/api/jobs/{ids['none']}", headers=as_carol).status_code == 404
 
 
-def test_a_job_response_shows_no_server_paths(served):
+def test_a_job_response_and_its_log_show_no_server_paths_but_to_an_admin(served):
     client, store, ids = served
     text = client.get(f"/api/jobs/{ids['bob']}", headers=bearer("bob-secret")).text
     assert str(store.outputs_dir) not in text and "/tmp" not in text
+    job = store.get(ids["bob"])
+    with open(job.log_path, "a", encoding="utf-8") as log:  # as a worker's lines name the folders
+        log.write(f"wrote {job.result_path}; no checkpoint in {weights_dir()}\n")
+    own = client.get(f"/api/jobs/{job.id}/log", headers=bearer("bob-secret")).text
+    assert "wrote <job folder>/result.mp4; no checkpoint in weights" in own
+    assert str(store.outputs_dir) not in own and str(weights_dir()) not in own
+    admin = client.get(f"/api/jobs/{job.id}/log", headers=bearer("alice-secret")).text
+    assert f"wrote {job.result_path}" in admin
 
 
 def test_a_submitted_job_belongs_to_its_submitter(served, speech):

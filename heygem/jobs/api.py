@@ -30,6 +30,7 @@ import logging
 import re
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -37,11 +38,13 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.routing import APIRoute
 from starlette.datastructures import UploadFile
 
+from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
 from heygem.jobs.files import Upload, UploadTooLarge, human_size
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
-from heygem.jobs.users import Users, may_see, submitter_filter
+from heygem.jobs.users import Users, log_for, may_see, submitter_filter
+from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -77,6 +80,12 @@ def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
     password_ok = secrets.compare_digest(password.encode(), expected_password.encode())
     if not (user_ok and password_ok):
         raise ApiError(401, "wrong user name or password", challenge)
+
+
+def server_folders(store: JobStore, job) -> dict[Path, str]:
+    """The server's folders a job's log may name, with what a user who is not an admin reads instead."""
+    return {job.directory: "<job folder>", store.outputs_dir: "<outputs>", weights_dir(): "weights",
+            REPO_ROOT: "<heygem>"}
 
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users: Users | None = None,
@@ -215,7 +224,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
     def get_log(job_id: str, request: Request):
         job = find_job(job_id, request)
         text = job.log_path.read_text(encoding="utf-8", errors="replace") if job.log_path.is_file() else ""
-        return PlainTextResponse(text)
+        return PlainTextResponse(log_for(request.state.user, text, server_folders(store, job)))
 
     @router.delete("/jobs/{job_id}")
     def cancel_or_delete_job(job_id: str, request: Request):

@@ -192,3 +192,13 @@ def submitter_filter(user: User | None) -> str | None:
 def may_see(user: User | None, submitter: str | None) -> bool:
     """Whether ``user`` may see a job submitted by ``submitter``."""
     return sees_every_job(user) or submitter == user.name
+
+
+def log_for(user: User | None, log_text: str, server_folders: dict[Path, str]) -> str:
+    """A job's log as ``user`` may read it: for a user who is not an admin, every folder of
+    ``server_folders`` (the job's, the outputs, the weights...) written as its short name instead."""
+    if sees_every_job(user):
+        return log_text
+    for folder in sorted(server_folders, key=lambda path: len(str(path)), reverse=True):
+        log_text = log_text.replace(str(folder), server_folders[folder])
+    return log_text

@@ -8,7 +8,9 @@ import gradio as gr
 import pandas as pd
 
 from heygem.errors import HeygemError
+from heygem.jobs.api import server_folders
 from heygem.jobs.store import DONE, RUNNING, JobStore
+from heygem.jobs.users import log_for
 from heygem.ui.access import PageAccess
 from heygem.ui.common import JOB_COLUMNS, STATUS_LABELS, chart_update, format_time, job_card
 
@@ -51,7 +53,8 @@ def jobs_tab(store: JobStore, access: PageAccess) -> None:
         job = access.find(job_id, request)
         if job is None:
             return NO_JOB, None, gr.update(visible=False), "", gr.update(visible=False, value=None)
-        log = job.log_path.read_text(encoding="utf-8", errors="replace")[-6000:] if job.log_path.is_file() else ""
+        log = job.log_path.read_text(encoding="utf-8", errors="replace") if job.log_path.is_file() else ""
+        log = log_for(access.user(request), log, server_folders(store, job))[-6000:]
         video = access.deliver(job) if job.status == DONE else None
         return job_card(job), video, chart_update(job), log, gr.update(visible=video is not None, value=video)
 

@@ -341,7 +341,11 @@ def test_a_user_sees_only_their_jobs_and_files_and_deletes_after_confirming(brow
         page.click("#confirm-delete-button")
         page.get_by_text(f"{ids['carol']} deleted.").first.wait_for()
         assert not (outputs / ids["carol"]).exists() and (outputs / ids["bob"]).is_dir()
-        assert page.problems == [] or all("/gradio_api/file=" in problem for problem in page.problems)
+        page.get_by_role("tab", name="System").click()
+        page.locator("#system-report").get_by_text("shown to the admins").wait_for()
+        shown = page.inner_text("body")
+        assert str(outputs) not in shown and str(REPO) not in shown  # no server folder on carol's page
+        assert page.problems == []
     with opened_page(browser, url, ("alice", USERS["alice"])) as page:  # the admin sees every job
         page.get_by_role("tab", name="Jobs").click()
         page.locator("#jobs-table [role=gridcell]").get_by_text(ids["bob"]).wait_for()

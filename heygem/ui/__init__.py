@@ -32,7 +32,7 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
             generate_tab(store, access)
             batch_tab(store, batch_roots, access)
             jobs_tab(store, access)
-            system_tab()
+            system_tab(access)
         client_api(store, access)
     return demo
 

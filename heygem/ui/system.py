@@ -1,5 +1,6 @@
 """The System tab: what ``python -m heygem doctor`` reports, the weights folder as ``python -m heygem
 weights list`` shows it, and the GPU benchmark on request (offered only on a machine with a CUDA GPU).
+On a server with ``--users`` the machine's report (its folders, packages and devices) is for admins.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ import pandas as pd
 
 from heygem.doctor import benchmark_markdown, format_markdown, run_checks
 from heygem.runtime.benchmark import run_benchmark
+from heygem.ui.access import PageAccess
 from heygem.weights import weights_dir
+
+WEIGHTS_COLUMNS = ["name", "state", "for", "file", "enables"]
+FOR_ADMINS = "The machine's report is shown to the admins of this server."
 
 
 def weights_frame() -> pd.DataFrame:
@@ -19,7 +24,7 @@ def weights_frame() -> pd.DataFrame:
     folder = weights_dir()
     rows = [(state.entry.name, state.state, state.entry.purpose, describe_path(state.path), state.entry.enables)
             for state in (check_weights(entry, folder) for entry in load_registry())]
-    return pd.DataFrame(rows, columns=["name", "state", "for", "file", "enables"])
+    return pd.DataFrame(rows, columns=WEIGHTS_COLUMNS)
 
 
 def system_markdown() -> str:
@@ -41,14 +46,27 @@ def has_cuda_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def system_tab() -> None:
+def system_tab(access: PageAccess | None = None) -> None:
     """What `python -m heygem doctor` reports, checked when the tab opens; the GPU benchmark on request."""
+
+    def for_admins(request) -> bool:
+        return access is None or access.sees_all(request)
+
+    def report(request: gr.Request):
+        if not for_admins(request):
+            return FOR_ADMINS, "", pd.DataFrame(columns=WEIGHTS_COLUMNS)
+        note = (f"Network weights in `{weights_dir()}`, as `python -m heygem weights list` reports them "
+                "(`python -m heygem weights download NAME` fetches one):")
+        return system_markdown(), note, weights_frame()
+
+    def benchmark_now(request: gr.Request) -> str:
+        return benchmark_markdown_now() if for_admins(request) else FOR_ADMINS
+
     with gr.Tab("System", id="system") as tab:
         gr.Markdown("The same checks as `python -m heygem doctor` on the machine that serves this page.")
-        report = gr.Markdown("Loading…", elem_id="system-report")
-        gr.Markdown(f"Network weights in `{weights_dir()}`, as `python -m heygem weights list` reports them "
-                    "(`python -m heygem weights download NAME` fetches one):")
-        weights = gr.Dataframe(headers=["name", "state", "for", "file", "enables"], interactive=False,
+        report_text = gr.Markdown("Loading…", elem_id="system-report")
+        weights_note = gr.Markdown()
+        weights = gr.Dataframe(headers=WEIGHTS_COLUMNS, interactive=False,
                                elem_id="system-weights", elem_classes=["heygem-table"], wrap=True,
                                column_widths=["12%", "14%", "9%", "25%", "40%"])
         system_refresh = gr.Button("Check again")
@@ -59,7 +77,5 @@ def system_tab() -> None:
         benchmark_button = gr.Button("Run the GPU benchmark", elem_id="benchmark-button", visible=gpu)
         benchmark = gr.Markdown(elem_id="system-benchmark")
         for trigger in (tab.select, system_refresh.click):
-            trigger(system_markdown, None, report, api_visibility="private")
-            trigger(weights_frame, None, weights, api_visibility="private")
-        benchmark_button.click(benchmark_markdown_now, None, benchmark, concurrency_limit=1,
-                               api_visibility="private")
+            trigger(report, None, [report_text, weights_note, weights], api_visibility="private")
+        benchmark_button.click(benchmark_now, None, benchmark, concurrency_limit=1, api_visibility="private")

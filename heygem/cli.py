@@ -337,11 +337,13 @@ def jobs_command(args: argparse.Namespace) -> int:
     store = JobStore(args.jobs_dir)
     if args.jobs_action == "list":
         jobs = store.list(status=args.status, limit=args.limit)
-        print(f"{'id':24} {'status':10} {'progress':>8}  {'engine':9} {'device':8} {'created':20} error/stage")
+        print(f"{'id':24} {'status':10} {'progress':>8}  {'engine':9} {'device':8} {'user':10} {'created':20} "
+              "error/stage")
         for job in jobs:
             detail = job.error or job.stage
             print(f"{job.id:24} {job.status:10} {job.progress:8.0%}  {job.engine:9} {job.device or '':8} "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.created)):20} {detail}")
+                  f"{job.submitter or '':10} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.created)):20} "
+                  f"{detail}")
         return 0
     if args.jobs_action == "clean":
         removed = store.clean(args.older_than * 86400)

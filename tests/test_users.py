@@ -220,6 +220,11 @@ def test_the_cli_deletes_a_finished_job_and_its_folder(tmp_path, speech, capsys)
     store.claim_next(process_owner("test"))
     assert main(["jobs", "delete", running, "--outputs", str(outputs)]) == 2
     assert "is running: cancel it first" in capsys.readouterr().err
+    store.create_job(ASSETS / "astronaut.jpg", speech, submitter="carol")
+    assert main(["jobs", "list", "--outputs", str(outputs)]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split()[:6] == ["id", "status", "progress", "engine", "device", "user"]
+    assert sum(" carol " in line for line in listed) == 1
     assert main(["jobs", "--outputs", str(outputs), "delete", job_id]) == 0
     assert f"{job_id}: deleted" in capsys.readouterr().out
     assert store.find(job_id) is None and not (outputs / job_id).exists()

@@ -27,7 +27,6 @@ from heygem.jobs.users import Users
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.runtime import library_logs
 from heygem.ui import build_ui, page_style
-from heygem.ui.access import PageAccess
 
 logger = logging.getLogger("heygem")
 
@@ -113,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.workers != 0:
         start_workers(store, args.workers, devices=devices)
         threading.Thread(target=warm_up, name="heygem-warm-up", daemon=True).start()
+    from heygem.ui.access import PageAccess  # the page's rules over the store and the users (imports gradio)
+
     access = PageAccess(store, users)
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access)
     demo.queue(default_concurrency_limit=4, max_size=256)

@@ -418,9 +418,8 @@ class JobStore:
 
     def counts(self, submitter: str | None = None) -> dict[str, int]:
         """How many jobs (of ``submitter``, if given) are in each state."""
-        where, parameters = ("WHERE submitter = ?", (submitter,)) if submitter is not None else ("", ())
-        rows = self._connect().execute(f"SELECT status, COUNT(*) FROM jobs {where} GROUP BY status",
-                                       parameters).fetchall()
+        rows = self._connect().execute("SELECT status, COUNT(*) FROM jobs WHERE ? IS NULL OR submitter = ? "
+                                       "GROUP BY status", (submitter, submitter)).fetchall()
         counts = dict.fromkeys(STATUSES, 0)
         counts.update({row[0]: row[1] for row in rows})
         return counts
@@ -457,10 +456,8 @@ class JobStore:
         ``speed``) into the job's speech.wav, with its cues in speech.srt; the
         result then gets them as subtitles. ``remote``: the request comes from a client of a server
         (the page, gradio_client, REST), whose options are limited (heygem.jobs.request); ``submitter``:
-        the user it belongs to (heygem.jobs.users). Unknown
-        options, unreadable files,
-        files over the upload limit and unusable text raise HeygemError here,
-        before anything is queued.
+        the user it belongs to (heygem.jobs.users). Unknown options, unreadable files, files over the
+        upload limit and unusable text raise HeygemError here, before anything is queued.
         """
         check_speech(audio is not None, text, own_audio=audio is None and text is None)
         flat_options, config = self.resolve_options(options, remote=remote)

@@ -110,11 +110,12 @@ class Server:
     """`python app.py` on 127.0.0.1 in a child process, its output in a log file."""
 
     def __init__(self, outputs: Path, log_path: Path, port: int | None = None, extra_args: tuple[str, ...] = (),
-                 file_size_limit: int | None = None):
+                 file_size_limit: int | None = None, env: dict | None = None, drop_env: tuple[str, ...] = ()):
         self.outputs, self.log_path = outputs, log_path
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+        env = {**{name: value for name, value in os.environ.items() if name not in drop_env},
+               "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
 
         def limit_file_size() -> None:  # runs in the child before app.py starts
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead

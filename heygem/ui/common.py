@@ -47,15 +47,20 @@ CSS = """
 def options_from_controls(engine: str, pad_top: float, pad_bottom: float, pad_left: float, pad_right: float,
                           smooth_window: float, restorer: str, output_height: int, fps: float,
                           detector: str = "mediapipe") -> dict:
-    """The option dict (dotted keys of heygem.config) for what the form shows."""
+    """The option dict (dotted keys of heygem.config) for what the form shows; numbers go on as the controls
+    gave them (whole ones as ints), so that the one request check refuses a bad one with one line."""
+
+    def whole(value):
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
     options = {
         "engine.name": engine,
-        "face.pads": [int(pad_top), int(pad_bottom), int(pad_left), int(pad_right)],
-        "face.smooth_window": int(smooth_window),
+        "face.pads": [whole(pad_top), whole(pad_bottom), whole(pad_left), whole(pad_right)],
+        "face.smooth_window": whole(smooth_window),
         "restore.enabled": restorer != "none",
         "restore.method": restorer,
-        "media.output_height": int(output_height) or None,
-        "media.fps": float(fps),
+        "media.output_height": whole(output_height) or None,
+        "media.fps": fps,
         "face.detector": detector,
     }
     return options
@@ -120,7 +125,7 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
                                    value=offered(defaults.face.detector, detectors, "mediapipe"))
         gr.Markdown("Extra pixels around the detected face (more chin padding helps when the mouth is cut off):")
         with gr.Row():
-            pads = [gr.Number(value=value, label=label, precision=0, minimum=-200, maximum=200, min_width=80)
+            pads = [gr.Number(value=value, label=label, precision=0, minimum=0, maximum=1000, min_width=80)
                     for value, label in zip(defaults.face.pads, ("top", "bottom", "left", "right"))]
         with gr.Row():
             smooth = gr.Slider(1, 15, value=defaults.face.smooth_window, step=1, label="Face smoothing (frames)",

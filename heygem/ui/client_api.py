@@ -1,8 +1,8 @@
-"""The named endpoints for scripts that use gradio_client (/generate, /submit and /job_status); nothing of
+"""The named endpoints for scripts that use gradio_client (/generate, /submit_job and /job_status); nothing of
 this shows on the page.
 
     client.predict(face=handle_file("me.jpg"), text="Hello.", api_name="/generate")  # -> (MP4 path, job id)
-    job_id = client.predict(face=..., audio=handle_file("speech.wav"), api_name="/submit")
+    job_id = client.predict(face=..., audio=handle_file("speech.wav"), api_name="/submit_job")
     client.predict(job_id=job_id, api_name="/job_status")  # -> {"status": ..., "progress": ...}
 
 Every request goes through the same check as REST (heygem.jobs.request, as a remote client); a user's
@@ -19,7 +19,7 @@ import gradio as gr
 from heygem.errors import HeygemError
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
-from heygem.ui.common import WATCH_INTERVAL
+from heygem.ui.common import WATCH_INTERVAL, uploaded_file
 
 logger = logging.getLogger("heygem")
 
@@ -32,7 +32,7 @@ def user_error(message: str) -> gr.Error:
 
 def client_api(store: JobStore) -> None:
     """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
-    MP4 and the job's id (with progress), /submit queues a job and returns its id at once, /job_status
+    MP4 and the job's id (with progress), /submit_job queues a job and returns its id at once, /job_status
     reports any job. Nothing of this shows on the page."""
 
     def queue(face: str | None, audio: str | None, engine: str, options: str, text: str, voice: str) -> str:
@@ -87,8 +87,8 @@ def client_api(store: JobStore) -> None:
         return job.to_dict()
 
     with gr.Column(visible=False):
-        face = gr.File(label="face")
-        audio = gr.File(label="audio")
+        face = uploaded_file(label="face")
+        audio = uploaded_file(label="audio")
         engine = gr.Textbox("auto", label="engine")
         options = gr.Textbox("{}", label="options")
         text = gr.Textbox("", label="text")
@@ -102,5 +102,5 @@ def client_api(store: JobStore) -> None:
         look = gr.Button()
     inputs = [face, audio, engine, options, text, voice]
     run.click(generate, inputs, [video, made_id], api_name="generate", concurrency_limit=8)
-    queue_button.click(submit, inputs, made_id, api_name="submit", concurrency_limit=8)
+    queue_button.click(submit, inputs, made_id, api_name="submit_job", concurrency_limit=8)
     look.click(job_status, job_id, status, api_name="job_status", queue=False)

@@ -44,6 +44,30 @@ CSS = """
 """
 
 
+def uploaded_file(**settings) -> gr.File:
+    """A gr.File (type "filepath") whose handler gets the uploaded file's path with nothing else written:
+    Gradio's own preprocessing leaves an empty temporary file in its folder for every file it passes on.
+    (An instance's method is replaced, not the class subclassed: Gradio writes a .pyi stub beside the
+    module of every Component subclass.)"""
+    from gradio_client import utils as client_utils
+
+    component = gr.File(**settings)
+
+    def preprocess(payload):
+        if payload is None:
+            return None
+        files = list(payload) if isinstance(payload, gr.data_classes.ListFiles) else [payload]
+        for file in files:
+            if component.file_types and not client_utils.is_valid_file(file.path, component.file_types):
+                raise gr.Error(f"Invalid file type: upload one of {', '.join(component.file_types)}",
+                               print_exception=False)
+        paths = [file.path for file in files]
+        return paths[0] if component.file_count == "single" else paths
+
+    component.preprocess = preprocess
+    return component
+
+
 def options_from_controls(engine: str, pad_top: float, pad_bottom: float, pad_left: float, pad_right: float,
                           smooth_window: float, restorer: str, output_height: int, fps: float,
                           detector: str = "mediapipe") -> dict:

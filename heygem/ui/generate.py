@@ -24,6 +24,7 @@ from heygem.ui.common import (
     option_controls,
     options_from_controls,
     problem_card,
+    uploaded_file,
 )
 
 logger = logging.getLogger("heygem")
@@ -151,7 +152,7 @@ def generate_tab(store: JobStore) -> None:
         job_id_state = gr.State("")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1):
-                face = gr.File(label="Face: a video or a photo", file_types=["video", "image"],
+                face = uploaded_file(label="Face: a video or a photo", file_types=["video", "image"],
                                elem_id="face-input", height=120)
                 face_image = gr.Image(label="Face preview", visible=False, interactive=False, height=220)
                 face_video = gr.Video(label="Face preview", visible=False, interactive=False, height=220)

@@ -13,6 +13,7 @@ names of a media type.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from heygem.config import Config, apply_overrides, iter_options
@@ -189,6 +190,18 @@ def check_speech(audio_given: bool, text: str | None, own_audio: bool = False) -
     if not text and not audio_given and not own_audio:
         raise HeygemError("add speech (an audio file or a recording) or text to speak, or use the face video's "
                           "own sound")
+
+
+def finite_json(value):
+    """``value`` with every NaN or infinity (a row stored before requests were checked) as None, so that
+    a stored job always turns into valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_json(item) for item in value]
+    return value
 
 
 def check_speed(speed: float) -> float:

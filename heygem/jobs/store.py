@@ -46,7 +46,7 @@ from heygem.jobs.files import (
     store_input,
 )
 from heygem.jobs.limits import ProcessCaps
-from heygem.jobs.request import check_options, check_speech, check_speed
+from heygem.jobs.request import check_options, check_speech, check_speed, finite_json
 from heygem.media.probing import probe_inputs
 
 logger = logging.getLogger("heygem")
@@ -188,18 +188,6 @@ class Job:
             "seconds_per_stage": summary.get("seconds_per_stage"),
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
         }
-
-
-def finite_json(value):
-    """``value`` with every NaN or infinity (a row stored before requests were checked) as None, so that
-    a job always turns into valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: finite_json(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [finite_json(item) for item in value]
-    return value
 
 
 def iso_time(seconds: float | None) -> str | None:
@@ -533,8 +521,7 @@ class JobStore:
         self._check_queue(self._connect())
 
     def _check_queue(self, db: sqlite3.Connection) -> None:
-        """QueueFull when max_queued jobs wait; inside create_job's write transaction the count and the
-        insert that follows are one step, so parallel submissions never take more than the limit."""
+        """QueueFull when max_queued jobs wait (in create_job's insert transaction: parallel submissions hold it)."""
         limit = self.limits.max_queued
         if limit is None:
             return

@@ -76,8 +76,6 @@ def job_limits(args: argparse.Namespace) -> JobLimits:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    keep_server_files_under(Path(args.outputs))  # before gradio is imported: it reads its folder then
-    from heygem.ui import build_ui, page_style
 
     debug = library_logs.library_logs_shown()  # HEYGEM_LOG=debug
     if args.verbose:
@@ -98,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     except HeygemError as problem:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2) from None
+    keep_server_files_under(Path(args.outputs))  # before gradio is imported: it reads its folder then
+    from heygem.ui import build_ui, page_style
+
     max_upload_bytes = int(args.max_upload_mb * 2**20)
     store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=job_limits(args))
     if args.ray is not None:

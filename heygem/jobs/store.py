@@ -185,7 +185,7 @@ class Job:
             "worker": self.worker,
             "device": self.device,
             "seconds": None if self.seconds is None else round(self.seconds, 3),
-            "seconds_per_stage": summary.get("seconds_per_stage"),
+            "seconds_per_stage": finite_json(summary.get("seconds_per_stage")),
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
         }
 

@@ -354,7 +354,7 @@ def test_a_chunked_upload_over_the_limit_is_refused_while_it_arrives(tmp_path):
         server.stop()
     assert answer.startswith(b"HTTP/1.1 413"), (sent, answer[:300])
     assert sent < 16 << 20, sent  # refused long before the whole body was sent
-    assert b"upload" in answer and nothing_queued(store)
+    assert nothing_queued(store)
 
 
 # ---------------------------------------------------------------------- messages

@@ -149,7 +149,8 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
                                    value=offered(defaults.face.detector, detectors, "mediapipe"))
         gr.Markdown("Extra pixels around the detected face (more chin padding helps when the mouth is cut off):")
         with gr.Row():
-            pads = [gr.Number(value=value, label=label, precision=0, minimum=0, maximum=1000, min_width=80)
+            # no precision: the value reaches the request check as given (Gradio's int() fails on NaN)
+            pads = [gr.Number(value=value, label=label, minimum=0, maximum=1000, step=1, min_width=80)
                     for value, label in zip(defaults.face.pads, ("top", "bottom", "left", "right"))]
         with gr.Row():
             smooth = gr.Slider(1, 15, value=defaults.face.smooth_window, step=1, label="Face smoothing (frames)",

@@ -469,3 +469,16 @@ def test_a_face_videos_avatar_cache_and_the_no_face_message_stay_with_the_server
     failed = finished[wall_job.json()["id"]]
     assert failed["status"] == "failed" and "no face was found" in failed["error"], failed
     assert "--box" not in failed["error"] and "clearly" in failed["error"], failed
+
+
+def test_the_pages_face_slot_says_a_text_file_is_not_an_image_or_video(tmp_path):
+    import gradio as gr
+    from gradio.data_classes import FileData
+
+    from heygem.ui.common import uploaded_file
+
+    with gr.Blocks():
+        face = uploaded_file(file_types=["video", "image"])
+    assert face.preprocess(FileData(path=str(FACE))) == str(FACE)
+    with pytest.raises(gr.Error, match="notes.txt is not a video or an image"):
+        face.preprocess(FileData(path=str(tmp_path / "notes.txt")))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import logging
 import time
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -59,8 +60,9 @@ def uploaded_file(**settings) -> gr.File:
         files = list(payload) if isinstance(payload, gr.data_classes.ListFiles) else [payload]
         for file in files:
             if component.file_types and not client_utils.is_valid_file(file.path, component.file_types):
-                raise gr.Error(f"Invalid file type: upload one of {', '.join(component.file_types)}",
-                               print_exception=False)
+                kinds = " or ".join("an image" if kind == "image" else f"a {kind}" if kind in ("video", "audio")
+                                    else kind for kind in component.file_types)
+                raise gr.Error(f"{Path(file.path).name} is not {kinds} file", print_exception=False)
         paths = [file.path for file in files]
         return paths[0] if component.file_count == "single" else paths
 

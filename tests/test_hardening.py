@@ -482,3 +482,13 @@ def test_the_pages_face_slot_says_a_text_file_is_not_an_image_or_video(tmp_path)
     assert face.preprocess(FileData(path=str(FACE))) == str(FACE)
     with pytest.raises(gr.Error, match="notes.txt is not a video or an image"):
         face.preprocess(FileData(path=str(tmp_path / "notes.txt")))
+
+
+def test_a_non_finite_speaking_speed_is_refused(tmp_path):
+    store = JobStore(tmp_path / "outputs")
+    client = rest_client(store)
+    for speed in ("nan", "inf", "5"):
+        response = client.post("/api/jobs", files={"face": (FACE.name, FACE.read_bytes())},
+                               data={"text": "Hello there.", "speed": speed})
+        assert "speed" in one_line_400(response)
+    assert nothing_queued(store)

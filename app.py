@@ -20,13 +20,13 @@ from pathlib import Path
 from heygem.cli import add_devices_flag
 from heygem.errors import HeygemError
 from heygem.jobs.api import create_router
-from heygem.jobs.files import DEFAULT_OUTPUTS
+from heygem.jobs.files import DEFAULT_OUTPUTS, keep_server_files_under
+from heygem.jobs.limits import ProcessCaps
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobLimits, JobStore
 from heygem.jobs.users import Users
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.runtime import library_logs
-from heygem.ui import build_ui, page_style
 
 logger = logging.getLogger("heygem")
 
@@ -55,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="tallest output frame a job may ask for (0: no limit)")
     parser.add_argument("--min-free-mb", type=float, default=1024,
                         help="free disk space under --outputs needed to accept a job (HTTP 507 below it; 0: no check)")
+    parser.add_argument("--max-job-processes", type=int, default=os.cpu_count() or 1, metavar="N",
+                        help="most face tracker, decoder and encoder processes one job from the page, gradio_client "
+                             "or REST may ask for (run.face_workers, run.decoders, run.encoders; more is refused "
+                             "with HTTP 400; default: the core count)")
     parser.add_argument("--batch-root", action="append", default=[], metavar="DIR",
                         help="a server folder the Batch tab may read from (repeat for more); none by default")
     parser.add_argument("--workers", type=int, default=None,
@@ -67,8 +71,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def job_limits(args: argparse.Namespace) -> JobLimits:
+    """What the store accepts before it queues a job, from the flags."""
+    return JobLimits(max_queued=args.max_queued or None, max_audio_seconds=args.max_audio_seconds or None,
+                     max_output_height=args.max_output_height or None,
+                     min_free_bytes=int(args.min_free_mb * 2**20) or None,
+                     max_text_characters=max(args.max_text_chars, 0),
+                     process_caps=ProcessCaps.every(args.max_job_processes))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+
     debug = library_logs.library_logs_shown()  # HEYGEM_LOG=debug
     if args.verbose:
         library_logs.show_library_logs()
@@ -97,12 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     except HeygemError as problem:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2) from None
+    keep_server_files_under(Path(args.outputs))  # before gradio is imported: it reads its folder then
+    from heygem.ui import build_ui, page_style
+
     max_upload_bytes = int(args.max_upload_mb * 2**20)
-    limits = JobLimits(max_queued=args.max_queued or None, max_audio_seconds=args.max_audio_seconds or None,
-                       max_output_height=args.max_output_height or None,
-                       min_free_bytes=int(args.min_free_mb * 2**20) or None,
-                       max_text_characters=max(args.max_text_chars, 0))
-    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=limits)
+    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=job_limits(args))
     if args.ray is not None:
         try:
             start_ray_workers(store, args.ray)

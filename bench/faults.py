@@ -20,6 +20,13 @@ engine and small inputs made from assets/ (a photo and a short piece of speech):
   uploads truncated, empty, wrong-type and hostile-name uploads: each a 400 with
           a one-line JSON error, no traceback in the answer or the server log,
           nothing queued, nothing written outside the outputs folder.
+  requests what an outside probe of the server tried (each row names its case, 1-11
+          of docs/reliability.md): NaN, infinity, deep nesting, bad types and ranges,
+          bitrates, devices and files in options (REST, gradio_client, the Batch
+          tab's manifest), process counts over the server's cap, 20 parallel
+          submissions against --max-queued 3, a chunked upload over --max-upload-mb,
+          the server's files outside --outputs, gradio_client without audio, and
+          the messages for a text file, a huge picture, too-short speech and no face.
 
     python bench/faults.py                                   # the full run (50 submissions)
     python bench/faults.py --quick                           # 8 submissions, shorter jobs
@@ -62,7 +69,7 @@ from heygem.media.probing import probe  # noqa: E402 - found through the sys.pat
 ASSETS = REPO / "assets"
 FINISHED = ("done", "failed", "cancelled")
 OPTIONS = {"media.output_height": 256, "engine.name": "landmark"}
-PARTS = ("load", "ffmpeg", "disk", "uploads")
+PARTS = ("load", "ffmpeg", "disk", "uploads", "requests")
 
 
 @dataclass
@@ -110,11 +117,12 @@ class Server:
     """`python app.py` on 127.0.0.1 in a child process, its output in a log file."""
 
     def __init__(self, outputs: Path, log_path: Path, port: int | None = None, extra_args: tuple[str, ...] = (),
-                 file_size_limit: int | None = None):
+                 file_size_limit: int | None = None, env: dict | None = None, drop_env: tuple[str, ...] = ()):
         self.outputs, self.log_path = outputs, log_path
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+        env = {**{name: value for name, value in os.environ.items() if name not in drop_env},
+               "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
 
         def limit_file_size() -> None:  # runs in the child before app.py starts
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
@@ -557,7 +565,8 @@ def uploads_part(work: Path, inputs: Inputs) -> list[Row]:
         new_log = server.log_text()[log_start:]
     finally:
         server.stop()
-    job_folders = [path.name for path in outputs.iterdir() if path.is_dir()]
+    job_folders = [path.name for path in outputs.iterdir()  # the server's own folders are no jobs
+                   if path.is_dir() and path.name not in ("avatar-cache", "gradio-temp")]
     outside_after = set(os.listdir(work)) - outside_before - {log_path.name}
     stray = [str(path) for path in (Path("/etc/passwd.mp4"), work / "passwd.mp4", outputs.parent / "etc")
              if path.exists()]
@@ -569,6 +578,251 @@ def uploads_part(work: Path, inputs: Inputs) -> list[Row]:
                     f"{new_log.count('Traceback')} tracebacks" if "Traceback" in new_log else "none",
                     "Traceback" not in new_log))
     return rows
+
+
+# ---------------------------------------------------------------------- 5. hostile and careless requests
+
+
+def error_row(label: str, response: httpx.Response, status: int = 400, words: str = "") -> Row:
+    """A row for a request that must be refused with ``status`` and a one-line JSON error (holding ``words``)."""
+    try:
+        error = response.json().get("error", "")
+    except ValueError:
+        error = None
+    one_line = isinstance(error, str) and bool(error) and "\n" not in error and "Traceback" not in error
+    shown = error if error is not None else response.text[:100]
+    return Row(label, f"{status}, one-line JSON error", f"HTTP {response.status_code}: {shown!r}",
+               response.status_code == status and one_line and words in (error or ""))
+
+
+def post_options(server: Server, inputs: Inputs, options_text: str, face: Path | None = None,
+                 face_name: bytes | None = None) -> httpx.Response:
+    face = face or inputs.face
+    body, content_type = multipart([("face", face_name or face.name.encode(), face.read_bytes()),
+                                    ("audio", inputs.short_speech.name.encode(), inputs.short_speech.read_bytes()),
+                                    ("options", None, options_text.encode())])
+    return server.client.post("/api/jobs", content=body, headers={"content-type": content_type})
+
+
+def chunked_upload(port: int, megabytes: int) -> tuple[bytes, int]:
+    """POST a face of ``megabytes`` MB as a chunked body; (the answer's first bytes, bytes sent before it came)."""
+    import select
+
+    head = (b'--b\r\nContent-Disposition: form-data; name="face"; filename="big.mp4"\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n")
+    chunk, sent, answer = b"\0" * 65536, 0, b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+                           b"Content-Type: multipart/form-data; boundary=b\r\n\r\n"
+                           + f"{len(head):x}\r\n".encode() + head + b"\r\n")
+        with contextlib.suppress(OSError):
+            while sent < megabytes << 20 and not select.select([connection], [], [], 0)[0]:
+                connection.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                sent += len(chunk)
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in answer and (data := connection.recv(65536)):
+                answer += data
+    return answer[:200], sent
+
+
+def png_of_size(path: Path, width: int, height: int) -> Path:
+    """An all-black 1-bit PNG of that size (small on disk however large it is)."""
+    import struct
+    import zlib
+
+    row = b"\0" * (1 + (width + 7) // 8)
+    compressor = zlib.compressobj(9)
+    data = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+                     + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    return path
+
+
+def requests_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
+    """The cases an outside probe of the server found (numbered as in docs/reliability.md)."""
+    from gradio_client import Client, handle_file
+
+    weights = work / "requests-weights"
+    weights.mkdir()
+    (weights / "notes.pth").write_text("not weights\n" * 20, encoding="utf-8")
+    (weights / "passwd.pth").symlink_to("/etc/passwd")
+    private_tmp = work / "requests-tmp"
+    private_tmp.mkdir()
+    env = {"HEYGEM_WEIGHTS": str(weights), "TMPDIR": str(private_tmp)}
+    drop = ("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR")
+    rows: list[Row] = []
+    # a server that runs no jobs: what is queued stays queued, so the queue limit can be counted
+    idle = Server(work / "requests-idle-outputs", work / "requests-idle.log", env=env, drop_env=drop,
+                  extra_args=("--workers", "0", "--max-queued", "3", "--max-upload-mb", "2",
+                              "--max-job-processes", "4")).wait_ready()
+    try:
+        before = idle.counts()
+        refused = [
+            ("1. NaN in options (engine.mouth_strength)", '{"engine.mouth_strength": NaN}', "finite"),
+            ("5. Infinity in face.pads", '{"face.pads": [0, Infinity, 0, 0]}', "finite"),
+            ("5. Infinity in face.box", '{"face.box": [0, 0, Infinity, 10]}', "finite"),
+            ("5. 100 kB of nested [[[...]]] as options", "[" * 51_200 + "]" * 51_200, "options"),
+            ("5. nesting inside a valid object", '{"face": {"pads": ' + "[" * 3000 + "]" * 3000 + "}}", "nest"),
+            ("3. run.face_workers 32 (cap 4)", '{"run.face_workers": 32}', "at most 4"),
+            ("3. run.decoders 40 (cap 4)", '{"run.decoders": 40}', "at most 4"),
+            ("3. run.encoders 40 (cap 4)", '{"run.encoders": 40}', "at most 4"),
+            ("6. media.audio_bitrate '-f null /tmp/x'", '{"media.audio_bitrate": "-f null /tmp/x"}', "bitrate"),
+            ("6. engine.device '/dev/sda'", '{"engine.device": "/dev/sda"}', "device"),
+            ("6. engine.device cuda:64", '{"engine.device": "cuda:64"}', "cuda:64"),
+            ("6. negative blend.feather", '{"blend.feather": -0.5}', "--feather"),
+            ("6. negative face.pads", '{"face.pads": [0, -10, 0, 0]}', "--pads"),
+            ("6. a text file in weights/ as engine.checkpoint",
+             '{"engine.name": "wav2lip", "engine.checkpoint": "notes.pth"}', "not a checkpoint"),
+            ("6. a link in weights/ to /etc/passwd as engine.checkpoint",
+             '{"engine.name": "wav2lip", "engine.checkpoint": "passwd.pth"}', "outside"),
+            ("6. engine.checkpoint /etc/passwd", '{"engine.name": "wav2lip", "engine.checkpoint": "/etc/passwd"}',
+             "not a path"),
+            ("types: a list for engine.device", '{"engine.device": [1]}', "engine.device"),
+        ]
+        for label, options_text, words in refused:
+            rows.append(error_row(label, post_options(idle, inputs, options_text), 400, words))
+        after = idle.counts()
+        rows.append(Row("after the refused requests", "nothing queued", f"{sum(after.values()) - sum(before.values())} "
+                        "new jobs", after == before))
+        listed = idle.client.get("/api/jobs")
+        rows.append(Row("1. GET /api/jobs after the NaN request", "200", f"HTTP {listed.status_code}",
+                        listed.status_code == 200))
+        body, content_type = multipart([("face", inputs.face.name.encode(), inputs.face.read_bytes()),
+                                        ("audio", inputs.short_speech.name.encode(), inputs.short_speech.read_bytes()),
+                                        ("options", None, b"{}")])
+
+        def send(_):
+            with httpx.Client(base_url=idle.url, timeout=120) as client:
+                return client.post("/api/jobs", content=body, headers={"content-type": content_type}).status_code
+
+        with ThreadPoolExecutor(20) as pool:
+            codes = list(pool.map(send, range(20)))
+        rows.append(Row("4. 20 parallel submissions against --max-queued 3 (no worker running)",
+                        "exactly 3 accepted, 17 refused with 429",
+                        f"{codes.count(201)} accepted, {codes.count(429)} refused with 429",
+                        codes.count(201) == 3 and codes.count(429) == 17))
+        answer, sent = chunked_upload(idle.port, 400)
+        status_line = answer.split(b"\r\n", 1)[0].decode(errors="replace")
+        rows.append(Row("7. a 400 MB chunked upload against --max-upload-mb 2", "413 before the body is all sent",
+                        f"{status_line or 'no answer'} after {sent / 2**20:.1f} MB sent",
+                        answer.startswith(b"HTTP/1.1 413") and sent < 64 << 20))
+        idle_log = idle.log_text()
+    finally:
+        idle.stop()
+    rows.append(Row("server log during the refused requests", "no traceback",
+                    f"{idle_log.count('Traceback')} tracebacks" if "Traceback" in idle_log else "none",
+                    "Traceback" not in idle_log))
+    rows += batch_manifest_rows(work, inputs, weights)
+
+    outputs = work / "requests-outputs"
+    server = Server(outputs, work / "requests.log", env=env, drop_env=drop).wait_ready()
+    try:
+        client = Client(server.url, verbose=False)
+        log_start = len(server.log_text())
+        problem = ""
+        try:
+            video, job_id = client.predict(face=handle_file(str(inputs.face)), text="Hello there.",
+                                           options='{"media.output_height": 256}', api_name="/generate")
+            followed = client.predict(job_id=job_id, api_name="/job_status")
+        except Exception as error:  # noqa: BLE001 - the row says what went wrong
+            video, followed, problem = None, {}, str(error)[:120]
+        rows.append(Row("10. gradio_client predict(face=..., text=...) without audio; /job_status follows the job",
+                        "an MP4 and the job's id; /job_status says done",
+                        problem or f"{Path(video).name}, job {followed.get('id')} {followed.get('status')}",
+                        not problem and followed.get("status") == "done" and result_is_good(Path(video),
+                                                                                           probe(Path(video)).duration)))
+        for label, options, words in (("5. gradio_client /generate with NaN", '{"engine.mouth_strength": NaN}',
+                                       "finite"),
+                                      ("5. gradio_client /generate with Infinity in face.pads",
+                                       '{"face.pads": [0, Infinity, 0, 0]}', "finite")):
+            try:
+                client.predict(face=handle_file(str(inputs.face)), audio=handle_file(str(inputs.short_speech)),
+                               options=options, api_name="/generate")
+                message = "accepted"
+            except Exception as error:  # noqa: BLE001 - the message is what the row checks
+                message = str(error)
+            rows.append(Row(label, "refused with one line", message[:140], words in message and "\n" not in message))
+        clip = work / "requests-clip.mp4"
+        shutil.copyfile(inputs.clip, clip)
+        wall = png_of_size(work / "wall.png", 128, 128)
+        video_job = post_options(server, inputs, '{"engine.name": "landmark"}', face=clip).json().get("id")
+        wall_job = post_options(server, inputs, '{"engine.name": "landmark"}', face=wall).json().get("id")
+        finished = server.wait_finished([video_job, wall_job], timeout)
+        cache_entries = list((outputs / "avatar-cache").glob("*/entry.json"))
+        rows.append(Row("8. a face video's avatar cache", "under --outputs", f"{len(cache_entries)} entries under "
+                        "--outputs/avatar-cache", finished[video_job]["status"] == "done" and bool(cache_entries)))
+        leftovers = [path for path in private_tmp.rglob("*") if path.is_file() and
+                     ("gradio" in path.parts or not path.stat().st_size)]
+        empty = [path for path in (outputs / "gradio-temp").rglob("*") if path.is_file() and not path.stat().st_size]
+        rows.append(Row("8. Gradio's files after gradio_client calls", "under --outputs, no empty files",
+                        f"{len(leftovers)} in the temp folder, {len(empty)} empty under --outputs/gradio-temp",
+                        not leftovers and not empty and (outputs / "gradio-temp").is_dir()))
+        error = finished[wall_job].get("error") or ""
+        rows.append(Row("11. no face in the picture (the page shows the job's error)",
+                        "says what to do, no command-line flag", error, "no face" in error and "--" not in error))
+        text = work / "notes.png"
+        text.write_text("just some words\n" * 40, encoding="utf-8")
+        blip = work / "blip.wav"
+        run_ffmpeg("-f", "lavfi", "-i", "sine=frequency=300:duration=0.01", str(blip))
+        cases = (("11. a text file in the photo slot", text, inputs.short_speech, "not an image or video"),
+                 ("11. a 20000x20000 PNG", png_of_size(work / "huge.png", 20000, 20000), inputs.short_speech,
+                  "too large"),
+                 ("11. a 16000x1000 PNG (wider than the server makes)", png_of_size(work / "wide.png", 16000, 1000),
+                  inputs.short_speech, "wide"),
+                 ("11. 0.01 s of speech", inputs.face, blip, "too short"))
+        for label, face, audio, words in cases:
+            try:
+                client.predict(face=handle_file(str(face)), audio=handle_file(str(audio)), api_name="/submit_job")
+                message = "accepted"
+            except Exception as error:  # noqa: BLE001 - the message is what the row checks
+                message = str(error)
+            rows.append(Row(label, "refused with a line that says what is wrong", message[:140], words in message))
+        new_log = server.log_text()[log_start:]
+    finally:
+        server.stop()
+    rows.append(Row("8. server log during the gradio_client errors", "one line each, no traceback",
+                    f"{new_log.count('Traceback')} tracebacks" if "Traceback" in new_log else "none",
+                    "Traceback" not in new_log))
+    return rows
+
+
+def batch_manifest_rows(work: Path, inputs: Inputs, weights: Path) -> list[Row]:
+    """2. The Batch tab's CSV manifest, planned and queued as the tab does it (its events are the page's own)."""
+    from heygem.jobs.batch import plan_items
+    from heygem.jobs.store import JobStore
+    from heygem.ui.batch import queue_batch
+
+    folder = work / "requests-batch"
+    folder.mkdir()
+    face, speech = folder / "anna.jpg", folder / "anna.wav"
+    shutil.copyfile(inputs.face, face)
+    shutil.copyfile(inputs.short_speech, speech)
+    manifest = folder / "manifest.csv"
+    manifest.write_text('face,audio,name,options\n'
+                        'anna.jpg,anna.wav,passwd,"{""engine.name"": ""wav2lip"", '
+                        '""engine.checkpoint"": ""/etc/passwd""}"\n'
+                        'anna.jpg,anna.wav,nan,"{""engine.mouth_strength"": NaN}"\n'
+                        'anna.jpg,anna.wav,workers,"{""run.face_workers"": 500}"\n', encoding="utf-8")
+    previous = os.environ.get("HEYGEM_WEIGHTS")
+    os.environ["HEYGEM_WEIGHTS"] = str(weights)
+    try:
+        store = JobStore(folder / "outputs")
+        _, outcome = queue_batch(store, plan_items([face, speech], str(manifest)), {})
+        queued = store.list()
+    finally:
+        if previous is None:
+            os.environ.pop("HEYGEM_WEIGHTS", None)
+        else:
+            os.environ["HEYGEM_WEIGHTS"] = previous
+    errors = {name: str(result) for name, result in outcome.items()}
+    return [Row(f"2. Batch tab manifest row: {name}", "refused like REST, no file sizes shown", message[:140],
+                isinstance(outcome[name], Exception) and "1294" not in message and "bytes" not in message)
+            for name, message in errors.items()] + [
+        Row("2. after the manifest", "nothing queued", f"{len(queued)} jobs", not queued)]
 
 
 # ---------------------------------------------------------------------- report
@@ -650,6 +904,8 @@ def main(argv: list[str] | None = None) -> int:
             report["rows"] += [asdict(row) for row in rows]
         if "uploads" in args.parts:
             report["rows"] += [asdict(row) for row in uploads_part(work, inputs)]
+        if "requests" in args.parts:
+            report["rows"] += [asdict(row) for row in requests_part(work, inputs, timeout)]
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)

@@ -360,7 +360,10 @@ def jobs_command(args: argparse.Namespace) -> int:
         print(f"{args.job_id}: deleted")
         return 0
     if args.jobs_action == "work":
+        from heygem.jobs.files import keep_server_files_under
+
         _log_jobs_quietly(args)
+        keep_server_files_under(store.outputs_dir)  # the avatar cache beside the jobs, as the web app keeps it
         workers = start_workers(store, args.workers, devices=devices)
         print(f"{len(workers)} worker(s) running jobs from {store.outputs_dir}; Ctrl+C stops")
         try:

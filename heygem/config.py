@@ -9,6 +9,8 @@ an error, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -19,9 +21,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "default.yaml"
 
 
-def option(default: Any, flag: str, help: str, choices: tuple | None = None):
-    """A config field with its CLI flag and help text."""
-    metadata = {"flag": flag, "help": help, "choices": choices}
+MAX_FRAME_SIDE = 16384  # pixels: the largest width or height of a face (or a face box coordinate) heygem takes
+BITRATE_PATTERN = re.compile(r"[1-9][0-9]{0,3}k")  # an AAC bitrate as ffmpeg takes it: 8k .. 9999k
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]{1,3})?")
+
+
+def option(default: Any, flag: str, help: str, choices: tuple | None = None, *, minimum: float | None = None,
+           maximum: float | None = None, kind: str | None = None):
+    """A config field with its CLI flag and help text; ``minimum``/``maximum`` bound a number (each item of a
+    list), ``kind`` names a value with a shape of its own: "bitrate", "device" or "weights file" (a file in
+    the weights folder; for a server's remote clients only a file name there, see heygem.jobs.request)."""
+    metadata = {"flag": flag, "help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "kind": kind}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -32,25 +42,33 @@ class MediaConfig:
     output_height: int | None = option(
         None, "--output-height", "scale the output to this height in pixels (width follows, kept even); empty keeps the input's size")
     fps: float = option(25.0, "--fps", "output frame rate when the face is a still image (videos keep their own rate)")
-    crf: int = option(18, "--crf", "x264 quality: lower is better and larger, 18 looks lossless")
+    crf: int = option(18, "--crf", "x264 quality: lower is better and larger, 18 looks lossless", minimum=0, maximum=51)
     preset: str = option("veryfast", "--preset", "x264 speed preset", (
         "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"))
-    audio_bitrate: str = option("192k", "--audio-bitrate", "AAC bitrate when the audio has to be re-encoded")
-    batch_frames: int = option(32, "--batch-frames", "frames per batch through the stages (fewer for big frames: a batch stays under 32 MiB); memory is bounded by this, not by the video's length")
+    audio_bitrate: str = option("192k", "--audio-bitrate", "AAC bitrate when the audio has to be re-encoded, e.g. 128k",
+                                kind="bitrate")
+    batch_frames: int = option(32, "--batch-frames", "frames per batch through the stages (fewer for big frames: a batch stays under 32 MiB); memory is bounded by this, not by the video's length",
+                              minimum=1, maximum=4096)
 
 
 @dataclass
 class FaceConfig:
     pads: list[int] = option(
-        [0, 10, 0, 0], "--pads", "extra pixels around the detected face box: top bottom left right (Wav2Lip's convention)")
-    smooth_window: int = option(5, "--smooth-window", "frames over which face boxes are averaged (1 switches smoothing off)")
+        [0, 10, 0, 0], "--pads", "extra pixels around the detected face box: top bottom left right (Wav2Lip's convention), 0 to 1000",
+        minimum=0, maximum=1000)
+    smooth_window: int = option(5, "--smooth-window", "frames over which face boxes are averaged (1 switches smoothing off)",
+                               minimum=1, maximum=1000)
     box: list[int] | None = option(
-        None, "--box", "a fixed face box x1 y1 x2 y2 used on every frame instead of detection's box")
+        None, "--box", "a fixed face box x1 y1 x2 y2 used on every frame instead of detection's box",
+        minimum=0, maximum=MAX_FRAME_SIDE)
     face_index: int | None = option(
-        None, "--face-index", "which face to animate when there are several, counted left to right from 0; empty picks the largest")
+        None, "--face-index", "which face to animate when there are several, counted left to right from 0; empty picks the largest",
+        minimum=0, maximum=1000)
     redetect_every: int = option(
-        10, "--redetect-every", "run full face detection every N frames and track landmarks in between")
-    min_confidence: float = option(0.5, "--min-face-confidence", "faces found with less confidence than this are ignored")
+        10, "--redetect-every", "run full face detection every N frames and track landmarks in between",
+        minimum=1, maximum=100_000)
+    min_confidence: float = option(0.5, "--min-face-confidence", "faces found with less confidence than this are ignored",
+                                  minimum=0, maximum=1)
     detector: str = option("mediapipe", "--detector", "face detector: mediapipe (built in) or s3fd (needs s3fd.pth in weights/); landmarks come from the face mesh either way",
                            ("mediapipe", "s3fd"))
 
@@ -60,10 +78,12 @@ class EngineConfig:
     name: str = option("auto", "--engine", "lip-sync engine: auto uses wav2lip when its weights are in weights/, otherwise the built-in landmark engine",
                        ("auto", "wav2lip", "landmark"))
     checkpoint: str | None = option(
-        None, "--checkpoint", "a Wav2Lip or Wav2Lip-GAN checkpoint (.pth); default: the first one found in weights/")
-    device: str = option("auto", "--device", "where the networks run: auto, cpu, cuda or cuda:N")
-    batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip forward pass")
-    mouth_strength: float = option(1.0, "--mouth-strength", "landmark engine: how wide the mouth opens, 1.0 is natural")
+        None, "--checkpoint", "a Wav2Lip or Wav2Lip-GAN checkpoint (.pth); default: the first one found in weights/",
+        kind="weights file")
+    device: str = option("auto", "--device", "where the networks run: auto, cpu, cuda or cuda:N", kind="device")
+    batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip forward pass", minimum=1, maximum=4096)
+    mouth_strength: float = option(1.0, "--mouth-strength", "landmark engine: how wide the mouth opens, 1.0 is natural (0 to 3)",
+                                  minimum=0, maximum=3)
     precision: str = option("auto", "--precision", "number format of the networks: auto is fp16 on a GPU and fp32 on the CPU",
                             ("auto", "fp32", "fp16", "bf16"))
     cuda_graph: bool = option(True, "--cuda-graph", "on a GPU, replay full batches of the generator as a CUDA graph (--no-cuda-graph runs it op by op)")
@@ -76,22 +96,27 @@ class RestoreConfig:
     enabled: bool = option(True, "--restore", "restore the generated mouth region with the --restorer method; --no-restore switches restoration off, as --restorer none does")
     method: str = option("auto", "--restorer", "how the generated mouth region is restored: auto picks gfpgan when GFPGANv1.4.pth is in weights/ and the engine synthesises pixels (wav2lip), else sharpen for wav2lip and none for the landmark engine, which moves real pixels",
                          ("auto", "gfpgan", "sharpen", "none"))
-    strength: float = option(0.6, "--restore-strength", "how strongly the mouth region is restored: 0..2 for sharpen, 0..1 for gfpgan (1 shows only the restored pixels; more counts as 1)")
+    strength: float = option(0.6, "--restore-strength", "how strongly the mouth region is restored: 0..2 for sharpen, 0..1 for gfpgan (1 shows only the restored pixels; more counts as 1)",
+                             minimum=0, maximum=2)
 
 
 @dataclass
 class BlendConfig:
-    feather: float = option(0.15, "--feather", "width of the soft mask edge as a fraction of the face box")
+    feather: float = option(0.15, "--feather", "width of the soft mask edge as a fraction of the face box, 0 to 1",
+                           minimum=0, maximum=1)
     color_match: bool = option(True, "--color-match", "match the generated region's colour to the frame before pasting (use --no-color-match to switch off)")
 
 
 @dataclass
 class RunConfig:
     concurrent: bool = option(True, "--concurrent", "run decoding, face tracking, generation and encoding at the same time (--no-concurrent runs them one after another)")
-    face_workers: int = option(0, "--face-workers", "face trackers working in parallel, each on its own run of frames; 0 picks from the cores")
+    face_workers: int = option(0, "--face-workers", "face trackers working in parallel, each on its own run of frames; 0 picks from the cores",
+                               minimum=0, maximum=1024)
     face_processes: bool = option(True, "--face-processes", "run several face trackers as processes of their own, beside the other stages (--no-face-processes keeps them as threads of the main process)")
-    decoders: int = option(0, "--decoders", "ffmpeg processes decoding the face video together, each passing on its share of the frames; 0 picks from the cores and the frame size")
-    encoders: int = option(0, "--encoders", "x264 encoders working on consecutive segments of the output; 0 picks from the cores")
+    decoders: int = option(0, "--decoders", "ffmpeg processes decoding the face video together, each passing on its share of the frames; 0 picks from the cores and the frame size",
+                           minimum=0, maximum=1024)
+    encoders: int = option(0, "--encoders", "x264 encoders working on consecutive segments of the output; 0 picks from the cores",
+                           minimum=0, maximum=1024)
     render: str = option("auto", "--render", "where cropping, drawing, restoring and blending run: auto picks torch on a GPU (for the landmark engine without a restorer), else numpy; torch also runs on the CPU",
                          ("auto", "numpy", "torch"))
     avatar_cache: bool = option(True, "--avatar-cache", "keep the face tracking of a face video under outputs/avatar-cache and reuse it when the same video comes with other audio")
@@ -101,7 +126,8 @@ class RunConfig:
 class TextConfig:
     subtitles: str = option("soft", "--subtitles", "a video made from text carries its cues: soft adds a subtitle track, burn draws them into the frames (soft when the font lacks the text's characters), none leaves them out (OUT.srt is written either way)",
                             ("none", "soft", "burn"))
-    max_characters: int = option(5000, "--max-text-chars", "longest text spoken for one video, in characters (0: no limit)")
+    max_characters: int = option(5000, "--max-text-chars", "longest text spoken for one video, in characters (0: no limit)",
+                                minimum=0)
 
 
 @dataclass
@@ -129,8 +155,38 @@ def iter_options():
             yield section.name, leaf
 
 
+MAX_LIST_ITEMS = 16  # longest list an option takes (pads and box take four)
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(value: Any, kind: type, where: str) -> int | float:
+    """``value`` (a number, or a number's text) as ``kind`` (int or float): finite, and whole for an int."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(value)
+    number: int | float = value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = int(text)
+        except ValueError:
+            number = float(text)
+    if isinstance(number, float) and not math.isfinite(number):
+        raise HeygemError(f"option {where} must be a finite number, not {_shown(value)}")
+    if kind is int:
+        if isinstance(number, float) and not number.is_integer():
+            raise HeygemError(f"option {where} must be a whole number, not {_shown(value)}")
+        return int(number)
+    return float(number)
+
+
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Convert a YAML/JSON/CLI value to the field's type, or raise HeygemError."""
+    """Convert a YAML/JSON/CLI value to the field's type, or raise HeygemError: numbers must be finite
+    (no NaN or infinity) and whole where the option counts something; a string option takes a string."""
     args = get_args(annotation)
     if value is None:
         if type(None) in args:
@@ -144,7 +200,9 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             (item_type,) = get_args(annotation)
             if isinstance(value, str):
                 value = value.replace(",", " ").split()
-            return [item_type(v) for v in value]
+            if not isinstance(value, (list, tuple)) or len(value) > MAX_LIST_ITEMS:
+                raise ValueError(value)
+            return [_number(item, item_type, where) for item in value]
         if annotation is bool:
             if isinstance(value, str):
                 lowered = value.strip().lower()
@@ -153,12 +211,42 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 if lowered in ("0", "false", "no", "off"):
                     return False
                 raise ValueError(value)
-            return bool(value)
-        if annotation is int and isinstance(value, float) and not value.is_integer():
+            if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+                return bool(value)
             raise ValueError(value)
+        if annotation in (int, float):
+            return _number(value, annotation, where)
+        if annotation is str:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
         return annotation(value)
-    except (TypeError, ValueError):
-        raise HeygemError(f"option {where} has an invalid value {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise HeygemError(f"option {where} has an invalid value {_shown(value)}") from None
+
+
+def _range_text(minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"between {minimum:g} and {maximum:g}"
+    return f"at least {minimum:g}" if minimum is not None else f"at most {maximum:g}"
+
+
+def _check_leaf(leaf: dataclasses.Field, value: Any) -> None:
+    """HeygemError when ``value`` is outside the option's range or not of its kind (see :func:`option`)."""
+    meta = leaf.metadata
+    flag, minimum, maximum, kind = meta["flag"], meta.get("minimum"), meta.get("maximum"), meta.get("kind")
+    if value is None:
+        return
+    if minimum is not None or maximum is not None:
+        for number in value if isinstance(value, list) else [value]:
+            if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+                each = " (each number)" if isinstance(value, list) else ""
+                raise HeygemError(f"{flag} must be {_range_text(minimum, maximum)}{each}, not {_shown(number)}")
+    if kind == "bitrate" and not BITRATE_PATTERN.fullmatch(value):
+        raise HeygemError(f"{flag} takes an audio bitrate such as 128k (a number of kilobits and k), "
+                          f"not {_shown(value)}")
+    if kind == "device" and not DEVICE_PATTERN.fullmatch(value.strip().lower()):
+        raise HeygemError(f"{flag} must be auto, cpu, cuda or cuda:N (N a GPU number), not {_shown(value)}")
 
 
 def apply_overrides(config: Config, overrides: dict) -> Config:
@@ -204,7 +292,8 @@ def validate(config: Config) -> None:
         choices = leaf.metadata.get("choices")
         value = getattr(getattr(config, section), leaf.name)
         if choices and value not in choices:
-            raise HeygemError(f"{leaf.metadata['flag']} must be one of {', '.join(choices)}, not {value!r}")
+            raise HeygemError(f"{leaf.metadata['flag']} must be one of {', '.join(choices)}, not {_shown(value)}")
+        _check_leaf(leaf, value)
     face, media = config.face, config.media
     if len(face.pads) != 4:
         raise HeygemError("--pads takes four numbers: top bottom left right")

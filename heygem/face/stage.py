@@ -134,8 +134,8 @@ class FaceStage:
         builder = self.builder
         builder.end()
         if not builder.any_face:
-            raise HeygemError(f"no face was found in {self.source.info.path.name}: "
-                              "use a clearer frontal face or give --box")
+            raise HeygemError(f"no face was found in {self.source.info.path.name}: use a photo or video where one "
+                              "face is clearly visible, looks at the camera and is not tiny")
         logger.info("faces found in %d of %d source frames", int(builder.track.found[: builder.tracked].sum()),
                     builder.tracked)
         if self.cache_key is not None:

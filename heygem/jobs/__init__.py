@@ -4,6 +4,7 @@ The web UI, the REST API, batch mode and ``python -m heygem jobs`` all create an
 through the store and run them on worker threads.
 
 - :mod:`heygem.jobs.request`: the one check of a job request (options, remote limits, file names);
+- :mod:`heygem.jobs.limits`: the caps on processes a remote job may start;
 - :mod:`heygem.jobs.store`: the SQLite store, the job states and who owns a running job;
 - :mod:`heygem.jobs.worker`: the worker threads and :func:`heygem.jobs.worker.run_job`;
 - :mod:`heygem.jobs.files`: where a job's files live and the rules for their names;

@@ -82,6 +82,23 @@ def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
         raise ApiError(401, "wrong user name or password", challenge)
 
 
+def counted_request(request: Request, max_bytes: int) -> Request:
+    """``request`` with its body counted as it arrives: past ``max_bytes`` reading it raises UploadTooLarge,
+    so a chunked upload (no Content-Length to refuse it by) is stopped early, not spooled whole."""
+    received = 0
+
+    async def receive() -> dict:
+        nonlocal received
+        message = await request.receive()
+        if message.get("type") == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_bytes:
+                raise UploadTooLarge(f"the upload is larger than the limit of {human_size(max_bytes)}")
+        return message
+
+    return Request(request.scope, receive)
+
+
 def server_folders(store: JobStore, job) -> dict[Path, str]:
     """The server's folders a job's log may name, with what a user who is not an admin reads instead."""
     return {job.directory: "<job folder>", store.outputs_dir: "<outputs>", weights_dir(): "weights",
@@ -139,8 +156,12 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             raise ApiError(413, f"the upload is larger than the limit of {human_size(limit)} per file")
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise ApiError(400, "send multipart/form-data with a face file, an audio file and optional options JSON")
+        if limit is not None:
+            request = counted_request(request, 2 * limit + MULTIPART_OVERHEAD)
         try:
             form = await request.form(max_files=2, max_fields=8)
+        except UploadTooLarge:
+            raise ApiError(413, f"the upload is larger than the limit of {human_size(limit)} per file") from None
         except Exception as error:  # malformed multipart
             raise ApiError(400, f"the upload could not be read: {error}") from None
         try:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from heygem.errors import HeygemError
 from heygem.jobs.files import DEFAULT_OUTPUTS, RESULT_SUBTITLES_NAME, sanitize_filename
+from heygem.jobs.request import flatten_options, parse_options
 from heygem.jobs.store import DONE, FAILED, JobStore, new_job_id
 from heygem.jobs.worker import start_workers
 from heygem.media.probing import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
@@ -292,12 +293,10 @@ def _pair_by_manifest(manifest: Path, files: list[Path], base_dir: Path | None) 
             item.problem = f"line {number}: the text is empty: write the words to speak, or leave the cell empty"
         options_text = (row.get("options") or "").strip()
         if options_text and item.problem is None:
-            try:
-                item.options = json.loads(options_text)
-                if not isinstance(item.options, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                item.problem = f"line {number}: options must be a JSON object, e.g. {{\"face.pads\": [0, 20, 0, 0]}}"
+            try:  # the one check of a request's options JSON (finite numbers, size, depth)
+                item.options = parse_options(options_text)
+            except HeygemError as error:
+                item.problem = f"line {number}: {error}"
         items.append(item)
     return items
 
@@ -330,11 +329,14 @@ def new_batch_id() -> str:
 
 
 def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, batch: str,
-                 reuse: bool = False, submitter: str | None = None) -> dict[str, str | Exception]:
+                 reuse: bool = False, remote: bool = False, submitter: str | None = None) -> dict[str, str | Exception]:
     """Queue one job per item that can run; return item name -> job id, or the error that stopped it.
 
-    The jobs belong to ``submitter`` (heygem.jobs.users), if given. With ``reuse``, an item whose inputs and
-    options match a queued, running or done job is attached to that job instead of making a new one.
+    With ``reuse``, an item whose inputs and options match a queued, running or
+    done job is attached to that job instead of making a new one. ``remote``: the items come from a
+    client of a server (the Batch tab), so the batch's and each row's options are checked as REST
+    checks a request's (heygem.jobs.request): checkpoint names inside the weights folder, process caps.
+    The jobs belong to ``submitter`` (heygem.jobs.users), if given.
     """
     outcome: dict[str, str | Exception] = {}
     for item in items:
@@ -342,7 +344,11 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
             outcome[item.name] = HeygemError(item.problem)
             continue
         try:
-            merged = {**store.resolve_options(options)[0], **store.resolve_options(item.options)[0]}
+            if remote:  # the request as the client gave it, checked as a whole; the job resolves it again
+                merged = {**flatten_options(options), **flatten_options(item.options)}
+                store.resolve_options(merged, remote=True)
+            else:
+                merged = {**store.resolve_options(options)[0], **store.resolve_options(item.options)[0]}
             key = item_key(item, merged)
             existing = store.find_by_item_key(key) if reuse else None
             if existing is not None:
@@ -350,7 +356,7 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
                 outcome[item.name] = existing.id
             else:
                 outcome[item.name] = store.create_job(item.face_path, item.audio_path, merged, batch=batch,
-                                                      label=item.name, item_key=key, text=item.text,
+                                                      label=item.name, item_key=key, text=item.text, remote=remote,
                                                       submitter=submitter)
         except (HeygemError, OSError) as error:
             outcome[item.name] = error if isinstance(error, HeygemError) else HeygemError(str(error))

@@ -71,6 +71,21 @@ def sanitize_filename(name: str, fallback: str) -> str:
     return f"{stem}.{suffix}" if suffix else stem
 
 
+def keep_server_files_under(outputs_dir: Path) -> dict[str, str]:
+    """Point the files a server keeps besides its jobs into ``outputs_dir``: the avatar cache
+    (``avatar-cache/``, $HEYGEM_CACHE_DIR) and Gradio's copies of uploads and results (``gradio-temp/``,
+    $GRADIO_TEMP_DIR), unless the environment already names a place for them. Call it before gradio is
+    imported (Gradio reads its folder then). Returns the variables it set."""
+    outputs_dir = Path(outputs_dir).resolve()
+    wanted = {"HEYGEM_CACHE_DIR": outputs_dir / "avatar-cache", "GRADIO_TEMP_DIR": outputs_dir / "gradio-temp"}
+    chosen = {}
+    for name, folder in wanted.items():
+        if not os.environ.get(name):
+            folder.mkdir(parents=True, exist_ok=True)
+            os.environ[name] = chosen[name] = str(folder)
+    return chosen
+
+
 def human_size(size: float) -> str:
     """1536 -> '1.5 kB', 734003200 -> '700 MB' (binary units, as upload limits are given)."""
     for unit in ("bytes", "kB", "MB", "GB"):

@@ -1,25 +1,35 @@
 """The one check of a job request, for every entry point: the page, gradio_client, REST, batch and the CLI.
 
-A request's options are flattened to dotted names, checked against heygem.config (names, types,
-ranges, choices) and, for a remote client (anyone but the local command line), limited to what a
-server may let strangers ask for: files named by options must be file names inside the server's
-weights folder. The weight files an option needs must be there (a missing file is the user's to
-fix before anything is queued). Uploaded file names must be plain names of a media type.
+A request's options (JSON text of at most 64 kB and four levels, finite numbers only) are flattened to
+dotted names, checked against heygem.config (names, types, finite numbers, ranges, choices, bitrates,
+device names), the device is checked against this machine's, and for a remote client (anyone but
+the local command line) limited to what a server may let strangers ask for: files named by options
+must be names of checkpoint files inside the server's weights folder, and process counts stay
+under the server's caps (heygem.jobs.limits). The weight files an option needs must be there (a
+missing file is the user's to fix before anything is queued). Uploaded file names must be plain
+names of a media type.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-from heygem.config import Config, apply_overrides
+from heygem.config import Config, apply_overrides, iter_options
 from heygem.errors import HeygemError
+from heygem.jobs.limits import PROCESS_OPTIONS, ProcessCaps, check_process_caps
 from heygem.media.probing import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from heygem.weights import require_gfpgan_checkpoint, require_s3fd_checkpoint, weights_dir
 
-# Options whose value names a file on the server. A remote client (REST) may give only the name of a
-# file in the server's weights folder; paths are for the local command line and config files.
-SERVER_FILE_OPTIONS = ("engine.checkpoint",)
+# Options whose value names a file on the server (kind "weights file" in heygem.config). A remote client
+# may give only the name of a checkpoint file in the server's weights folder; paths are for the local
+# command line and config files.
+SERVER_FILE_OPTIONS = tuple(f"{section}.{leaf.name}" for section, leaf in iter_options()
+                            if leaf.metadata.get("kind") == "weights file")
+CHECKPOINT_SUFFIXES = {".pth", ".pt", ".ckpt", ".bin", ".safetensors"}
+MAX_OPTIONS_BYTES = 64 * 1024  # longest options JSON a request may send
+MAX_OPTIONS_DEPTH = 4  # {"face": {"pads": [0, 10, 0, 0]}} is three levels deep
 MAX_UPLOAD_NAME_BYTES = 255  # longest upload file name accepted (a file name on most filesystems)
 UPLOAD_SUFFIXES = {  # what each upload may be, by the name's extension
     "face": VIDEO_SUFFIXES | IMAGE_SUFFIXES,
@@ -39,14 +49,34 @@ def flatten_options(options: dict | None) -> dict:
     return flat
 
 
+def _refuse_constant(name: str):
+    raise HeygemError(f"options may hold finite numbers only, not {name}")
+
+
+def _depth(value, limit: int) -> int:
+    """How deep ``value`` nests (a scalar is 0), counting no further than ``limit`` + 1."""
+    if limit < 0 or not isinstance(value, (dict, list)):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(item, limit - 1) for item in items), default=0)
+
+
 def parse_options(text: str | None) -> dict:
-    """The options a client sent as JSON text, as flat dotted keys; HeygemError says what is wrong."""
+    """The options a client sent as JSON text, as flat dotted keys; HeygemError says what is wrong
+    (not JSON, not an object, NaN or infinity, longer than 64 kB, nested deeper than options go)."""
+    text = text or "{}"
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_OPTIONS_BYTES:
+        raise HeygemError(f"options is longer than {MAX_OPTIONS_BYTES // 1024} kB: send only the options you change")
     try:
-        options = json.loads(text or "{}")
+        options = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise HeygemError("options nest too deeply: send an object of option names and values") from None
     except ValueError as error:
         raise HeygemError(f"options is not valid JSON: {error}") from None
     if not isinstance(options, dict):
         raise HeygemError('options must be a JSON object, e.g. {"media.output_height": 360}')
+    if _depth(options, MAX_OPTIONS_DEPTH) > MAX_OPTIONS_DEPTH:
+        raise HeygemError('options nest too deeply: send {"section.name": value}, e.g. {"face.pads": [0, 20, 0, 0]}')
     return flatten_options(options)
 
 
@@ -66,8 +96,59 @@ def limit_remote_options(flat: dict, folder: Path | None = None) -> dict:
         candidate = folder / name
         if not candidate.is_file():
             raise HeygemError(f"{key}: the server's weights folder has no file named {name!r}")
+        if not candidate.resolve().is_relative_to(folder.resolve()):
+            raise HeygemError(f"{key}: {name!r} leads outside the server's weights folder; name a checkpoint "
+                              "file that is in it")
         limited[key] = str(candidate)
     return limited
+
+
+def looks_like_checkpoint(path: Path) -> bool:
+    """Whether ``path`` has a checkpoint's suffix and starts as torch.save (a zip or a pickle) or a
+    safetensors file does; a text file, an image or a system file does not."""
+    if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        return False
+    if head.startswith(b"PK\x03\x04") or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5):
+        return True
+    if len(head) >= 9:  # safetensors: an 8-byte little-endian header size, then the JSON header
+        header_size = int.from_bytes(head[:8], "little")
+        return 0 < header_size < 100 * 2**20 and head[8:9] == b"{"
+    return False
+
+
+def check_checkpoint_files(flat: dict) -> None:
+    """HeygemError unless every server-file option of ``flat`` (already turned into paths by
+    :func:`limit_remote_options`) is a checkpoint file; the message names the option, not the file's size."""
+    for key in SERVER_FILE_OPTIONS:
+        value = flat.get(key)
+        if value and not looks_like_checkpoint(Path(value)):
+            raise HeygemError(f"{key}: {Path(value).name!r} is not a checkpoint file (.pth, .pt, .ckpt, .bin or "
+                              ".safetensors as torch or safetensors write them)")
+
+
+def check_device(name: str) -> None:
+    """HeygemError unless the engine.device ``name`` (auto, cpu, cuda, cuda:N) exists on this machine."""
+    name = (name or "auto").strip().lower()
+    if name in ("auto", "cpu"):
+        return
+    from heygem.runtime.device import gpu_present
+
+    count = 0
+    if gpu_present():  # cheap where there is no NVIDIA device: torch is not imported then
+        import torch
+
+        count = torch.cuda.device_count()
+    index = int(name.partition(":")[2] or 0)
+    if count == 0:
+        raise HeygemError(f"--device {name} asks for a CUDA GPU, but this machine has none: use auto or cpu")
+    if index >= count:
+        raise HeygemError(f"--device {name} asks for GPU {index}, but this machine has {count} "
+                          f"(cuda:0 to cuda:{count - 1})")
 
 
 def check_weight_files(config: Config, folder: Path | None = None) -> None:
@@ -80,14 +161,23 @@ def check_weight_files(config: Config, folder: Path | None = None) -> None:
 
 
 def check_options(options: dict | None, base: Config, *, remote: bool = False,
-                  folder: Path | None = None) -> tuple[dict, Config]:
+                  folder: Path | None = None, caps: ProcessCaps | None = None) -> tuple[dict, Config]:
     """(the options as flat dotted keys, the config they give on top of ``base``) for a job request;
-    ``remote``: the request comes from a client of a server (see :func:`limit_remote_options`).
+    ``remote``: the request comes from a client of a server (see :func:`limit_remote_options`; process
+    counts are held under ``caps``, default heygem.jobs.limits.ProcessCaps.for_machine).
     HeygemError says what is wrong; nothing else is raised for a bad option."""
     flat = flatten_options(options)
     if remote:
         flat = limit_remote_options(flat, folder)
-    config = apply_overrides(base, flat)
+    try:
+        config = apply_overrides(base, flat)
+    except RecursionError:
+        raise HeygemError("options nest too deeply: send {\"section.name\": value}") from None
+    if remote:
+        check_checkpoint_files(flat)
+        check_process_caps({key: getattr(config.run, key.split(".", 1)[1]) for key in PROCESS_OPTIONS if key in flat},
+                           caps)
+    check_device(config.engine.device)
     check_weight_files(config, folder)
     return flat, config
 
@@ -100,6 +190,25 @@ def check_speech(audio_given: bool, text: str | None, own_audio: bool = False) -
     if not text and not audio_given and not own_audio:
         raise HeygemError("add speech (an audio file or a recording) or text to speak, or use the face video's "
                           "own sound")
+
+
+def finite_json(value):
+    """``value`` with every NaN or infinity (a row stored before requests were checked) as None, so that
+    a stored job always turns into valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_json(item) for item in value]
+    return value
+
+
+def check_speed(speed: float) -> float:
+    """The speaking speed of a text job, a finite number from 0.5 to 2.0; HeygemError otherwise."""
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.5 <= speed <= 2.0:
+        raise HeygemError(f"speed must be a number from 0.5 to 2.0, not {speed!r}")
+    return float(speed)
 
 
 def check_upload_name(name: str, role: str) -> None:

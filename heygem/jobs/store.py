@@ -16,6 +16,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -44,7 +45,8 @@ from heygem.jobs.files import (
     human_size,
     store_input,
 )
-from heygem.jobs.request import check_options, check_speech
+from heygem.jobs.limits import ProcessCaps
+from heygem.jobs.request import check_options, check_speech, check_speed, finite_json
 from heygem.media.probing import probe_inputs
 
 logger = logging.getLogger("heygem")
@@ -168,7 +170,7 @@ class Job:
         return {
             "id": self.id,
             "status": self.status,
-            "progress": round(self.progress, 4),
+            "progress": round(self.progress, 4) if math.isfinite(self.progress) else 0.0,
             "stage": self.stage,
             "error": self.error,
             "created": iso_time(self.created),
@@ -179,14 +181,14 @@ class Job:
             "attempts": self.attempts,
             "face": self.face_name,
             "audio": self.audio_name,
-            "options": self.options,
+            "options": finite_json(self.options),
             "batch": self.batch,
             "label": self.label,
             "worker": self.worker,
             "device": self.device,
             "submitter": self.submitter,
             "seconds": None if self.seconds is None else round(self.seconds, 3),
-            "seconds_per_stage": summary.get("seconds_per_stage"),
+            "seconds_per_stage": finite_json(summary.get("seconds_per_stage")),
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
         }
 
@@ -264,6 +266,7 @@ class JobLimits:
     max_output_height: int | None = None  # tallest output frame (the face's own, or media.output_height)
     min_free_bytes: int | None = None  # free disk space under outputs/ needed to take a job (HTTP 507)
     max_text_characters: int | None = None  # longest text spoken for a job; None: the config's text.max_characters
+    process_caps: ProcessCaps | None = None  # processes a remote job may start; None: the machine's cores
 
 
 class QueueFull(HeygemError):
@@ -441,7 +444,7 @@ class JobStore:
     def resolve_options(self, options: dict | None, remote: bool = False) -> tuple[dict, Config]:
         """Options as flat dotted keys plus the config they give, checked as heygem.jobs.request checks a
         request (``remote``: from a client of a server); HeygemError for unknown or bad ones."""
-        return check_options(options, self.base_config, remote=remote)
+        return check_options(options, self.base_config, remote=remote, caps=self.limits.process_caps)
 
     def create_job(self, face: Path | str | Upload, audio: Path | str | Upload | None,
                    options: dict | None = None, *, batch: str | None = None, label: str | None = None,
@@ -460,6 +463,8 @@ class JobStore:
         upload limit and unusable text raise HeygemError here, before anything is queued.
         """
         check_speech(audio is not None, text, own_audio=audio is None and text is None)
+        if text is not None:
+            speed = check_speed(speed)
         flat_options, config = self.resolve_options(options, remote=remote)
         self._check_room()
         job_id = new_job_id()
@@ -489,6 +494,7 @@ class JobStore:
                 json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
             now = time.time()
             with self._transaction() as db:
+                self._check_queue(db)  # counted again under the write lock: parallel submissions hold the limit
                 db.execute(
                     "INSERT INTO jobs (id, status, created, queued, face_name, audio_name, options, engine, "
                     "batch, label, item_key, submitter) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -517,11 +523,17 @@ class JobStore:
             if free < limits.min_free_bytes:
                 raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
                                     f"{human_size(limits.min_free_bytes)}); try again once old jobs are cleaned")
-        if limits.max_queued is not None:
-            waiting = self.counts()[QUEUED]
-            if waiting >= limits.max_queued:
-                raise QueueFull(f"{waiting} jobs are already waiting (the limit is {limits.max_queued}); "
-                                "try again in a minute", retry_after=60)
+        self._check_queue(self._connect())
+
+    def _check_queue(self, db: sqlite3.Connection) -> None:
+        """QueueFull when max_queued jobs wait (in create_job's insert transaction: parallel submissions hold it)."""
+        limit = self.limits.max_queued
+        if limit is None:
+            return
+        waiting = db.execute("SELECT COUNT(*) FROM jobs WHERE status = ?", (QUEUED,)).fetchone()[0]
+        if waiting >= limit:
+            raise QueueFull(f"{waiting} jobs are already waiting (the limit is {limit}); try again in a minute",
+                            retry_after=60)
 
     def _check_size(self, face_info, audio_info, config: Config) -> None:
         """Refuse speech longer, or frames taller, than the limits allow."""
@@ -535,6 +547,11 @@ class JobStore:
             raise HeygemError(f"the output would be {height} pixels tall; this server makes at most "
                               f"{limits.max_output_height}: set media.output_height to {limits.max_output_height} "
                               "or less")
+        width = round(face_info.width * height / max(face_info.height, 1))
+        max_width = None if limits.max_output_height is None else limits.max_output_height * 16 // 9
+        if max_width is not None and width > max_width:
+            raise HeygemError(f"the output would be {width} pixels wide; this server makes at most {max_width} "
+                              "(16:9 of its tallest output): crop or scale the face picture down")
 
     # ------------------------------------------------------------------ changing
 

@@ -5,9 +5,11 @@ and the frame size and rate the output is made at.
 from __future__ import annotations
 
 import logging
+import struct
 from fractions import Fraction
 from pathlib import Path
 
+from heygem.config import MAX_FRAME_SIDE
 from heygem.errors import HeygemError
 from heygem.types import FrameGeometry, MediaInfo
 
@@ -17,24 +19,66 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".ts"}
 AUDIO_SUFFIXES = {".wav", ".mp3", ".m4a", ".aac", ".flac", ".ogg", ".oga", ".opus", ".wma"}
 _IMAGE_FORMATS = {"image2", "png_pipe", "jpeg_pipe", "webp_pipe", "bmp_pipe", "tiff_pipe", "jpegls_pipe"}
+# Demuxers that "open" plain text as a picture (ANSI art, subtitles): a text file is no face or speech.
+_TEXT_FORMATS = {"tty", "ansi", "bin", "xbin", "idf", "adf", "srt", "ass", "webvtt", "subviewer", "microdvd",
+                 "mpl2", "jacosub", "sami", "realtext", "pjs", "stl", "subviewer1", "vplayer", "lrc"}
+MIN_SPEECH_SECONDS = 0.1  # shorter speech makes a video of two frames or fewer: refused
 
 
-def probe(path: str | Path) -> MediaInfo:
-    """Describe a face or audio file: kind, display size (rotation applied), fps, audio stream."""
+def header_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) from a PNG's or JPEG's header, read without decoding; None for other files.
+
+    ffmpeg does not tell an image's size before decoding it, and refuses to decode a huge one."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64 * 1024)
+    except OSError:
+        return None
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+        width, height = struct.unpack(">II", head[16:24])
+        return int(width), int(height)
+    if head[:2] == b"\xff\xd8":  # JPEG: walk the markers to the first start-of-frame
+        position = 2
+        while position + 9 < len(head):
+            if head[position] != 0xFF:
+                return None
+            marker = head[position + 1]
+            length = struct.unpack(">H", head[position + 2:position + 4])[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                height, width = struct.unpack(">HH", head[position + 5:position + 9])
+                return int(width), int(height)
+            position += 2 + length
+    return None
+
+
+def _check_side(path: Path, width: int, height: int) -> None:
+    if max(width, height) > MAX_FRAME_SIDE:  # refused before a frame is decoded (a 20000x20000 PNG is 1.2 GB)
+        raise HeygemError(f"{path.name} is {width}x{height} pixels: too large (heygem takes at most "
+                          f"{MAX_FRAME_SIDE} on a side); scale it down")
+
+
+def probe(path: str | Path, role: str | None = None) -> MediaInfo:
+    """Describe a face or audio file: kind, display size (rotation applied), fps, audio stream.
+
+    ``role`` "face" words the message for a file that is no picture as the face slot needs it."""
     import av
 
     path = Path(path)
     if not path.is_file():
         raise HeygemError(f"file not found: {path}")
+    unreadable = (f"{path.name} is not an image or video heygem can read: the face must be a photo (.jpg, .png) or "
+                  "a video (.mp4, .mov)" if role == "face" else
+                  f"{path.name} is not a media file heygem can read (expected a video, image or audio file)")
     try:
         container = av.open(str(path))
     except (av.error.FFmpegError, OSError, ValueError):
-        raise HeygemError(f"{path.name} is not a media file heygem can read "
-                          "(expected a video, image or audio file)") from None
+        raise HeygemError(unreadable) from None
     with container:
+        format_names = set(container.format.name.split(","))
+        if format_names & _TEXT_FORMATS:
+            raise HeygemError(unreadable)
         video = next((s for s in container.streams.video), None)
         audio = next((s for s in container.streams.audio), None)
-        format_names = set(container.format.name.split(","))
         container_seconds = float(container.duration / 1_000_000) if container.duration else 0.0
 
         audio_fields = {}
@@ -56,6 +100,9 @@ def probe(path: str | Path) -> MediaInfo:
             path.suffix.lower() in IMAGE_SUFFIXES and (video.frames or 1) <= 1
         )
         width, height, rotation = video.codec_context.width, video.codec_context.height, 0
+        _check_side(path, width, height)
+        if is_image:
+            _check_side(path, *(header_size(path) or (0, 0)))
         try:
             first_frame = next(container.decode(video))
             width, height = first_frame.width, first_frame.height
@@ -64,6 +111,8 @@ def probe(path: str | Path) -> MediaInfo:
             plain_yuv420 = (first_frame.format.name == "yuv420p" and int(first_frame.color_range or 1) != 2
                             and rotation == 0)
         except (av.error.FFmpegError, StopIteration):
+            if role == "face" and is_image:
+                raise HeygemError(unreadable) from None
             raise HeygemError(f"{path.name}: its video stream cannot be decoded") from None
         if rotation % 180 == 90 or rotation % 180 == -90:
             width, height = height, width
@@ -95,16 +144,21 @@ def probe_inputs(face_path: Path, audio_path: Path | None) -> tuple[MediaInfo, M
 
     ``audio_path`` None (or the face's own path) means the face video's own sound.
     """
-    face_info = probe(face_path)
+    face_info = probe(face_path, role="face")
     if face_info.kind == "audio":
         raise HeygemError(f"{Path(face_path).name} has no picture: the face must be a video or an image")
     if audio_path is None or Path(audio_path) == Path(face_path):
         if not face_info.has_audio:
             raise HeygemError(f"{Path(face_path).name} has no sound of its own: add an audio file")
-        return face_info, face_info
-    audio_info = probe(audio_path)
-    if not audio_info.has_audio:
-        raise HeygemError(f"{Path(audio_path).name} has no audio stream")
+        audio_info = face_info
+    else:
+        audio_info = probe(audio_path)
+        if not audio_info.has_audio:
+            raise HeygemError(f"{Path(audio_path).name} has no audio stream")
+    seconds = audio_info.audio_duration or audio_info.duration
+    if 0 < seconds < MIN_SPEECH_SECONDS:  # 0: a stream that does not say its length (decoded as it comes)
+        raise HeygemError(f"the speech in {audio_info.path.name} lasts {seconds:.2f} s: too short, heygem needs at "
+                          f"least {MIN_SPEECH_SECONDS:g} s of speech")
     return face_info, audio_info
 
 

@@ -17,6 +17,13 @@ from heygem.ui.access import PageAccess
 from heygem.ui.common import BATCH_COLUMNS, STATUS_LABELS, error_text, option_controls, options_from_controls
 
 
+def queue_batch(store: JobStore, items: list, options: dict, submitter: str | None = None) -> tuple[str, dict]:
+    """Queue the planned items as remote requests (each checked as REST checks one, its manifest row's
+    options included); returns the new batch's id and item name -> job id or the error that stopped it."""
+    batch = new_batch_id()
+    return batch, submit_items(store, items, options, batch, remote=True, submitter=submitter)
+
+
 def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> None:
     """Many faces and audio files (uploaded or from a server folder), paired, queued, followed in a table."""
 
@@ -56,9 +63,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
             gr.Warning(str(error))
             return (gr.update(), gr.update(), f"**Nothing started:** {error}", gr.update(),
                     gr.Timer(active=False))
-        batch = new_batch_id()
-        outcome = submit_items(store, items, options_from_controls(*controls), batch,
-                               submitter=access.submitter(request))
+        batch, outcome = queue_batch(store, items, options_from_controls(*controls), access.submitter(request))
         state = {"batch": batch, "items": [
             {"name": item.name, "face": item.face_path.name if item.face_path else "",
              "audio": item.speech_label, "note": item.note,

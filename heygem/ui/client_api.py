@@ -1,10 +1,18 @@
-"""The named endpoints for scripts that use gradio_client (/generate and /job_status); nothing of this
-shows on the page.
+"""The named endpoints for scripts that use gradio_client (/generate, /submit_job and /job_status); nothing of
+this shows on the page.
+
+    client.predict(face=handle_file("me.jpg"), text="Hello.", api_name="/generate")  # -> (MP4 path, job id)
+    job_id = client.predict(face=..., audio=handle_file("speech.wav"), api_name="/submit_job")
+    client.predict(job_id=job_id, api_name="/job_status")  # -> {"status": ..., "progress": ...}
+
+Every request goes through the same check as REST (heygem.jobs.request, as a remote client); a user's
+mistake comes back as one message and one line in the server's log, never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import gradio as gr
 
@@ -12,62 +20,90 @@ from heygem.errors import HeygemError
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
 from heygem.ui.access import PageAccess
-from heygem.ui.common import WATCH_INTERVAL
+from heygem.ui.common import WATCH_INTERVAL, uploaded_file
+
+logger = logging.getLogger("heygem")
+
+
+def user_error(message: str) -> gr.Error:
+    """The error a client sees for its own mistake: one line in the log, no traceback."""
+    logger.warning("gradio_client request refused: %s", message)
+    return gr.Error(message, print_exception=False)
 
 
 def client_api(store: JobStore, access: PageAccess) -> None:
     """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
-    MP4 (with progress), /job_status reports any job. Nothing of this shows on the page."""
+    MP4 and the job's id (with progress), /submit_job queues a job and returns its id at once, /job_status
+    reports any job. Nothing of this shows on the page."""
 
-    async def generate(face: str, audio: str | None, engine: str = "auto", options: str = "{}", text: str = "",
-                       voice: str = "", progress=gr.Progress(),  # noqa: B008 - how Gradio passes progress
-                       request: gr.Request = None) -> str:
+    def queue(face: str | None, audio: str | None, engine: str, options: str, text: str, voice: str,
+              request) -> str:
+        if not face:
+            raise HeygemError("add a face: a video or a photo (the face parameter)")
+        chosen = parse_options(options)
+        if engine:
+            chosen["engine.name"] = engine
+        return store.create_job(face, audio or None, chosen, text=text if text else None, voice=voice or None,
+                                remote=True, submitter=access.submitter(request))
+
+    async def generate(face: str, audio: str | None = None, engine: str = "auto", options: str = "{}",
+                       text: str = "", voice: str = "", progress=gr.Progress(),  # noqa: B008 - how Gradio passes progress
+                       request: gr.Request = None) -> tuple[str, str]:
         """Make a lip-synced MP4 of ``face`` (a video or photo) speaking ``audio``, or ``text`` spoken offline
         by ``voice`` (see `python -m heygem voices`; the result then carries subtitles); with neither, the face
         video's own sound. ``engine``: auto, wav2lip or landmark. ``options``: JSON of more options with the
-        dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4."""
+        dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4 and the
+        job's id (for /job_status)."""
         try:
-            chosen = parse_options(options)
-            if engine:
-                chosen["engine.name"] = engine
-            job_id = await asyncio.to_thread(lambda: store.create_job(
-                face, audio or None, chosen, text=text if text else None, voice=voice or None, remote=True,
-                submitter=access.submitter(request)))
+            job_id = await asyncio.to_thread(queue, face, audio, engine, options, text, voice, request)
         except HeygemError as error:
-            raise gr.Error(str(error)) from None
+            raise user_error(str(error)) from None
         try:
             while True:
                 job = await asyncio.to_thread(store.get, job_id)
                 if job.is_finished:
                     break
-                progress(job.progress, desc=job.stage or job.status)
+                progress(job.progress, desc=f"job {job_id}: {job.stage or job.status}")
                 await asyncio.sleep(WATCH_INTERVAL)
         except asyncio.CancelledError:  # the client went away: the job stops too
             await asyncio.to_thread(store.cancel, job_id)
             raise
         video = access.deliver(job) if job.status == DONE else None
         if video is None:
-            raise gr.Error(f"job {job_id} {job.status}: {job.error or 'no result'}")
-        return video
+            raise user_error(f"job {job_id} {job.status}: {job.error or 'no result'}")
+        return video, job_id
+
+    def submit(face: str, audio: str | None = None, engine: str = "auto", options: str = "{}", text: str = "",
+               voice: str = "", request: gr.Request = None) -> str:
+        """Queue a job as /generate does, without waiting: returns its id, for /job_status and for
+        GET /api/jobs/ID/result once it is done."""
+        try:
+            return queue(face, audio, engine, options, text, voice, request)
+        except HeygemError as error:
+            raise user_error(str(error)) from None
 
     def job_status(job_id: str, request: gr.Request) -> dict:
         """Where a job stands: status, progress, stage, error, times, engine (as GET /api/jobs/ID gives)."""
         job = access.find(job_id, request)
         if job is None:
-            raise gr.Error(f"no job {job_id!r}")
+            raise user_error(f"no job {job_id!r}")
         return job.to_dict()
 
     with gr.Column(visible=False):
-        face = gr.File(label="face")
-        audio = gr.File(label="audio")
+        face = uploaded_file(label="face")
+        audio = uploaded_file(label="audio")
         engine = gr.Textbox("auto", label="engine")
         options = gr.Textbox("{}", label="options")
         text = gr.Textbox("", label="text")
         voice = gr.Textbox("", label="voice")
         video = gr.File(label="video")
         job_id = gr.Textbox(label="job_id")
+        made_id = gr.Textbox(label="job_id")
         status = gr.JSON(label="status")
         run = gr.Button()
+        queue_button = gr.Button()
         look = gr.Button()
-    run.click(generate, [face, audio, engine, options, text, voice], video, api_name="generate", concurrency_limit=8)
+    inputs = [face, audio, engine, options, text, voice]
+    run.click(generate, inputs, [video, made_id], api_name="generate", concurrency_limit=8)
+    queue_button.click(submit, inputs, made_id, api_name="submit_job", concurrency_limit=8)
     look.click(job_status, job_id, status, api_name="job_status", queue=False)

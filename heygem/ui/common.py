@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import logging
 import time
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -47,18 +48,48 @@ CSS = """
 """
 
 
+def uploaded_file(**settings) -> gr.File:
+    """A gr.File (type "filepath") whose handler gets the uploaded file's path with nothing else written:
+    Gradio's own preprocessing leaves an empty temporary file in its folder for every file it passes on.
+    (An instance's method is replaced, not the class subclassed: Gradio writes a .pyi stub beside the
+    module of every Component subclass.)"""
+    from gradio_client import utils as client_utils
+
+    component = gr.File(**settings)
+
+    def preprocess(payload):
+        if payload is None:
+            return None
+        files = list(payload) if isinstance(payload, gr.data_classes.ListFiles) else [payload]
+        for file in files:
+            if component.file_types and not client_utils.is_valid_file(file.path, component.file_types):
+                kinds = " or ".join("an image" if kind == "image" else f"a {kind}" if kind in ("video", "audio")
+                                    else kind for kind in component.file_types)
+                raise gr.Error(f"{Path(file.path).name} is not {kinds} file", print_exception=False)
+        paths = [file.path for file in files]
+        return paths[0] if component.file_count == "single" else paths
+
+    component.preprocess = preprocess
+    return component
+
+
 def options_from_controls(engine: str, pad_top: float, pad_bottom: float, pad_left: float, pad_right: float,
                           smooth_window: float, restorer: str, output_height: int, fps: float,
                           detector: str = "mediapipe") -> dict:
-    """The option dict (dotted keys of heygem.config) for what the form shows."""
+    """The option dict (dotted keys of heygem.config) for what the form shows; numbers go on as the controls
+    gave them (whole ones as ints), so that the one request check refuses a bad one with one line."""
+
+    def whole(value):
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
     options = {
         "engine.name": engine,
-        "face.pads": [int(pad_top), int(pad_bottom), int(pad_left), int(pad_right)],
-        "face.smooth_window": int(smooth_window),
+        "face.pads": [whole(pad_top), whole(pad_bottom), whole(pad_left), whole(pad_right)],
+        "face.smooth_window": whole(smooth_window),
         "restore.enabled": restorer != "none",
         "restore.method": restorer,
-        "media.output_height": int(output_height) or None,
-        "media.fps": float(fps),
+        "media.output_height": whole(output_height) or None,
+        "media.fps": fps,
         "face.detector": detector,
     }
     return options
@@ -125,7 +156,8 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
                                    info="S3FD is offered once its weights are installed")
         gr.Markdown("Extra pixels around the detected face (more chin padding helps when the mouth is cut off):")
         with gr.Row():
-            pads = [gr.Number(value=value, label=label, precision=0, minimum=-200, maximum=200, min_width=80)
+            # no precision: the value reaches the request check as given (Gradio's int() fails on NaN)
+            pads = [gr.Number(value=value, label=label, minimum=0, maximum=1000, step=1, min_width=80)
                     for value, label in zip(defaults.face.pads, ("top", "bottom", "left", "right"))]
         with gr.Row():
             smooth = gr.Slider(1, 15, value=defaults.face.smooth_window, step=1, label="Face smoothing (frames)",

@@ -25,6 +25,7 @@ from heygem.ui.common import (
     option_controls,
     options_from_controls,
     problem_card,
+    uploaded_file,
 )
 
 logger = logging.getLogger("heygem")
@@ -60,6 +61,25 @@ def example_pairs() -> list[list[str]]:
             if (ASSETS / face).is_file() and (ASSETS / audio).is_file()]
 
 
+def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
+                     *controls, submitter: str | None = None) -> str:
+    """Queue the form's job as a remote request (checked as REST checks one); HeygemError says what to fix."""
+    text = (text or "").strip()
+    if not face_path:
+        raise HeygemError("Add a face first: a video or a photo.")
+    check_speech(bool(audio_path), text, own_audio=use_video_audio)
+    options = options_from_controls(*controls)
+    if text:
+        options["text.subtitles"] = subtitles
+    try:
+        speed = float(speed)
+    except (TypeError, ValueError):
+        raise HeygemError(f"the speed must be a number such as 1.0, not {speed!r}") from None
+    return store.create_job(face_path, None if use_video_audio or text else audio_path, options, text=text or None,
+                            voice=None if voice in (None, "", "auto") else voice, speed=speed, remote=True,
+                            submitter=submitter)
+
+
 def generate_tab(store: JobStore, access: PageAccess) -> None:
     """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
     following: dict[str, str] = {}  # page (Gradio session) -> the job it follows; a new job replaces the old
@@ -68,21 +88,11 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
         problem = None
-        text = (text or "").strip()
-        if not face_path:
-            problem = "Add a face first: a video or a photo."
-        else:
-            try:
-                check_speech(bool(audio_path), text, own_audio=use_video_audio)
-                options = options_from_controls(*controls)
-                if text:
-                    options["text.subtitles"] = subtitles
-                job_id = store.create_job(face_path, None if use_video_audio or text else audio_path,
-                                          options, text=text or None,
-                                          voice=None if voice in (None, "", "auto") else voice, speed=float(speed),
-                                          submitter=access.submitter(request))
-            except HeygemError as error:
-                problem = str(error)
+        try:
+            job_id = queue_generation(store, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
+                                      *controls, submitter=access.submitter(request))
+        except HeygemError as error:
+            problem = str(error)
         if problem:
             gr.Warning(problem)
             return ("", problem_card(problem), gr.update(value=None), gr.update(visible=False, value=None),
@@ -153,7 +163,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
         job_id_state = gr.State("")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1):
-                face = gr.File(label="Face: a video or a photo", file_types=["video", "image"],
+                face = uploaded_file(label="Face: a video or a photo", file_types=["video", "image"],
                                elem_id="face-input", height=120)
                 face_image = gr.Image(label="Face preview", visible=False, interactive=False, height=220)
                 face_video = gr.Video(label="Face preview", visible=False, interactive=False, height=220)

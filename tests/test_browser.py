@@ -158,8 +158,22 @@ def test_an_example_fills_the_form_and_generates(page, tmp_path):
     page.locator("#options-accordion").click()
     page.locator("#output-height input").fill("256 px")
     page.locator("#output-height input").press("Enter")
-    video = generate_and_download(page, tmp_path)
+    page.click("#generate-button")  # a first job, replaced at once by a second: the page follows the newest
+    page.wait_for_selector("#job-card .job-card[data-status]:not([data-status=problem])")
+    first = page.inner_text("#job-card .job-id")
+    page.click("#generate-button")
+    page.wait_for_function("first => { const shown = document.querySelector('#job-card .job-id'); "
+                           "return shown && shown.textContent !== first; }", arg=first)
+    second = page.inner_text("#job-card .job-id")
+    page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
+    assert page.inner_text("#job-card .job-id") == second != first
+    with page.expect_download() as download_info:
+        page.click("#download-button")
+    video = tmp_path / download_info.value.suggested_filename
+    download_info.value.save_as(video)
+    assert video.name == "astronaut-speech_en.mp4"
     assert_playable_mp4(video, probe(ASSETS / "speech_en.wav").duration)
+    assert page.problems == []
 
 
 def test_typed_text_becomes_a_talking_video_with_subtitles(page, tmp_path):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from heygem.config import Config, apply_overrides
+from heygem.errors import HeygemError
 from heygem.ui.common import (
     detector_choices,
     engine_choices,
@@ -111,6 +112,8 @@ def test_the_page_shows_each_user_their_jobs_and_serves_copies_not_the_job_folde
     assert access.counts(as_user["carol"])["queued"] == 1 and access.counts(as_user["carol"])["done"] == 0
     assert access.find(bobs, as_user["carol"]) is None and access.find(bobs, as_user["alice"]).id == bobs
     assert access.find(bobs, SimpleNamespace(username=None)) is None  # no known user: no job
+    with pytest.raises(HeygemError, match="sign in first"):
+        access.submitter(SimpleNamespace(username="mallory"))
     assert access.page_auth(None)("bob", "b-secret") and not access.page_auth(None)("bob", "c-secret")
 
     copy = Path(access.deliver(store.get(bobs)))

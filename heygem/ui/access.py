@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gradio.utils import get_upload_folder, is_in_or_equal
 
+from heygem.errors import HeygemError
 from heygem.jobs.store import Job, JobStore
 from heygem.jobs.users import User, Users, may_see, sees_every_job, submitter_filter
 
@@ -55,8 +56,10 @@ class PageAccess:
         return self.users.get(getattr(request, "username", None)) or NOBODY
 
     def submitter(self, request) -> str | None:
-        """The name a job submitted by this request is recorded under."""
+        """The name a job submitted by this request is recorded under; HeygemError without a known user."""
         user = self.user(request)
+        if user is NOBODY:
+            raise HeygemError("sign in first: this server takes jobs from its users only")
         return None if user is None else user.name
 
     def sees_all(self, request) -> bool:

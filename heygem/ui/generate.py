@@ -110,26 +110,28 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
             return
         page = request.session_hash or ""
         last_card = None
-        while True:
-            job = await asyncio.to_thread(access.find, job_id, request)
-            if following.get(page) != job_id:  # a newer job of this page is followed now
-                return
-            if job is None:
-                yield "<div class='empty-card'>This job was deleted.</div>", None, gr.update(visible=False), \
-                    gr.update(visible=False), gr.update(visible=False)
-                return
-            card = job_card(job)
-            if job.is_finished:
-                video = await asyncio.to_thread(access.deliver, job) if job.status == DONE else None
-                if following.get(page) == job_id:
-                    following.pop(page, None)
-                yield (card, video, gr.update(visible=video is not None, value=video),
-                       chart_update(job), gr.update(visible=False))
-                return
-            if card != last_card:
-                last_card = card
-                yield card, gr.update(), gr.update(), gr.update(), gr.update(visible=True)
-            await asyncio.sleep(WATCH_INTERVAL)
+        try:
+            while True:
+                job = await asyncio.to_thread(access.find, job_id, request)
+                if following.get(page) != job_id:  # a newer job of this page is followed now
+                    return
+                if job is None:
+                    yield "<div class='empty-card'>This job was deleted.</div>", None, gr.update(visible=False), \
+                        gr.update(visible=False), gr.update(visible=False)
+                    return
+                card = job_card(job)
+                if job.is_finished:
+                    video = await asyncio.to_thread(access.deliver, job) if job.status == DONE else None
+                    yield (card, video, gr.update(visible=video is not None, value=video),
+                           chart_update(job), gr.update(visible=False))
+                    return
+                if card != last_card:
+                    last_card = card
+                    yield card, gr.update(), gr.update(), gr.update(), gr.update(visible=True)
+                await asyncio.sleep(WATCH_INTERVAL)
+        finally:  # ended, replaced or the page went away
+            if following.get(page) == job_id:
+                following.pop(page, None)
 
     def cancel(job_id, request: gr.Request):
         job = access.find(job_id, request)

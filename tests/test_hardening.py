@@ -494,22 +494,15 @@ def test_a_non_finite_speaking_speed_is_refused(tmp_path):
     assert nothing_queued(store)
 
 
-def test_a_server_keeps_its_caches_and_temporary_files_under_its_outputs(tmp_path, monkeypatch):
-    import tempfile
-
+def test_a_server_keeps_its_caches_under_its_outputs(tmp_path, monkeypatch):
     from heygem.face.avatar_cache import cache_dir
     from heygem.jobs.files import keep_server_files_under
 
-    for name in ("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR", "TMPDIR"):
+    for name in ("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR"):
         monkeypatch.setenv(name, "recorded")  # so that the end of the test restores what was there before
         monkeypatch.delenv(name)
-    monkeypatch.setattr(tempfile, "tempdir", None)
     outputs = (tmp_path / "outputs").resolve()
-    chosen = keep_server_files_under(outputs)
-    assert set(chosen) == {"HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR", "TMPDIR"}
+    assert set(keep_server_files_under(outputs)) == {"HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR"}
     assert cache_dir() == outputs / "avatar-cache" and os.environ["GRADIO_TEMP_DIR"] == str(outputs / "gradio-temp")
-    assert Path(tempfile.gettempdir()) == outputs / "tmp"
-    with tempfile.NamedTemporaryFile() as spooled:
-        assert Path(spooled.name).parent == outputs / "tmp"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "elsewhere"))  # an operator's own choice is kept
     assert "GRADIO_TEMP_DIR" not in keep_server_files_under(tmp_path / "other")

@@ -73,22 +73,16 @@ def sanitize_filename(name: str, fallback: str) -> str:
 
 def keep_server_files_under(outputs_dir: Path) -> dict[str, str]:
     """Point the files a server keeps besides its jobs into ``outputs_dir``: the avatar cache
-    (``avatar-cache/``, $HEYGEM_CACHE_DIR), Gradio's copies of uploads and results (``gradio-temp/``,
-    $GRADIO_TEMP_DIR) and everything else temporary, such as uploads being received and the files of
-    its child processes (``tmp/``, $TMPDIR), unless the environment already names a place for them.
-    Call it before gradio is imported (Gradio reads its folder then). Returns the variables it set."""
-    import tempfile
-
+    (``avatar-cache/``, $HEYGEM_CACHE_DIR) and Gradio's copies of uploads and results (``gradio-temp/``,
+    $GRADIO_TEMP_DIR), unless the environment already names a place for them. Call it before gradio is
+    imported (Gradio reads its folder then). Returns the variables it set."""
     outputs_dir = Path(outputs_dir).resolve()
-    wanted = {"HEYGEM_CACHE_DIR": outputs_dir / "avatar-cache", "GRADIO_TEMP_DIR": outputs_dir / "gradio-temp",
-              "TMPDIR": outputs_dir / "tmp"}
+    wanted = {"HEYGEM_CACHE_DIR": outputs_dir / "avatar-cache", "GRADIO_TEMP_DIR": outputs_dir / "gradio-temp"}
     chosen = {}
     for name, folder in wanted.items():
         if not os.environ.get(name):
             folder.mkdir(parents=True, exist_ok=True)
             os.environ[name] = chosen[name] = str(folder)
-    if "TMPDIR" in chosen:
-        tempfile.tempdir = chosen["TMPDIR"]  # this process's temporary files too (tempfile reads TMPDIR once)
     return chosen
 
 

@@ -228,6 +228,7 @@ def test_remote_process_counts_are_capped_by_the_server(tmp_path, speech):
     client = rest_client(capped)
     assert "at most 3" in one_line_400(post_job(client, speech, '{"run.face_workers": 4}'))
     assert "at most 1" in one_line_400(post_job(client, speech, '{"run.encoders": 2}'))
+    assert "at most 2" in one_line_400(post_job(client, speech, '{"run": {"decoders": 3}}'))  # the nested form too
     accepted = post_job(client, speech, '{"run.face_workers": 3, "run.decoders": 2, "run.encoders": 1}')
     assert accepted.status_code == 201, accepted.text
     # the command line on this machine keeps its own limits

@@ -228,6 +228,7 @@ def test_remote_process_counts_are_capped_by_the_server(tmp_path, speech):
     client = rest_client(capped)
     assert "at most 3" in one_line_400(post_job(client, speech, '{"run.face_workers": 4}'))
     assert "at most 1" in one_line_400(post_job(client, speech, '{"run.encoders": 2}'))
+    assert "at most 2" in one_line_400(post_job(client, speech, '{"run": {"decoders": 3}}'))  # the nested form too
     accepted = post_job(client, speech, '{"run.face_workers": 3, "run.decoders": 2, "run.encoders": 1}')
     assert accepted.status_code == 201, accepted.text
     # the command line on this machine keeps its own limits
@@ -492,3 +493,17 @@ def test_a_non_finite_speaking_speed_is_refused(tmp_path):
                                data={"text": "Hello there.", "speed": speed})
         assert "speed" in one_line_400(response)
     assert nothing_queued(store)
+
+
+def test_a_server_keeps_its_caches_under_its_outputs(tmp_path, monkeypatch):
+    from heygem.face.avatar_cache import cache_dir
+    from heygem.jobs.files import keep_server_files_under
+
+    for name in ("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR"):
+        monkeypatch.setenv(name, "recorded")  # so that the end of the test restores what was there before
+        monkeypatch.delenv(name)
+    outputs = (tmp_path / "outputs").resolve()
+    assert set(keep_server_files_under(outputs)) == {"HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR"}
+    assert cache_dir() == outputs / "avatar-cache" and os.environ["GRADIO_TEMP_DIR"] == str(outputs / "gradio-temp")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "elsewhere"))  # an operator's own choice is kept
+    assert "GRADIO_TEMP_DIR" not in keep_server_files_under(tmp_path / "other")

@@ -232,3 +232,19 @@ def test_with_the_bisenet_files_the_patch_is_musetalks_jaw_mask_over_the_widened
     torch.save(broken, files.parsing)
     with pytest.raises(HeygemError, match=r"79999_iter.pth does not fit BiSeNet face parsing: ffm.conv1.weight"):
         MuseTalkEngine(files, EngineConfig(device="cpu"), use_cache=False)
+
+
+@pytest.mark.skipif(not os.environ.get("MUSETALK_OFFICIAL"), reason="set MUSETALK_OFFICIAL to a checkout of the "
+                    "official MuseTalk repository (never part of this one) to compare against it, and "
+                    "MUSETALK_OFFICIAL_SITE to a folder with einops and torchvision if they are not installed")
+def test_parity_with_the_official_code(tmp_path):
+    """bench/musetalk_parity.py on the reduced config: every comparison within its tolerance."""
+    site = ["--site", os.environ["MUSETALK_OFFICIAL_SITE"]] if os.environ.get("MUSETALK_OFFICIAL_SITE") else []
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "musetalk_parity.py"), "--official",
+                             os.environ["MUSETALK_OFFICIAL"], "--parsing", "--json", str(tmp_path / "parity.json"),
+                             *site], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    import json
+
+    results = json.loads((tmp_path / "parity.json").read_text())["results"]
+    assert len(results) == 7 and all(entry["within"] for entry in results.values())

@@ -73,7 +73,8 @@ def vae_inputs(crops_bgr: np.ndarray):
     RGB in [-1, 1] tensors: the masked one has its lower half (rows 128:) black, i.e. -1."""
     import torch
 
-    whole = torch.from_numpy(np.ascontiguousarray(crops_bgr[..., ::-1])).permute(0, 3, 1, 2).float() / 255.0
+    whole = torch.from_numpy(np.ascontiguousarray(crops_bgr[..., ::-1])).permute(0, 3, 1, 2).contiguous()
+    whole = whole.float() / 255.0  # (B, 3, 256, 256), channels first in memory too
     masked = whole.clone()
     masked[:, :, FACE_SIZE // 2:] = 0.0
     return masked * 2.0 - 1.0, whole * 2.0 - 1.0

@@ -100,8 +100,10 @@ class MuseTalkEngine:
         missing = [digests.index(digest) for digest in dict.fromkeys(digests) if digest not in found]  # rows
         if missing:
             masked, whole = crop.vae_inputs(crops_bgr[missing])  # (M, 3, 256, 256) each, RGB in [-1, 1]
-            encoded = encode_faces(self.vae, torch.cat((masked, whole)))  # (2M, 4, 32, 32)
-            encoded = torch.cat((encoded[:len(missing)], encoded[len(missing):]), dim=1).cpu().numpy()
+            # two passes, as MuseTalk encodes them (one batch of both gives other rounding, which random
+            # weights amplify to 1e-3)
+            encoded = torch.cat((encode_faces(self.vae, masked), encode_faces(self.vae, whole)), dim=1)
+            encoded = encoded.cpu().numpy()  # (M, 8, 32, 32)
             self.encoded += len(missing)
             for row, latents in zip(missing, encoded):
                 found[digests[row]] = latents

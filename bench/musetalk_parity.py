@@ -134,13 +134,36 @@ def points_from_mesh(landmarks: np.ndarray) -> np.ndarray:
 
 
 def mesh_of(frame_bgr: np.ndarray) -> np.ndarray | None:
+    """heygem's face mesh of the photo, or None where mediapipe cannot run (a fixed box is used then)."""
+    from heygem.config import FaceConfig
+    from heygem.face.finder import FaceFinder
+
     try:
-        from heygem.config import FaceConfig
-        from heygem.face.finder import FaceFinder
-    except ImportError:
+        with FaceFinder(FaceConfig(), still_images=True) as finder:
+            return finder.find(frame_bgr)
+    except Exception as error:  # noqa: BLE001 - no mediapipe here: the box is fixed instead
+        print(f"no face mesh ({type(error).__name__}: {error}); a fixed box is compared")
         return None
-    with FaceFinder(FaceConfig(), still_images=True) as finder:
-        return finder.find(frame_bgr)
+
+
+def speech_samples(path: Path) -> np.ndarray:
+    """(S,) float32 at 16 kHz: heygem's decoder (ffmpeg), or, where there is no ffmpeg, the WAV file
+    resampled by scipy. Both sides are given these same samples."""
+    try:
+        from heygem.speech.audio import load_audio_16k
+
+        return load_audio_16k(path)
+    except Exception:  # noqa: BLE001 - no ffmpeg on this machine
+        import wave
+        from math import gcd
+
+        from scipy.signal import resample_poly
+
+        with wave.open(str(path)) as reader:
+            rate, channels = reader.getframerate(), reader.getnchannels()
+            pcm = np.frombuffer(reader.readframes(reader.getnframes()), np.int16).reshape(-1, channels)
+        common = gcd(rate, 16000)
+        return resample_poly(pcm.mean(axis=1) / 32768.0, 16000 // common, rate // common).astype(np.float32)
 
 
 def main() -> int:
@@ -223,8 +246,9 @@ def main() -> int:
         official_crop = cv2.resize(frame[y1:y2, x1:x2], (256, 256), interpolation=cv2.INTER_LANCZOS4)
         assert np.array_equal(crop_bgr, official_crop)
 
-        ours_engine = MuseTalkEngine(files, EngineConfig(device=args.device, precision="fp32", cuda_graph=False),
-                                     use_cache=False)
+        # fp32 without TF32 (deterministic) on both sides: the same arithmetic is compared
+        ours_engine = MuseTalkEngine(files, EngineConfig(device=args.device, precision="fp32", cuda_graph=False,
+                                                         deterministic=True), use_cache=False)
         vae, unet, positional = load_all_model(unet_model_path=str(files.unet), vae_type="sd-vae",
                                                unet_config=str(files.unet_config), device=device)
         positional = positional.to(device)
@@ -234,13 +258,7 @@ def main() -> int:
         # whisper features
         from transformers import WhisperModel
 
-        from heygem.speech.audio import load_audio_16k
-
-        samples = load_audio_16k(args.audio)[:int(16000 * args.frames / 25) + 1600]
-        wav_16k = work / "speech_16k.wav"
-        import soundfile
-
-        soundfile.write(str(wav_16k), samples, 16000, subtype="FLOAT")
+        samples = speech_samples(args.audio)[:int(16000 * args.frames / 25) + 1600]
         processor = AudioProcessor(feature_extractor_path=str(models / "whisper"))
         whisper = WhisperModel.from_pretrained(str(models / "whisper")).to(device).eval()
         note = ""
@@ -251,6 +269,10 @@ def main() -> int:
             length = len(samples)
             note = "librosa not installed: get_audio_feature's segments made here"
         else:
+            import soundfile  # librosa's own dependency
+
+            wav_16k = work / "speech_16k.wav"
+            soundfile.write(str(wav_16k), samples, 16000, subtype="FLOAT")
             input_features, length = processor.get_audio_feature(str(wav_16k))
         frame_count = int(np.floor(length / 16000 * 25))
         with torch.no_grad():

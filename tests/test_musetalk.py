@@ -248,3 +248,25 @@ def test_parity_with_the_official_code(tmp_path):
 
     results = json.loads((tmp_path / "parity.json").read_text())["results"]
     assert len(results) == 7 and all(entry["within"] for entry in results.values())
+
+
+def test_the_doctor_loads_each_file_and_weights_list_knows_the_layout(musetalk_weights, tmp_path):
+    from heygem.doctor import check_musetalk
+    from heygem.weights import check_weights, load_registry
+
+    checks = {check.name: check for check in check_musetalk(musetalk_weights)}
+    unet, parsing = checks["musetalkV15/unet.pth"], checks["face-parse-bisent"]
+    assert unet.status == "ok" and "loads into the UNet" in unet.detail
+    assert parsing.status == "ok" and "landmark lower-face mask" in parsing.detail
+    assert checks["model step"].status == "warning" and "a face on the CPU" in checks["model step"].detail
+    assert "GPU" in checks["model step"].fix
+    states = {entry.name: check_weights(entry, musetalk_weights, hash_contents=False) for entry in load_registry()}
+    assert states["musetalk_v15_unet"].path == musetalk_weights / "musetalk" / "musetalkV15" / "unet.pth"
+    assert states["musetalk_whisper_preprocessor"].state == "installed"
+    assert states["musetalk_v1_unet"].state == "missing"
+    broken = tmp_path / "weights"
+    write_random_files(broken / "musetalk", size="reduced", seed=4)
+    (broken / "musetalk" / "sd-vae" / "diffusion_pytorch_model.bin").write_bytes(b"PK\x03\x04 not a checkpoint")
+    checks = {check.name: check for check in check_musetalk(broken)}
+    assert checks["sd-vae/diffusion_pytorch_model.bin"].status == "problem"
+    assert "is not a readable VAE checkpoint" in checks["sd-vae/diffusion_pytorch_model.bin"].detail

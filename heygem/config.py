@@ -75,15 +75,21 @@ class FaceConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = option("auto", "--engine", "lip-sync engine: auto uses wav2lip when its weights are in weights/, otherwise the built-in landmark engine",
-                       ("auto", "wav2lip", "landmark"))
+    name: str = option("auto", "--engine", "lip-sync engine: auto uses musetalk when its files are complete in weights/musetalk/ (and the musetalk extra is installed), else wav2lip when its weights are in weights/, otherwise the built-in landmark engine",
+                       ("auto", "musetalk", "wav2lip", "landmark"))
     checkpoint: str | None = option(
         None, "--checkpoint", "a Wav2Lip or Wav2Lip-GAN checkpoint (.pth); default: the first one found in weights/",
         kind="weights file")
     device: str = option("auto", "--device", "where the networks run: auto, cpu, cuda or cuda:N", kind="device")
-    batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip forward pass", minimum=1, maximum=4096)
+    batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip (or MuseTalk) forward pass", minimum=1, maximum=4096)
+    musetalk_margin: int = option(10, "--musetalk-margin", "musetalk engine (1.5): pixels added below the chin to the face box, as MuseTalk's extra_margin",
+                                  minimum=0, maximum=200)
+    musetalk_parsing: str = option("auto", "--musetalk-parsing", "musetalk engine: the paste mask; auto is MuseTalk 1.5's jaw face parsing when the BiSeNet files are in weights/musetalk/face-parse-bisent/, else heygem's landmark lower-face mask; jaw, neck and raw are MuseTalk's parsing modes",
+                                   ("auto", "jaw", "neck", "raw", "landmarks"))
+    musetalk_cheek_width: int = option(90, "--musetalk-cheek-width", "musetalk engine, jaw parsing: the cheeks' width kept out of the jaw mask, in pixels of the 512x512 parsing image (MuseTalk 1.5's 90)",
+                                       minimum=0, maximum=256)
     mouth_strength: float = option(1.0, "--mouth-strength", "landmark engine: how wide the mouth opens, 1.0 is natural (0 to 3)",
-                                  minimum=0, maximum=3)
+                                   minimum=0, maximum=3)
     precision: str = option("auto", "--precision", "number format of the networks: auto is fp16 on a GPU and fp32 on the CPU",
                             ("auto", "fp32", "fp16", "bf16"))
     cuda_graph: bool = option(True, "--cuda-graph", "on a GPU, replay full batches of the generator as a CUDA graph (--no-cuda-graph runs it op by op)")
@@ -305,6 +311,8 @@ def validate(config: Config) -> None:
         raise HeygemError("--fps must be between 0 and 120")
     if media.output_height is not None and not 16 <= media.output_height <= 4320:
         raise HeygemError("--output-height must be between 16 and 4320")
+    if not 0 <= config.engine.musetalk_margin <= 200 or not 0 <= config.engine.musetalk_cheek_width <= 256:
+        raise HeygemError("--musetalk-margin must be between 0 and 200 and --musetalk-cheek-width between 0 and 256")
     if media.batch_frames < 1 or config.engine.batch_size < 1:
         raise HeygemError("batch sizes must be at least 1")
     if config.run.face_workers < 0 or config.run.encoders < 0 or config.run.decoders < 0:

@@ -47,6 +47,7 @@ SECTIONS = {
     "mediapipe": "mediapipe",
     "weights": "Weights",
     "engine": "Engine",
+    "musetalk": "MuseTalk files (weights/musetalk/)",
     "speech": "Text to speech",
 }
 # (import name, distribution name for its version and the fix) the landmark engine and the CLI need
@@ -340,6 +341,8 @@ def check_engine_choice(weight_checks: list[Check]) -> list[Check]:
     name, checkpoint, reason = choice.name, choice.weights, choice.reason
     if name == "landmark":
         return [Check("engine", "--engine auto", OK, f"landmark ({reason.removeprefix('auto: ')})")]
+    if name == "musetalk":  # its files are checked one by one in their own section
+        return [Check("engine", "--engine auto", OK, f"musetalk ({reason.removeprefix('auto: ')})")]
     device = "cuda:0" if torch_sees_gpu() else "the CPU"
     broken = [check for check in weight_checks if check.name == checkpoint.name and check.status == PROBLEM]
     if broken:
@@ -347,6 +350,19 @@ def check_engine_choice(weight_checks: list[Check]) -> list[Check]:
                       "jobs with --engine auto will fail",
                       f"replace or remove {checkpoint}, or run with --engine landmark")]
     return [Check("engine", "--engine auto", OK, f"wav2lip with {checkpoint.name}, on {device}")]
+
+
+def check_musetalk(weights_dir: Path | None = None) -> list[Check]:
+    """Each MuseTalk file loaded strictly, and the model step timed here (heygem.engines.musetalk.checks)."""
+    from heygem.engines.musetalk.checks import check_musetalk_files
+    from heygem.engines.musetalk.files import FOLDER_NAME
+    from heygem.weights import weights_dir as configured_weights_dir
+
+    folder = Path(weights_dir if weights_dir is not None else configured_weights_dir()) / FOLDER_NAME
+    if not folder.is_dir():
+        return [Check("musetalk", "folder", OK, f"no {folder}: --engine musetalk needs MuseTalk's models/ there")]
+    return [Check("musetalk", result.name, PROBLEM if result.problem else WARNING if result.slow else OK,
+                  result.problem or result.detail, result.fix) for result in check_musetalk_files(folder)]
 
 
 def check_speech(weights_dir: Path | None = None) -> list[Check]:
@@ -433,6 +449,7 @@ def run_checks(benchmark: bool = False, weights_dir: Path | None = None) -> Doct
     weight_checks = guarded("weights", lambda: check_weights(weights_dir), required=False)
     report.checks += weight_checks
     report.checks += guarded("engine", lambda: check_engine_choice(weight_checks), required=False)
+    report.checks += guarded("musetalk", lambda: check_musetalk(weights_dir), required=False)
     report.checks += guarded("speech", lambda: check_speech(weights_dir), required=False)
     report.benchmark = run_benchmark() if benchmark else Benchmark(False, "skipped: not asked for (--no-benchmark)")
     return report

@@ -147,7 +147,7 @@ def generate(
                                       crf=config.media.crf, preset=config.media.preset,
                                       audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
                                       encoders=config.run.encoders)
-        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future)
+        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, samples_16k)
         render = engine.kind.render(prepared, config, restorer.name)
         written = {"frames": 0, "without_face": 0}
 

@@ -84,18 +84,23 @@ def require_first_file(folder: Path | None, names, missing: str) -> Path:
 
 def find_first_file(folder: Path | None, names) -> Path | None:
     """The first of ``names`` present as a file in ``folder`` (default: :func:`weights_dir`; matched
-    case-insensitively), or None."""
+    case-insensitively), or None. A name with slashes is a path inside the folder (musetalk/sd-vae/
+    config.json), its last part matched case-insensitively."""
     folder = Path(folder) if folder is not None else weights_dir()
-    if not folder.is_dir():
-        return None
-    files_by_name: dict[str, Path] = {}
-    for path in sorted(folder.iterdir()):
-        if path.is_file():
-            files_by_name.setdefault(path.name.lower(), path)
     for name in names:
-        if name.lower() in files_by_name:
-            return files_by_name[name.lower()]
+        directory = folder / Path(name).parent
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and path.name.lower() == Path(name).name.lower():
+                return path
     return None
+
+
+def is_relative_name(name: str) -> bool:
+    """Whether ``name`` is a file name, or a path of names inside a folder (no "..", no root, no backslash)."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and all(part not in ("", ".", "..") for part in parts)
 
 
 def load_state_dict_strict(module, checkpoint_path: Path, what: str = "Wav2Lip",
@@ -277,9 +282,9 @@ def parse_entry(raw: object, where: str) -> WeightsEntry:
         return value.strip()
 
     files = raw["files"]
-    if not isinstance(files, list) or not files or not all(isinstance(f, str) and f and "/" not in f
-                                                             and "\\" not in f for f in files):
-        raise HeygemError(f"{where}: files must be a non-empty list of plain file names")
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) and is_relative_name(f) for f in files):
+        raise HeygemError(f"{where}: files must be a non-empty list of file names (or paths inside the weights "
+                          "folder, such as musetalk/sd-vae/config.json)")
     purpose = text("purpose")
     if purpose not in PURPOSES:
         raise HeygemError(f"{where}: purpose must be one of {', '.join(PURPOSES)}, not {purpose!r}")
@@ -385,6 +390,7 @@ def download_weights(entry: WeightsEntry, weights_dir: Path, url: str | None = N
     weights_dir.mkdir(parents=True, exist_ok=True)
     final_path = weights_dir / entry.files[0]
     part_path = weights_dir / (entry.files[0] + ".part")
+    final_path.parent.mkdir(parents=True, exist_ok=True)  # a path inside the folder (musetalk/...)
 
     fetch_to_part(url, part_path, entry, progress, timeout)
     state, detail = compare_with_entry(entry, part_path)

@@ -22,7 +22,8 @@ def test_every_engine_is_a_choice_of_the_engine_option_and_auto_tries_them_in_or
     assert list(ENGINES)[-1] == "landmark" and not ENGINES["landmark"].needs_weights  # the last resort
     choice = choose_engine(EngineConfig(name="auto"))
     assert choice.name == "landmark" and choice.weights is None
-    assert choice.reason == f"auto: no Wav2Lip checkpoint in {no_weights}, using the built-in engine"
+    assert choice.reason == (f"auto: no complete MuseTalk files (with the musetalk extra installed) or Wav2Lip "
+                             f"checkpoint in {no_weights}, using the built-in engine")
 
 
 def test_auto_picks_wav2lip_when_its_file_is_there_and_an_explicit_engine_needs_its_weights(no_weights):

@@ -229,7 +229,13 @@ def test_a_short_file_is_a_wrong_size(folder, tmp_path):
 def test_the_shipped_registry_is_well_formed():
     entries = weights.load_registry()
     by_name = {entry.name: entry for entry in entries}
-    assert set(by_name) == {"wav2lip", "wav2lip_gan", "gfpgan_v1.4", "s3fd"}
+    musetalk = {name for name in by_name if name.startswith("musetalk_")}
+    assert set(by_name) - musetalk == {"wav2lip", "wav2lip_gan", "gfpgan_v1.4", "s3fd"}
+    from heygem.engines.musetalk.files import PARSING_FILES, UNET_FILES, VAE_FILES, WHISPER_FILES
+
+    official = {f"musetalk/{name}" for name in (*UNET_FILES["v15"], *UNET_FILES["v1"], *VAE_FILES, *WHISPER_FILES,
+                                                 *PARSING_FILES)}
+    assert {by_name[name].files[0] for name in musetalk} == official  # every file of the official layout
     for entry in entries:
         assert entry.purpose in weights.PURPOSES and entry.files and entry.enables
         assert entry.source.startswith("https://") and entry.url.startswith("https://")

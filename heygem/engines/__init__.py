@@ -11,11 +11,12 @@ from pathlib import Path
 from heygem.config import EngineConfig
 from heygem.engines.base import EngineChoice, EngineKind
 from heygem.engines.landmark import LandmarkKind
+from heygem.engines.musetalk import MuseTalkKind
 from heygem.engines.wav2lip import Wav2LipKind
 from heygem.errors import HeygemError
 from heygem.weights import weights_dir
 
-ENGINES: dict[str, EngineKind] = {kind.name: kind for kind in (Wav2LipKind(), LandmarkKind())}
+ENGINES: dict[str, EngineKind] = {kind.name: kind for kind in (MuseTalkKind(), Wav2LipKind(), LandmarkKind())}
 
 
 def choose_engine(config: EngineConfig) -> EngineChoice:
@@ -37,6 +38,6 @@ def choose_engine(config: EngineConfig) -> EngineChoice:
                                             f"built-in engine")
         weights = kind.find_weights(config)
         if weights is not None:
-            return EngineChoice(kind, weights, f"auto: found {Path(weights).name}")
+            return EngineChoice(kind, weights, f"auto: found {Path(weights).name}{kind.found_note(weights)}")
         looked_for.append(kind.weights_label)
     raise HeygemError("no engine can run")  # pragma: no cover - the landmark engine needs nothing

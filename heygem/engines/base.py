@@ -82,6 +82,10 @@ class EngineKind(ABC):
         Quick: looks at file names only. HeygemError for a named file that does not exist."""
         return None
 
+    def found_note(self, weights: Path) -> str:
+        """What --engine auto adds after "found NAME" (", preferred to ...", say); "" by default."""
+        return ""
+
     def missing_weights(self) -> str:
         """What to do when the weights are missing (--engine NAME chosen without them)."""
         return f"--engine {self.name} needs its weights in the weights folder"

@@ -409,3 +409,48 @@ def clear_cache(older_than_seconds: float | None = None) -> int:
                 continue
         removed += _remove_entry(path)
     return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# latents of reference crops (MuseTalk's avatar preparation)
+#
+#     <cache_dir>/latents/<namespace>/<crop digest>.npy     one crop's latents
+#
+# An engine that encodes each face crop into latents before its network runs stores them here,
+# under a namespace naming its encoder's files and the digest of the crop's pixels, so a new
+# script for the same presenter (or the same frame seen again) never encodes again. Each file
+# is written beside its final name and renamed into place; one that does not read back as the
+# shape and dtype asked for is a miss.
+
+
+def _latents_path(namespace: str, digest: str) -> Path:
+    for part in (namespace, digest):
+        if len(part) != 64 or not all(c in "0123456789abcdef" for c in part):
+            raise ValueError(f"not a sha256 hex digest: {part!r}")
+    return cache_dir() / "latents" / namespace / f"{digest}.npy"
+
+
+def load_latents(namespace: str, digest: str, shape: tuple, dtype) -> np.ndarray | None:
+    """The latents stored under ``namespace`` for the crop of ``digest``, or None (never raises for a
+    missing or unusable file)."""
+    path = _latents_path(namespace, digest)
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    if array.shape != tuple(shape) or array.dtype != np.dtype(dtype) or not np.isfinite(array).all():
+        return None
+    return array
+
+
+def store_latents(namespace: str, digest: str, array: np.ndarray) -> None:
+    """Keep ``array`` for the crop of ``digest``; a failure is logged, never raised."""
+    path = _latents_path(namespace, digest)
+    partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.npy")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(partial, np.ascontiguousarray(array), allow_pickle=False)
+        os.replace(partial, path)
+    except OSError as error:
+        logger.warning("could not keep latents in the avatar cache (%s)", error)
+        partial.unlink(missing_ok=True)

@@ -9,6 +9,8 @@ one face, read straight from the bytes the graph writes. ``--detector s3fd`` swa
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import sys
 import threading
 import types
@@ -69,6 +71,10 @@ def import_mediapipe():
         return mediapipe
     parent, pyplot = _ImportedOnUse("matplotlib"), _ImportedOnUse("matplotlib.pyplot")
     parent.pyplot = pyplot
+    # the real spec (found without importing): libraries that look for matplotlib meanwhile (diffusers, in
+    # another thread) see it installed instead of failing on a module without a spec
+    parent.__spec__ = importlib.util.find_spec("matplotlib")
+    pyplot.__spec__ = importlib.machinery.ModuleSpec("matplotlib.pyplot", None)
     with _STAND_IN_LOCK:
         sys.modules.setdefault("matplotlib", parent)
         sys.modules.setdefault("matplotlib.pyplot", pyplot)

@@ -21,8 +21,10 @@ class Prepared:
     decoding and face tracking."""
 
     def __init__(self, mel_future: Future, engine_future: Future, frame_count: int, fps: float, clock: StageClock,
-                 restoration_future: Future | None = None):
+                 restoration_future: Future | None = None, samples_16k: np.ndarray | None = None):
         self._mel_future = mel_future
+        self.samples_16k = samples_16k  # (S,) float32 the job's audio, for engines with features of their own
+        self.frame_count = frame_count
         self._engine_future = engine_future
         self._restoration_future = restoration_future  # None: no restoration
         self._frame_count = frame_count

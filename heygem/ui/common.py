@@ -75,7 +75,8 @@ def uploaded_file(**settings) -> gr.File:
 
 def options_from_controls(engine: str, pad_top: float, pad_bottom: float, pad_left: float, pad_right: float,
                           smooth_window: float, restorer: str, output_height: int, fps: float,
-                          detector: str = "mediapipe") -> dict:
+                          detector: str = "mediapipe", musetalk_margin: float = 10,
+                          musetalk_parsing: str = "auto") -> dict:
     """The option dict (dotted keys of heygem.config) for what the form shows; numbers go on as the controls
     gave them (whole ones as ints), so that the one request check refuses a bad one with one line."""
 
@@ -91,6 +92,8 @@ def options_from_controls(engine: str, pad_top: float, pad_bottom: float, pad_le
         "media.output_height": whole(output_height) or None,
         "media.fps": fps,
         "face.detector": detector,
+        "engine.musetalk_margin": whole(musetalk_margin),
+        "engine.musetalk_parsing": musetalk_parsing,
     }
     return options
 
@@ -107,8 +110,13 @@ def installed_weights() -> set[str]:
 
 
 def engine_choices(installed: set[str]) -> list[tuple[str, str]]:
-    """Engines the form offers: Wav2Lip only when one of its checkpoints is installed."""
+    """Engines the form offers: MuseTalk only when its files are complete and its libraries installed,
+    Wav2Lip only when one of its checkpoints is installed."""
+    from heygem.engines.musetalk.files import find_musetalk_files, missing_libraries
+
     choices = [("auto", "auto")]
+    if not missing_libraries() and find_musetalk_files() is not None:
+        choices.append(("MuseTalk 1.5", "musetalk"))
     if installed & {"wav2lip", "wav2lip_gan"}:
         choices.append(("Wav2Lip", "wav2lip"))
     return choices + [("built-in landmark engine", "landmark")]
@@ -144,7 +152,7 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
     with gr.Accordion("Options", open=False, elem_id=f"{prefix}options-accordion"):
         with gr.Row():
             engine = gr.Dropdown(engines, value=offered(defaults.engine.name, engines, "auto"), label="Engine",
-                                 elem_id=f"{prefix}engine", info="auto: Wav2Lip when its weights are in weights/")
+                                 elem_id=f"{prefix}engine", info="auto: MuseTalk, then Wav2Lip, if installed")
             output_height = gr.Dropdown(OUTPUT_HEIGHTS, value=defaults.media.output_height or 0, label="Output height",
                                         elem_id=f"{prefix}output-height", info="as the input: the face's own size")
         with gr.Row():
@@ -164,7 +172,15 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
                                info="boxes averaged over this many frames; 1 switches it off")
             fps = gr.Slider(10, 60, value=defaults.media.fps, step=1, label="Frames per second for photos",
                             info="videos keep their own rate")
-    return [engine, *pads, smooth, restorer, output_height, fps, detector]
+        # MuseTalk's own options, shown only where it is offered (their defaults otherwise)
+        with gr.Row(visible="musetalk" in {value for _, value in engines}):
+            musetalk_margin = gr.Number(value=defaults.engine.musetalk_margin, precision=0, minimum=0, maximum=200,
+                                        label="MuseTalk: pixels below the chin",
+                                        info="added to the face box, as MuseTalk 1.5's extra margin")
+            musetalk_parsing = gr.Dropdown(["auto", "jaw", "neck", "raw", "landmarks"],
+                                           value=defaults.engine.musetalk_parsing, label="MuseTalk: paste mask",
+                                           info="auto: the jaw face parsing when its BiSeNet files are there")
+    return [engine, *pads, smooth, restorer, output_height, fps, detector, musetalk_margin, musetalk_parsing]
 
 
 def format_time(seconds: float | None) -> str:

@@ -1,0 +1,75 @@
+"""The musetalk engine: MuseTalk 1.5's single-step latent inpainting at 256x256, from the official
+files in weights/musetalk/ (heygem.engines.musetalk.files), run by diffusers and transformers (the
+musetalk extra). Its parts: files (the layout), loading (strict), audio_features (Whisper
+windows), crop (the face box from our landmarks), model_step (UNet + decode), engine, parsing
+(BiSeNet's paste mask), render (step 6). Nothing here imports torch: choosing the engine only
+looks at files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from heygem.config import Config, EngineConfig
+from heygem.engines.base import EngineKind, LipSyncEngine, RenderPath
+from heygem.engines.musetalk.files import (
+    INSTALL_LINE,
+    find_musetalk_files,
+    missing_files,
+    missing_libraries,
+    musetalk_folder,
+)
+from heygem.errors import HeygemError
+from heygem.render.prepared import Prepared
+from heygem.runtime.kept import KEPT, KeptKind
+
+MUSETALK_ENGINE = KeptKind("musetalk engine", most=2, per_owner=True)
+
+
+class MuseTalkKind(EngineKind):
+    name = "musetalk"
+    synthesises_pixels = True  # its mouths are decoded pixels
+    weights_label = "complete MuseTalk files (with the musetalk extra installed)"
+
+    def find_weights(self, config: EngineConfig) -> Path | None:
+        """weights/musetalk when every required file is there and diffusers and transformers import."""
+        if missing_libraries() or find_musetalk_files() is None:
+            return None
+        return musetalk_folder()
+
+    def found_note(self, weights: Path) -> str:
+        files = find_musetalk_files(weights)
+        return f" (MuseTalk {files.version}, preferred to Wav2Lip)" if files is not None else ""
+
+    def missing_weights(self) -> str:
+        libraries = missing_libraries()
+        if libraries:
+            return f"--engine musetalk needs {' and '.join(libraries)}: {INSTALL_LINE}"
+        folder = musetalk_folder()
+        missing = missing_files(folder)
+        return (f"--engine musetalk needs MuseTalk's files in {folder}: {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} missing (copy MuseTalk's models/ folder there)")
+
+    def load(self, weights: Path | None, config: Config, fps: float, owner: int) -> LipSyncEngine:
+        """The engine loaded for ``owner``'s previous job if the files and options are unchanged,
+        else a new one, kept for its next job."""
+        from heygem.engines.musetalk.engine import MuseTalkEngine
+
+        files = find_musetalk_files(weights)
+        if files is None:
+            raise HeygemError(self.missing_weights())
+        options = config.engine
+        use_cache = config.run.avatar_cache
+        key = (files.identity, options.device, options.batch_size, options.precision, options.cuda_graph,
+               options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
+               options.musetalk_cheek_width, use_cache)
+        return KEPT.shared(MUSETALK_ENGINE, key, lambda: MuseTalkEngine(files, options, use_cache), owner=owner)
+
+    def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
+        """The CPU render path with MuseTalk's audio features; the networks run on the engine's device."""
+        from heygem.engines.musetalk.render import MuseTalkRender
+
+        return MuseTalkRender(prepared, config)
+
+    def after_job(self, engine: LipSyncEngine, owner: int, ended_well: bool) -> None:
+        """Nothing to stop: the networks stay loaded for ``owner``'s next job (heygem.runtime.kept)."""

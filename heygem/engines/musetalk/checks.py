@@ -1,0 +1,114 @@
+"""What the doctor asks of the MuseTalk files: whether each one loads, and how fast the model step runs here.
+
+Plain results (no report types): heygem.doctor turns them into its lines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from heygem.engines.musetalk.files import (
+    INSTALL_LINE,
+    PARSING_FILES,
+    find_musetalk_files,
+    missing_files,
+    missing_libraries,
+)
+from heygem.errors import HeygemError
+
+CPU_STEP_FACES = 1  # faces timed on the CPU (seconds each)
+GPU_STEP_FACES = 32  # faces per timed pass on a GPU
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    name: str  # "musetalkV15/unet.pth", "model step"
+    problem: str | None  # one line, None when it is fine
+    detail: str  # what was found
+    fix: str = ""
+    slow: bool = False  # fine but slow (the CPU): a warning
+
+
+def check_musetalk_files(folder: Path, time_step: bool = True) -> list[FileCheck]:
+    """Every MuseTalk file in ``folder`` loaded strictly, the optional face parsing files, and the model
+    step timed on this machine's device (``time_step``). [] when the folder does not exist."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    libraries = missing_libraries()
+    if libraries:
+        return [FileCheck("libraries", f"{' and '.join(libraries)} not installed", "the engine cannot load",
+                          INSTALL_LINE)]
+    missing = missing_files(folder)
+    if missing:
+        return [FileCheck(name, "missing", f"not in {folder}", "copy MuseTalk's models/ folder into "
+                          f"{folder} (python -m heygem weights list names each file)") for name in missing]
+    from heygem.engines.musetalk import loading
+
+    files = find_musetalk_files(folder)
+    checks, networks = [], {}
+    for label, path, load in (("UNet", files.unet, loading.load_unet), ("VAE", files.vae, loading.load_vae),
+                              ("Whisper encoder", files.whisper, loading.load_whisper_encoder),
+                              ("feature extractor", files.whisper_preprocessor, loading.load_feature_extractor)):
+        name = str(path.relative_to(folder))
+        try:
+            networks[label] = load(files)
+        except HeygemError as error:
+            checks.append(FileCheck(name, str(error).splitlines()[0], "does not load",
+                                    "replace it with the file MuseTalk's download_weights.sh fetches"))
+            continue
+        checks.append(FileCheck(name, None, f"loads into the {label} ({path.stat().st_size / 2**20:.0f} MiB)"))
+    checks += parsing_checks(files, folder)
+    if time_step and "UNet" in networks and "VAE" in networks:
+        checks.append(time_model_step(networks["UNet"], networks["VAE"]))
+    return checks
+
+
+def parsing_checks(files, folder: Path) -> list[FileCheck]:
+    """The optional BiSeNet files: loaded when both are there, else which paste mask is used."""
+    if files.parsing is None:
+        present = [name for name in PARSING_FILES if (folder / name).is_file()]
+        detail = (f"only {present[0]} of the two face parsing files" if present else "no face parsing files") + \
+            ": the paste mask is heygem's landmark lower-face mask"
+        return [FileCheck("face-parse-bisent", None, detail)]
+    import torch
+
+    from heygem.engines.musetalk.parsing import load_bisenet
+
+    try:
+        load_bisenet(files, torch.device("cpu"))
+    except HeygemError as error:
+        return [FileCheck("face-parse-bisent", str(error).splitlines()[0], "does not load",
+                          "replace both files with the ones MuseTalk's download_weights.sh fetches, or remove them")]
+    return [FileCheck("face-parse-bisent", None, "BiSeNet loads: the paste mask is MuseTalk 1.5's jaw mask")]
+
+
+def time_model_step(unet, vae) -> FileCheck:
+    """UNet + decode timed on the first GPU (faces a second), or on the CPU (seconds a face: slow)."""
+    import torch
+
+    from heygem.engines.musetalk.model_step import MouthModelStep
+
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    faces = GPU_STEP_FACES if on_gpu else CPU_STEP_FACES
+    step = MouthModelStep(unet, vae, device, torch.float16 if on_gpu else torch.float32, faces, fast=True)
+    latents = torch.randn(faces, 8, 32, 32, device=device)
+    audio = torch.randn(faces, 50, 384, device=device)
+    step(latents, audio)  # warm-up: autotuning, graph capture
+    if on_gpu:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    step(latents, audio)
+    if on_gpu:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    if on_gpu:
+        return FileCheck("model step", None, f"{faces / seconds:.0f} faces/s on {torch.cuda.get_device_name(0)} "
+                                             f"(UNet + decode, fp16, batches of {faces})")
+    per_face = seconds / faces
+    return FileCheck("model step", None, f"{per_face:.1f} s a face on the CPU: a minute of 25 fps video takes "
+                                         f"about {per_face * 1500 / 60:.0f} min", "use a CUDA GPU for MuseTalk",
+                     slow=True)

@@ -1,0 +1,176 @@
+"""The MuseTalk 1.5 engine: 256x256 mouths from the official files, one UNet step in latent space.
+
+Per face: MuseTalk's box from the landmarks (heygem.engines.musetalk.crop), its pixels resized to
+256x256, the VAE latents of that crop with its lower half blacked out and of the whole crop (the
+reference), both times the VAE's scaling factor, concatenated (8, 32, 32); the UNet at t = 0 with
+the frame's window of Whisper states (heygem.engines.musetalk.audio_features) as cross-attention;
+the predicted latents decoded to a 256x256 face (heygem.engines.musetalk.model_step), resized
+back to the box and handed to the blend stage with the paste mask.
+
+The crop latents are the avatar's preparation: kept in memory for the job and in the avatar
+cache (heygem.face.avatar_cache) under the VAE's files and the crop's pixels, so a new script for
+the same presenter never runs the encoder again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+import heygem.engines.musetalk.audio_features as features
+import heygem.engines.musetalk.crop as crop
+import heygem.engines.musetalk.loading as loading
+from heygem.config import EngineConfig
+from heygem.engines.musetalk.files import MuseTalkFiles
+from heygem.engines.musetalk.model_step import MouthModelStep, encode_faces
+from heygem.face import avatar_cache
+from heygem.runtime.device import autocast_dtype, configure_backends, pick_device
+from heygem.types import Box, Face, FacePatch
+
+logger = logging.getLogger("heygem")
+
+LATENT_SHAPE = (8, crop.FACE_SIZE // 8, crop.FACE_SIZE // 8)  # masked then reference latents
+REMEMBERED_CROPS = 4096  # crop latents kept in memory (32 KiB each)
+CPU_BATCH_SIZE = 4  # faces per UNet pass on the CPU
+PARSING_MODES = ("auto", "jaw", "neck", "raw", "landmarks")
+
+
+class MuseTalkEngine:
+    """MuseTalk 1.5 (or 1.0) from the official files, on ``config.device``."""
+
+    name = "musetalk"
+
+    def __init__(self, files: MuseTalkFiles, config: EngineConfig, use_cache: bool = True):
+        loading.require_libraries()
+        started = time.perf_counter()
+        self.files = files
+        self.device = pick_device(config.device)
+        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
+        self.dtype = autocast_dtype(self.device, config.precision) or torch.float32
+        self.extra_margin = config.musetalk_margin if files.version == "v15" else 0  # 1.0 has no margin
+        self.parsing_mode = resolve_parsing_mode(config.musetalk_parsing, files)
+        batch_size = min(config.batch_size, CPU_BATCH_SIZE) if self.device.type == "cpu" else config.batch_size
+        unet, self.vae = loading.load_unet(files), loading.load_vae(files)
+        self.encoder = loading.load_whisper_encoder(files).to(self.device)
+        self.feature_extractor = loading.load_feature_extractor(files)
+        self.step = MouthModelStep(unet, self.vae, self.device, self.dtype, batch_size, fast=True,
+                                   use_cuda_graph=config.cuda_graph)
+        self.parser = None
+        if self.parsing_mode in ("jaw", "neck", "raw"):
+            from heygem.engines.musetalk.parsing import FaceParser
+
+            self.parser = FaceParser(files, self.device, self.parsing_mode, config.musetalk_cheek_width)
+        # the avatar cache's namespace: the VAE's files (their content, named by path, size and time)
+        identity = repr(files.identity[2:4]).encode()
+        namespace = hashlib.sha256(b"musetalk-vae-latents-v1" + identity).hexdigest()
+        self.latents_namespace = namespace if use_cache else None
+        self.remembered: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.encoded = 0  # crops encoded by the VAE (the rest came from memory or the avatar cache)
+        logger.info("musetalk engine %s on %s, %s, batches of %d, paste mask %s, loaded in %.1f s", files.version,
+                    self.device, str(self.dtype).removeprefix("torch."), batch_size, self.parsing_mode,
+                    time.perf_counter() - started)
+
+    @property
+    def batch_size(self) -> int:
+        return self.step.batch_size
+
+    def audio_features(self, samples_16k: np.ndarray, fps: float, frame_count: int) -> torch.Tensor:
+        """(frame_count, 50, 384) float32 on the CPU: each output frame's Whisper window plus the
+        positional encoding (heygem.engines.musetalk.audio_features)."""
+        return features.audio_features(samples_16k, fps, frame_count, self.feature_extractor, self.encoder,
+                                       self.device)
+
+    def unet_input_latents(self, crops_bgr: np.ndarray) -> torch.Tensor:
+        """(B, 256, 256, 3) uint8 BGR crops -> (B, 8, 32, 32) float32 UNet input on the CPU: the masked
+        crop's latents then the whole crop's, times the scaling factor; from memory or the avatar
+        cache where this crop was encoded before."""
+        digests = [hashlib.sha256(np.ascontiguousarray(one).tobytes()).hexdigest() for one in crops_bgr]
+        found: dict[str, np.ndarray] = {}
+        for digest in dict.fromkeys(digests):  # each distinct crop once
+            latents = self.remembered.get(digest)
+            if latents is None and self.latents_namespace is not None:
+                latents = avatar_cache.load_latents(self.latents_namespace, digest, LATENT_SHAPE, np.float32)
+            if latents is not None:
+                found[digest] = latents
+        missing = [digests.index(digest) for digest in dict.fromkeys(digests) if digest not in found]  # rows
+        if missing:
+            masked, whole = crop.vae_inputs(crops_bgr[missing])  # (M, 3, 256, 256) each, RGB in [-1, 1]
+            # two passes, as MuseTalk encodes them (one batch of both gives other rounding, which random
+            # weights amplify to 1e-3)
+            encoded = torch.cat((encode_faces(self.vae, masked), encode_faces(self.vae, whole)), dim=1)
+            encoded = encoded.cpu().numpy()  # (M, 8, 32, 32)
+            self.encoded += len(missing)
+            for row, latents in zip(missing, encoded):
+                found[digests[row]] = latents
+                if self.latents_namespace is not None:
+                    avatar_cache.store_latents(self.latents_namespace, digests[row], latents)
+        for digest, latents in found.items():
+            self.remembered[digest] = latents
+            self.remembered.move_to_end(digest)
+        while len(self.remembered) > REMEMBERED_CROPS:
+            self.remembered.popitem(last=False)
+        return torch.from_numpy(np.stack([found[digest] for digest in digests]))  # (B, 8, 32, 32)
+
+    def generate_faces(self, unet_input_latents: torch.Tensor, audio_windows: torch.Tensor) -> torch.Tensor:
+        """(B, 8, 32, 32) latents and (B, 50, 384) audio features -> (B, 3, 256, 256) float RGB in [0, 1]."""
+        return self.step(unet_input_latents.to(self.device), audio_windows.to(self.device))
+
+    def patches(self, frames_bgr: np.ndarray, faces: list[Face | None], audio_windows: torch.Tensor
+                ) -> list[FacePatch | None]:
+        """One patch per frame of ``frames_bgr`` (N, H, W, 3) uint8 BGR, None where there is no face;
+        ``audio_windows`` (N, 50, 384) are those frames' audio features."""
+        frame_count, frame_height, frame_width = frames_bgr.shape[:3]
+        if not len(faces) == len(audio_windows) == frame_count:
+            raise ValueError(f"{frame_count} frames, {len(faces)} faces and {len(audio_windows)} audio windows")
+        patches: list[FacePatch | None] = [None] * frame_count
+        rows, boxes = [], []
+        for row, face in enumerate(faces):
+            box = crop.musetalk_box(face, frame_height, frame_width, self.extra_margin) if face is not None else None
+            if box is not None:
+                rows.append(row)
+                boxes.append(box)
+        if not rows:
+            return patches
+        crops_bgr = np.stack([crop.crop_256(frames_bgr[row], box) for row, box in zip(rows, boxes)])
+        latents = self.unet_input_latents(crops_bgr)  # (F, 8, 32, 32)
+        generated = self.generate_faces(latents, audio_windows[rows])  # (F, 3, 256, 256) RGB in [0, 1]
+        faces_rgb = (generated.float() * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        for row, box, face_rgb in zip(rows, boxes, faces_rgb):
+            patches[row] = self._patch(frames_bgr[row], faces[row], box, face_rgb)
+        return patches
+
+    def _patch(self, frame_bgr: np.ndarray, face: Face, box: Box, face_rgb: np.ndarray) -> FacePatch:
+        """The patch for one face: the generated face resized to its box, with the landmark lower-face
+        mask of the blend stage, or with face parsing MuseTalk's own mask over its widened box."""
+        face_bgr = crop.face_to_box(face_rgb, box)
+        if self.parser is None:
+            return FacePatch(box=box, image_bgr=face_bgr, mask=None, face=face)
+        return self.parser.patch(frame_bgr, face_bgr, box, face)
+
+    def generate(self, batch):
+        """MuseTalk's mouths need its own audio features: its render path calls :meth:`patches`."""
+        raise TypeError("the musetalk engine runs through its own render path (patches with audio features)")
+
+    def close(self) -> None:
+        """Nothing runs beside the networks: they stay loaded (kept for the thread's next job)."""
+
+
+def resolve_parsing_mode(mode: str, files: MuseTalkFiles) -> str:
+    """The paste mask to use: auto is MuseTalk 1.5's "jaw" face parsing when the BiSeNet files are
+    there (v1.0's "raw" for the 1.0 UNet), else heygem's landmark lower-face mask; a parsing mode
+    asked for without its files is a HeygemError."""
+    from heygem.errors import HeygemError
+
+    if mode not in PARSING_MODES:
+        raise HeygemError(f"--musetalk-parsing must be one of {', '.join(PARSING_MODES)}, not {mode!r}")
+    if mode == "auto":
+        return ("jaw" if files.version == "v15" else "raw") if files.parsing is not None else "landmarks"
+    if mode != "landmarks" and files.parsing is None:
+        raise HeygemError(f"--musetalk-parsing {mode} needs face-parse-bisent/79999_iter.pth and "
+                          f"resnet18-5c106cde.pth in {files.folder}; use --musetalk-parsing landmarks without them")
+    return mode

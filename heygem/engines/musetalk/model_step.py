@@ -1,0 +1,180 @@
+"""MuseTalk 1.5's model step: UNet (one step, t = 0) then the VAE decoder, from UNet input latents to 256x256 faces.
+
+The step is diffusers' own ``UNet2DConditionModel`` and ``AutoencoderKL``; what this module adds is how they run:
+
+- ``fast=False``: the plain diffusers calls, batch by batch, as the public inference code makes them.
+- ``fast=True``: the same function through heygem.runtime.device.FixedBatchRunner: weights in the compute dtype,
+  channels-last weights and inputs on CUDA, fused attention (PyTorch's scaled_dot_product_attention through
+  diffusers' AttnProcessor2_0), every batch padded to one fixed size (cuDNN's autotuner searches once) and, on
+  CUDA, the whole step captured as one CUDA graph and replayed; the decoder runs in chunks of fewer than 64 faces
+  (diffusers' upsampler turns a batch of 64 or more back to the channels-first layout, slower for every
+  convolution after it). Out of memory halves the batch, as the runner does.
+- ``paste_top_row``: decode only the latent rows the paste needs (the paste mask covers the lower part of the
+  face), plus ``halo_latent_rows`` above them; rows above the decoded part come back as 0. The decoder's group
+  normalisations then see statistics of the decoded rows only, so the pasted pixels differ slightly from a full
+  decode: bench/bench_musetalk.py measures by how much; it is an option, off by default.
+
+The process-wide cuDNN and determinism flags are heygem.runtime.device.configure_backends's: nothing here
+changes them. torch and diffusers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from heygem.runtime.device import FixedBatchRunner, run_in_batches
+
+logger = logging.getLogger("heygem")
+
+LATENT_SCALING_FACTOR = 0.18215  # sd-vae-ft-mse's; a VAE's own config value is used when it has one
+LATENT_SIZE = 32  # the UNet's latents are 32x32 for 256x256 faces
+PIXELS_PER_LATENT = 8  # the decoder upsamples three times
+DECODE_CHUNK = 32  # faces per decoder call in the fast step: diffusers' upsampler goes channels-first at 64
+
+
+def scaling_factor(vae) -> float:
+    """The VAE's latent scaling factor (0.18215 for sd-vae-ft-mse)."""
+    value = getattr(getattr(vae, "config", None), "scaling_factor", None)
+    return float(value) if value is not None else LATENT_SCALING_FACTOR
+
+
+def first_decoded_latent_row(paste_top_row: int | None, halo_latent_rows: int) -> int:
+    """The first latent row to decode when only pixel rows ``paste_top_row``.. are pasted (0: all of them)."""
+    if not paste_top_row:
+        return 0
+    if not 0 <= paste_top_row < LATENT_SIZE * PIXELS_PER_LATENT:
+        raise ValueError(f"paste_top_row must be in 0..{LATENT_SIZE * PIXELS_PER_LATENT - 1}, got {paste_top_row}")
+    return max(0, paste_top_row // PIXELS_PER_LATENT - halo_latent_rows)
+
+
+def use_fused_attention(module) -> None:
+    """Every diffusers Attention in ``module`` through torch's scaled_dot_product_attention (AttnProcessor2_0)."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    if hasattr(module, "set_attn_processor"):
+        module.set_attn_processor(AttnProcessor2_0())
+
+
+def _network_class():
+    import torch
+
+    class _MouthNetwork(torch.nn.Module):
+        """UNet (t = 0, audio features as the cross-attention states) -> / scaling factor -> VAE decode -> [0, 1]."""
+
+        def __init__(self, unet, vae, first_latent_row: int = 0, decode_chunk: int | None = None):
+            super().__init__()
+            self.unet = unet
+            self.vae = vae
+            self.scaling_factor = scaling_factor(vae)
+            self.first_latent_row = first_latent_row
+            self.decode_chunk = decode_chunk
+            # a device tensor, so a CUDA graph capture copies nothing from the host; long, like the public code's
+            self.register_buffer("timestep", torch.zeros(1, dtype=torch.long), persistent=False)
+
+        def forward(self, unet_input_latents, audio_features):
+            # unet_input_latents (B, 8, 32, 32); audio_features (B, 50, 384)
+            predicted = self.unet(unet_input_latents, self.timestep, encoder_hidden_states=audio_features,
+                                  return_dict=False)[0]  # (B, 4, 32, 32)
+            latents = predicted / self.scaling_factor
+            if self.first_latent_row:
+                latents = latents[:, :, self.first_latent_row:]  # (B, 4, 32 - first, 32)
+            chunk = self.decode_chunk or len(latents)
+            faces = torch.cat([self.vae.decode(latents[start:start + chunk], return_dict=False)[0]
+                               for start in range(0, len(latents), chunk)])  # (B, 3, H, 256) in about [-1, 1]
+            faces = (faces / 2 + 0.5).clamp(0, 1)
+            if self.first_latent_row:  # rows above the decoded part: 0
+                faces = torch.nn.functional.pad(faces, (0, 0, self.first_latent_row * PIXELS_PER_LATENT, 0))
+            return faces  # (B, 3, 256, 256) RGB in [0, 1]
+
+    return _MouthNetwork
+
+
+def _precision_name(dtype) -> str:
+    import torch
+
+    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    if dtype not in names:
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    return names[dtype]
+
+
+class MouthModelStep:
+    """UNet input latents and audio features in, 256x256 RGB faces in [0, 1] out, on ``device``.
+
+    ``unet`` (diffusers UNet2DConditionModel, in 8 / out 4 channels, cross-attention dim 384) and ``vae``
+    (diffusers AutoencoderKL) are taken over: moved to ``device``, put in eval mode and, on CUDA, cast to
+    ``dtype`` (on the CPU the fast step keeps their weights and runs under autocast when ``dtype`` is not
+    float32). ``batch_size`` is the fixed batch of the fast step; a call may bring any number of items.
+    ``use_cuda_graph`` (fast step on CUDA only) captures the step once per batch size.
+    """
+
+    def __init__(self, unet, vae, device, dtype, batch_size: int, fast: bool = True, *,
+                 paste_top_row: int | None = None, halo_latent_rows: int = 4, use_cuda_graph: bool = True,
+                 channels_last: bool | None = None, decode_chunk: int | None = DECODE_CHUNK,
+                 pad_last_batch: bool | None = None):
+        import torch
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.batch_size = batch_size
+        self.fast = fast
+        self.first_latent_row = first_decoded_latent_row(paste_top_row, halo_latent_rows)
+        on_gpu = self.device.type == "cuda"
+        unet.eval()
+        vae.eval()
+        if fast:
+            use_fused_attention(unet)
+            use_fused_attention(vae)
+        network = _network_class()(unet, vae, self.first_latent_row, decode_chunk if fast else None)
+        self.network = network.to(self.device)
+        if fast:
+            self.runner = FixedBatchRunner(
+                self.network, self.device, batch_size, precision=_precision_name(dtype),
+                channels_last=on_gpu if channels_last is None else channels_last,
+                use_cuda_graph=use_cuda_graph and on_gpu, name="MuseTalk model step", pad_last_batch=pad_last_batch)
+        else:
+            self.runner = None
+            self.network.to(dtype=dtype)
+
+    def __call__(self, unet_input_latents, audio_features):
+        """unet_input_latents (B, 8, 32, 32): masked-face then reference latents, both times the scaling factor;
+        audio_features (B, 50, 384), positional encoding added. Returns (B, 3, 256, 256) float32 RGB in [0, 1]."""
+        import torch
+
+        if len(unet_input_latents) != len(audio_features):
+            raise ValueError(f"{len(unet_input_latents)} latents but {len(audio_features)} audio windows")
+        if self.runner is not None:
+            faces = self.runner(unet_input_latents.to(self.device), audio_features.to(self.device))
+            self.batch_size = self.runner.batch_size
+            return faces
+
+        def plain_batch(indices):
+            with torch.inference_mode():
+                latents = unet_input_latents[indices].to(self.device, self.dtype)
+                audio = audio_features[indices].to(self.device, self.dtype)
+                return self.network(latents, audio).float()
+
+        indices = torch.arange(len(unet_input_latents))
+        outputs, self.batch_size = run_in_batches(plain_batch, indices, self.batch_size)
+        return torch.cat(outputs)
+
+
+def encode_faces(vae, faces_rgb, sample: bool = False, generator=None):
+    """VAE latents of 256x256 faces, times the scaling factor, as the UNet takes them.
+
+    faces_rgb (B, 3, 256, 256) RGB in [-1, 1] -> (B, 4, 32, 32) float32. The public MuseTalk code takes
+    ``latent_dist.sample()`` (a random draw around the mean); heygem takes the mean (``mode()``), so the
+    same face always gives the same latents; ``sample=True`` draws as the public code does.
+    """
+    import torch
+
+    parameter = next(vae.parameters())
+    with torch.inference_mode():
+        faces = faces_rgb.to(parameter.device, parameter.dtype)
+        if parameter.dim() == 4 and parameter.is_contiguous(memory_format=torch.channels_last):
+            faces = faces.contiguous(memory_format=torch.channels_last)
+        distribution = vae.encode(faces).latent_dist
+        latents = distribution.sample(generator) if sample else distribution.mode()
+        return (latents * scaling_factor(vae)).float()  # (B, 4, 32, 32)

@@ -1,0 +1,272 @@
+"""The musetalk engine on random-init files in the official layout (a reduced config of the same
+classes): end to end from the command line, strict loading, the audio features and the face box
+against the stated facts, the avatar's latents kept for the next job."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("diffusers")
+pytest.importorskip("transformers")
+
+import cv2
+import torch
+from conftest import ASSETS, REPO, assert_playable_mp4, decode_frames, run_ffmpeg
+
+from heygem.config import EngineConfig
+from heygem.engines import choose_engine
+from heygem.engines.musetalk import audio_features as features
+from heygem.engines.musetalk import crop
+from heygem.engines.musetalk.files import find_musetalk_files, missing_files
+from heygem.engines.musetalk.random_files import write_random_files
+from heygem.errors import HeygemError
+from heygem.types import Face
+
+
+@pytest.fixture(scope="module")
+def musetalk_weights(tmp_path_factory):
+    """A weights folder whose musetalk/ holds random-init reduced files under the official names."""
+    folder = tmp_path_factory.mktemp("weights")
+    write_random_files(folder / "musetalk", size="reduced", seed=0)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def speech_clip(tmp_path_factory):
+    path = tmp_path_factory.mktemp("speech") / "clip.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-ss", "0.4", "-t", "0.8", str(path))
+    return path
+
+
+def heygem(*args, weights, cache):
+    env = dict(os.environ, HEYGEM_WEIGHTS=str(weights), HEYGEM_CACHE_DIR=str(cache))
+    return subprocess.run([sys.executable, "-m", "heygem", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_generate_with_musetalk_end_to_end_changes_the_mouth_and_nothing_far_from_it(musetalk_weights, speech_clip,
+                                                                                   tmp_path):
+    output = tmp_path / "out.mp4"
+    photo = ASSETS / "astronaut.jpg"
+    result = heygem("generate", "--face", photo, "--audio", speech_clip, "--output", output, "--engine", "musetalk",
+                    "--no-restore", weights=musetalk_weights, cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert "with the musetalk engine" in result.stdout
+    assert_playable_mp4(output, 0.8)
+    frames = decode_frames(output).astype(np.int16)  # (N, H, W, 3)
+    assert len(frames) == 20  # 0.8 s at 25 fps
+    source = cv2.imread(str(photo)).astype(np.int16)
+    assert frames.shape[1:] == source.shape
+    difference = np.abs(frames - source[None]).mean(axis=3)  # (N, H, W)
+    # the portrait's mouth (its face box is PORTRAIT_FACE_BOX in conftest), its forehead, and the frame far from it
+    mouth, forehead = difference[:, 140:170, 205:250].mean(), difference[:, 70:105, 190:260].mean()
+    far = np.concatenate([difference[:, :50], difference[:, 300:]], axis=1)
+    assert mouth > 12 > 4 > forehead and far.mean() < 3, (mouth, forehead, far.mean())  # x264 and 4:2:0 only
+    # random audio features differ frame to frame, so the mouths do; what is far from the face stays still
+    changes = np.abs(np.diff(frames, axis=0)).mean(axis=(0, 3))  # (H, W)
+    assert changes[140:170, 205:250].mean() > 2 and changes[:50].max() < 3 and changes[300:].mean() < 0.2, (
+        changes[140:170, 205:250].mean(), changes[:50].max(), changes[300:].mean())
+
+
+def test_strict_loading_names_the_file_with_one_line_and_exit_2(musetalk_weights, speech_clip, tmp_path):
+    broken = tmp_path / "weights"
+    write_random_files(broken / "musetalk", size="reduced", seed=1)
+    unet_path = broken / "musetalk" / "musetalkV15" / "unet.pth"
+    state = torch.load(unet_path, weights_only=True)
+    state.pop("conv_in.weight")
+    torch.save(state, unet_path)
+    result = heygem("generate", "--face", ASSETS / "astronaut.jpg", "--audio", speech_clip, "--output",
+                    tmp_path / "o.mp4", "--engine", "musetalk", weights=broken, cache=tmp_path / "cache")
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert str(unet_path) in last and "1 missing keys (conv_in.weight)" in last and "Traceback" not in result.stderr
+    (broken / "musetalk" / "whisper" / "preprocessor_config.json").unlink()
+    result = heygem("generate", "--face", ASSETS / "astronaut.jpg", "--audio", speech_clip, "--output",
+                    tmp_path / "o.mp4", "--engine", "musetalk", weights=broken, cache=tmp_path / "cache")
+    assert result.returncode == 2 and "whisper/preprocessor_config.json is missing" in result.stderr.splitlines()[-1]
+
+
+def test_a_wrong_shape_or_a_foreign_file_is_refused_naming_it(tmp_path):
+    from heygem.engines.musetalk import loading
+
+    folder = write_random_files(tmp_path / "musetalk", size="reduced", seed=2)
+    files = find_musetalk_files(folder)
+    vae_state = torch.load(files.vae, weights_only=True)
+    vae_state["decoder.conv_out.weight"] = vae_state["decoder.conv_out.weight"][:, :4]
+    torch.save(vae_state, files.vae)
+    with pytest.raises(HeygemError, match=r"diffusion_pytorch_model.bin does not fit the VAE: decoder.conv_out.weight "
+                                          r"has shape \(3, 4, 3, 3\) in the file"):
+        loading.load_vae(files)
+    files.whisper.write_bytes(b"<!doctype html><html>not the weights</html>")
+    with pytest.raises(HeygemError, match="whisper/pytorch_model.bin is not a readable Whisper checkpoint"):
+        loading.load_whisper_encoder(files)
+    files.unet_config.write_text("{not json", encoding="utf-8")
+    with pytest.raises(HeygemError, match="musetalk.json is not a readable MuseTalk UNet config"):
+        loading.load_unet(files)
+
+
+def test_auto_prefers_musetalk_when_complete_and_says_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEYGEM_WEIGHTS", str(tmp_path))
+    (tmp_path / "wav2lip_gan.pth").write_bytes(b"not read while choosing")
+    folder = tmp_path / "musetalk"
+    (folder / "musetalkV15").mkdir(parents=True)
+    (folder / "musetalkV15" / "unet.pth").write_bytes(b"")
+    assert missing_files(folder)[0] == "musetalkV15/musetalk.json"
+    assert choose_engine(EngineConfig(name="auto")).name == "wav2lip"  # incomplete: the next engine
+    with pytest.raises(HeygemError, match="needs MuseTalk's files in .*: musetalkV15/musetalk.json, sd-vae/config"):
+        choose_engine(EngineConfig(name="musetalk"))
+    for name in ("musetalkV15/musetalk.json", "sd-vae/config.json", "sd-vae/diffusion_pytorch_model.bin",
+                 "whisper/config.json", "whisper/pytorch_model.bin", "whisper/preprocessor_config.json"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"")
+    choice = choose_engine(EngineConfig(name="auto"))
+    assert (choice.name, choice.reason) == ("musetalk", "auto: found musetalk (MuseTalk v15, preferred to Wav2Lip)")
+    files = find_musetalk_files(folder)
+    assert files.version == "v15" and files.parsing is None
+    monkeypatch.setattr("heygem.engines.musetalk.files.missing_libraries", lambda: ["diffusers"])
+    monkeypatch.setattr("heygem.engines.musetalk.missing_libraries", lambda: ["diffusers"])
+    assert choose_engine(EngineConfig(name="auto")).name == "wav2lip"
+    with pytest.raises(HeygemError, match=r"needs diffusers: pip install -e \.\[musetalk\]"):
+        choose_engine(EngineConfig(name="musetalk"))
+
+
+def reference_windows(states: np.ndarray, fps: float, frame_count: int) -> np.ndarray:
+    """The stated facts, in numpy: 4 zero rows before, 12 after, frame f reads 10 rows from floor(f * 2),
+    flattened (time, layer), plus sin/cos positional encoding of d_model 384."""
+    step = 50 / int(fps)
+    padded = np.concatenate([np.zeros((2 * math.ceil(step), *states.shape[1:])), states,
+                             np.zeros((6 * math.ceil(step) + 20, *states.shape[1:]))])
+    windows = np.stack([padded[int(math.floor(f * step)):int(math.floor(f * step)) + 10].reshape(-1, states.shape[2])
+                        for f in range(frame_count)])
+    position = np.arange(windows.shape[1])[:, None]
+    channel = np.arange(states.shape[2])[None, :]
+    angle = position / np.power(10000.0, (channel - channel % 2) / states.shape[2])
+    encoding = np.where(channel % 2 == 0, np.sin(angle), np.cos(angle))
+    return windows + encoding
+
+
+def test_audio_features_are_every_encoder_state_windowed_per_frame_with_the_positional_encoding(musetalk_weights):
+    from heygem.engines.musetalk import loading
+
+    files = find_musetalk_files(musetalk_weights / "musetalk")
+    encoder, extractor = loading.load_whisper_encoder(files), loading.load_feature_extractor(files)
+    samples = (0.1 * np.sin(np.arange(int(1.3 * 16000)) * 0.05)).astype(np.float32)
+    states = features.encoder_states(samples, extractor, encoder, torch.device("cpu"))
+    assert states.shape == (65, 5, 384)  # floor(1.3 s * 50), the embedding and 4 layers
+    mel = extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+    with torch.inference_mode():
+        last = encoder(mel).last_hidden_state[0, :65]
+    assert torch.allclose(states[:, -1], last, atol=1e-5)
+    frame_count = 34  # one frame more than the audio has, as the output's length may round up
+    windows = features.audio_features(samples, 25.0, frame_count, extractor, encoder, torch.device("cpu"))
+    assert windows.shape == (frame_count, 50, 384)
+    expected = reference_windows(states.numpy().astype(np.float64), 25.0, frame_count)
+    assert np.abs(windows.numpy() - expected).max() < 1e-5
+    # frame 0's first two 20 ms rows (x 5 states) are the zeros before the audio: the encoding alone
+    encoding = features.positional_encoding(50, 384)
+    assert torch.allclose(windows[0, :20], encoding[:20]) and not torch.allclose(windows[0, 20:], encoding[20:])
+
+
+def test_face_box_follows_musetalk_from_the_mesh_points():
+    landmarks = np.zeros((468, 2), np.float32)
+    jaw = [(100 + 10 * i, 200 + 12 * (8 - abs(i - 8))) for i in range(17)]  # 68-point jaw line: chin (180, 296)
+    for index, point in zip(crop.JAW_FROM_MESH, jaw):
+        landmarks[index] = point
+    landmarks[crop.NOSE_BRIDGE_TOP] = (180, 180)
+    landmarks[crop.NOSE_TIP] = (180, 240.9)  # point 29 at y 220.6, cast to 220
+    landmarks[[10, 50]] = (150, 230)  # other mesh points do not move the box
+    face = Face(box=(0, 0, 10, 10), landmarks=landmarks)
+    assert crop.musetalk_box(face, 400, 400, extra_margin=10) == (100, 220 - 76, 260, 306)
+    assert crop.musetalk_box(face, 300, 400, extra_margin=10) == (100, 144, 260, 300)  # the margin stops at the frame
+    assert crop.musetalk_box(Face(box=(5, 6, 50, 60)), 400, 400, extra_margin=10) == (5, 6, 50, 70)
+
+
+def test_the_avatars_crop_latents_are_encoded_once_and_kept_for_the_next_job(musetalk_weights, tmp_path, monkeypatch):
+    from heygem.engines.musetalk.engine import MuseTalkEngine
+
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path))
+    files = find_musetalk_files(musetalk_weights / "musetalk")
+    crops = np.random.default_rng(0).integers(0, 256, (3, 256, 256, 3), dtype=np.uint8)
+    first = MuseTalkEngine(files, EngineConfig(device="cpu"))
+    latents = first.unet_input_latents(crops[[0, 1, 0]])
+    assert latents.shape == (3, 8, 32, 32) and first.encoded == 2 and torch.equal(latents[0], latents[2])
+    masked, whole = crop.vae_inputs(crops[:1])
+    assert (masked[0, :, 128:] == -1).all() and torch.equal(masked[0, :, :128], whole[0, :, :128])
+    second = MuseTalkEngine(files, EngineConfig(device="cpu"))  # a new job, a new process: from the cache
+    again = second.unet_input_latents(crops)
+    assert second.encoded == 1 and torch.equal(again[:2], latents[:2])
+
+
+def test_with_the_bisenet_files_the_patch_is_musetalks_jaw_mask_over_the_widened_square(tmp_path):
+    from heygem.engines.musetalk.engine import MuseTalkEngine
+    from heygem.engines.musetalk.parsing import jaw_kernel, paste_square
+    from heygem.engines.musetalk.random_files import write_random_parsing_files
+
+    folder = write_random_files(tmp_path / "musetalk", size="reduced", seed=3)
+    write_random_parsing_files(folder)
+    files = find_musetalk_files(folder)
+    engine = MuseTalkEngine(files, EngineConfig(device="cpu"), use_cache=False)
+    assert engine.parsing_mode == "jaw" and engine.parser is not None
+    kernel = jaw_kernel()
+    assert kernel.shape == (33, 33) and kernel[:10].sum() == 0 and kernel[20].sum() == 21 and kernel[32].sum() == 21
+    frame = cv2.imread(str(ASSETS / "astronaut.jpg"))
+    box = (180, 100, 280, 190)
+    assert paste_square(box) == (230 - 75, 145 - 75, 230 + 75, 145 + 75)
+    generated = np.full((90, 100, 3), 7, np.uint8)
+    patch = engine.parser.patch(frame, generated, box, Face(box=box))
+    assert patch.box == (155, 70, 305, 220) and patch.image_bgr.shape == (150, 150, 3)
+    assert patch.mask.shape == (150, 150) and 0 <= patch.mask.min() and patch.mask.max() <= 1
+    assert patch.mask[:70].max() == 0  # nothing above the square's middle row (75, less the blur's reach)
+    outside = np.ones((150, 150), bool)
+    outside[30:120, 25:125] = False  # the box in the square
+    assert np.array_equal(patch.image_bgr[outside], frame[70:220, 155:305][outside])
+    assert (patch.image_bgr[30:120, 25:125] == 7).all()
+    broken = torch.load(files.parsing, weights_only=True)
+    broken["ffm.conv1.weight"] = broken["ffm.conv1.weight"][:10]
+    torch.save(broken, files.parsing)
+    with pytest.raises(HeygemError, match=r"79999_iter.pth does not fit BiSeNet face parsing: ffm.conv1.weight"):
+        MuseTalkEngine(files, EngineConfig(device="cpu"), use_cache=False)
+
+
+@pytest.mark.skipif(not os.environ.get("MUSETALK_OFFICIAL"), reason="set MUSETALK_OFFICIAL to a checkout of the "
+                    "official MuseTalk repository (never part of this one) to compare against it, and "
+                    "MUSETALK_OFFICIAL_SITE to a folder with einops and torchvision if they are not installed")
+def test_parity_with_the_official_code(tmp_path):
+    """bench/musetalk_parity.py on the reduced config: every comparison within its tolerance."""
+    site = ["--site", os.environ["MUSETALK_OFFICIAL_SITE"]] if os.environ.get("MUSETALK_OFFICIAL_SITE") else []
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "musetalk_parity.py"), "--official",
+                             os.environ["MUSETALK_OFFICIAL"], "--parsing", "--json", str(tmp_path / "parity.json"),
+                             *site], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    import json
+
+    results = json.loads((tmp_path / "parity.json").read_text())["results"]
+    assert len(results) == 7 and all(entry["within"] for entry in results.values())
+
+
+def test_the_doctor_loads_each_file_and_weights_list_knows_the_layout(musetalk_weights, tmp_path):
+    from heygem.doctor import check_musetalk
+    from heygem.weights import check_weights, load_registry
+
+    checks = {check.name: check for check in check_musetalk(musetalk_weights)}
+    unet, parsing = checks["musetalkV15/unet.pth"], checks["face-parse-bisent"]
+    assert unet.status == "ok" and "loads into the UNet" in unet.detail
+    assert parsing.status == "ok" and "landmark lower-face mask" in parsing.detail
+    assert checks["model step"].status == "warning" and "a face on the CPU" in checks["model step"].detail
+    assert "GPU" in checks["model step"].fix
+    states = {entry.name: check_weights(entry, musetalk_weights, hash_contents=False) for entry in load_registry()}
+    assert states["musetalk_v15_unet"].path == musetalk_weights / "musetalk" / "musetalkV15" / "unet.pth"
+    assert states["musetalk_whisper_preprocessor"].state == "installed"
+    assert states["musetalk_v1_unet"].state == "missing"
+    broken = tmp_path / "weights"
+    write_random_files(broken / "musetalk", size="reduced", seed=4)
+    (broken / "musetalk" / "sd-vae" / "diffusion_pytorch_model.bin").write_bytes(b"PK\x03\x04 not a checkpoint")
+    checks = {check.name: check for check in check_musetalk(broken)}
+    assert checks["sd-vae/diffusion_pytorch_model.bin"].status == "problem"
+    assert "is not a readable VAE checkpoint" in checks["sd-vae/diffusion_pytorch_model.bin"].detail

@@ -55,6 +55,59 @@ def use_fused_attention(module) -> None:
         module.set_attn_processor(AttnProcessor2_0())
 
 
+def _nearest_upsample_conv_class():
+    import torch
+
+    class NearestUpsampleConv(torch.nn.Module):
+        """diffusers' Upsample2D (nearest 2x upsampling, then a 3x3 convolution with padding 1) as one stride-2
+        4x4 transposed convolution on the small input: the same function, since each output pixel of the pair
+        sees only 2x2 input pixels, with 16 instead of 36 multiply-adds per input pixel and per channel pair
+        and no upsampled tensor in memory. Along each axis the 4 transposed taps are sums of the 3 taps
+        (w2, w1 + w2, w0 + w1, w0); the sums are taken in float64 and rounded once."""
+
+        TAP_SUMS = ((0, 0, 1), (0, 1, 1), (1, 1, 0), (1, 0, 0))  # (4, 3): which 3x3 taps add into each 4x4 tap
+
+        def __init__(self, conv):
+            super().__init__()
+            sums = torch.tensor(self.TAP_SUMS, dtype=torch.float64, device=conv.weight.device)
+            weight = conv.weight.detach().double()  # (out, in, 3, 3)
+            transposed_weight = torch.einsum("kr,ls,oirs->iokl", sums, sums, weight)  # (in, out, 4, 4)
+            self.transposed = torch.nn.ConvTranspose2d(conv.in_channels, conv.out_channels, 4, stride=2, padding=1,
+                                                       bias=conv.bias is not None, device=conv.weight.device,
+                                                       dtype=conv.weight.dtype)
+            with torch.no_grad():
+                self.transposed.weight.copy_(transposed_weight)
+                if conv.bias is not None:
+                    self.transposed.bias.copy_(conv.bias)
+
+        def forward(self, hidden_states, output_size=None, *args, **kwargs):
+            # (B, C, H, W) -> (B, C', 2H, 2W); an explicit output size must be the doubled one
+            if output_size is not None and tuple(output_size) != (2 * hidden_states.shape[-2],
+                                                                  2 * hidden_states.shape[-1]):
+                raise ValueError(f"NearestUpsampleConv only doubles the size, not to {tuple(output_size)}")
+            return self.transposed(hidden_states)
+
+    return NearestUpsampleConv
+
+
+def use_transposed_upsampling(module) -> int:
+    """Replace each plain nearest-upsample-then-3x3-convolution Upsample2D in ``module`` by the equal transposed
+    convolution (see NearestUpsampleConv); returns how many were replaced."""
+    from diffusers.models.upsampling import Upsample2D
+
+    replacement = _nearest_upsample_conv_class()
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            conv = getattr(child, "conv", None)
+            if (isinstance(child, Upsample2D) and child.use_conv and not child.use_conv_transpose
+                    and child.interpolate and child.norm is None and child.name == "conv" and conv is not None
+                    and conv.kernel_size == (3, 3) and conv.padding == (1, 1) and conv.stride == (1, 1)):
+                setattr(parent, name, replacement(conv))
+                replaced += 1
+    return replaced
+
+
 def _network_class():
     import torch
 
@@ -105,12 +158,16 @@ class MouthModelStep:
     (diffusers AutoencoderKL) are taken over: moved to ``device``, put in eval mode and, on CUDA, cast to
     ``dtype`` (on the CPU the fast step keeps their weights and runs under autocast when ``dtype`` is not
     float32). ``batch_size`` is the fixed batch of the fast step; a call may bring any number of items.
-    ``use_cuda_graph`` (fast step on CUDA only) captures the step once per batch size.
+    ``use_cuda_graph`` (fast step on CUDA only) captures the step once per batch size; ``transposed_upsampling``
+    (see NearestUpsampleConv), ``fuse_qkv`` and
+    ``compile_network`` (torch.compile, default mode: a minute or more at the first batch) are options of
+    the fast step that bench/bench_musetalk.py measures.
     """
 
     def __init__(self, unet, vae, device, dtype, batch_size: int, fast: bool = True, *,
                  paste_top_row: int | None = None, halo_latent_rows: int = 4, use_cuda_graph: bool = True,
                  channels_last: bool | None = None, decode_chunk: int | None = DECODE_CHUNK,
+                 transposed_upsampling: bool = False, fuse_qkv: bool = False, compile_network: bool = False,
                  pad_last_batch: bool | None = None):
         import torch
 
@@ -127,11 +184,20 @@ class MouthModelStep:
         if fast:
             use_fused_attention(unet)
             use_fused_attention(vae)
+            if transposed_upsampling:
+                use_transposed_upsampling(vae)
+                use_transposed_upsampling(unet)
+            if fuse_qkv:  # one projection matrix for query, key and value of each self-attention
+                unet.fuse_qkv_projections()
+                vae.fuse_qkv_projections()
         network = _network_class()(unet, vae, self.first_latent_row, decode_chunk if fast else None)
         self.network = network.to(self.device)
         if fast:
+            # torch.compile traces at the first call (inside the runner's warm-up), after the runner has cast
+            # the weights; its kernels are then captured in the runner's CUDA graph like any others
+            module = torch.compile(self.network) if compile_network else self.network
             self.runner = FixedBatchRunner(
-                self.network, self.device, batch_size, precision=_precision_name(dtype),
+                module, self.device, batch_size, precision=_precision_name(dtype),
                 channels_last=on_gpu if channels_last is None else channels_last,
                 use_cuda_graph=use_cuda_graph and on_gpu, name="MuseTalk model step", pad_last_batch=pad_last_batch)
         else:

@@ -91,8 +91,24 @@ FORMS = [
     Form("fast-fp16-rows-halo4", f"step: default fast, decode rows from {PASTE_TOP_ROW}, halo 4",
          options={"paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 4}),
     Form("fast-fp16-compile", "step: default fast + torch.compile", options={"compile_network": True}),
+    Form("unet-fp16", "UNet alone, plain fp16", kind="unet", plain=True, channels_last=False),
+    Form("decode-fp16-chunk32-transposed", "VAE decode alone, fp16, chunks of 32, transposed upsampling",
+         kind="decode", plain=True, channels_last=False,
+         options={"decode_chunk": 32, "transposed_upsampling": True}),
+    Form("fast-fp16-nchw", "step: default fast, channels first", options={"channels_last": False}),
+    Form("fast-fp16-nchw-transposed", "step: default fast, channels first, transposed upsampling",
+         options={"channels_last": False, "transposed_upsampling": True}),
+    Form("fast-fp16-nchw-transposed-deterministic", "step: the above, deterministic backends", deterministic=True,
+         options={"channels_last": False, "transposed_upsampling": True}),
+    Form("fast-fp16-transposed-compile-decoder", "step: default fast + transposed upsampling + compiled decoder",
+         options={"transposed_upsampling": True, "compile_network": "decoder"}),
+    Form("fast-fp16-nchw-transposed-compile-decoder",
+         "step: default fast, channels first + transposed upsampling + compiled decoder",
+         options={"channels_last": False, "transposed_upsampling": True, "compile_network": "decoder"}),
+    Form("fast-fp16-transposed-compile", "step: default fast + transposed upsampling + torch.compile",
+         options={"transposed_upsampling": True, "compile_network": True}),
 ]
-DEFAULT_FORMS = [form.key for form in FORMS if form.key != "fast-fp16-compile"]
+DEFAULT_FORMS = [form.key for form in FORMS if not form.options.get("compile_network")]
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -254,6 +270,8 @@ def measure(form: Form, device, batch_size: int, seconds: float, tiny: bool, ref
             output = run(*reference_inputs)
             output = output.float().clone()
         return {"form": form.key, "label": form.label, "batch_size": batch_size, "median_ms": median_ms,
+                "cudnn_enabled": torch.backends.cudnn.enabled, "cudnn_benchmark": torch.backends.cudnn.benchmark,
+                "cudnn_deterministic": torch.backends.cudnn.deterministic,
                 "faces_per_second": batch_size / (median_ms / 1000), "calls": len(times_ms),
                 "first_call_seconds": first_call_seconds, "setup_seconds": first_started - build_started,
                 "peak_gib": peak_gib, "output": output}
@@ -384,6 +402,7 @@ def main() -> None:
         report["rows"].append(result)
         print(f"  {form.key} at {size}: {result['faces_per_second']:.0f} faces/s, {result['median_ms']:.1f} ms, "
               f"first call {result['first_call_seconds']:.1f} s, peak {result['peak_gib'] or 0:.1f} GiB, "
+              f"cuDNN {'on' if result['cudnn_enabled'] else 'off'}, "
               f"vs fp32 {result.get('vs_plain_fp32', {}).get('max_diff', float('nan')):.4f}, "
               f"vs fp16 {result.get('vs_plain_fp16', {}).get('max_diff', float('nan')):.4f}", flush=True)
     if arguments.halo_sweep and within_budget():

@@ -114,13 +114,16 @@ def _network_class():
     class _MouthNetwork(torch.nn.Module):
         """UNet (t = 0, audio features as the cross-attention states) -> / scaling factor -> VAE decode -> [0, 1]."""
 
-        def __init__(self, unet, vae, first_latent_row: int = 0, decode_chunk: int | None = None):
+        def __init__(self, unet, vae, first_latent_row: int = 0, decode_chunk: int | None = None,
+                     compile_decoder: bool = False):
             super().__init__()
             self.unet = unet
             self.vae = vae
             self.scaling_factor = scaling_factor(vae)
             self.first_latent_row = first_latent_row
             self.decode_chunk = decode_chunk
+            decode = self.decode_to_unit_range
+            self.decode_faces = torch.compile(decode) if compile_decoder else decode
             # a device tensor, so a CUDA graph capture copies nothing from the host; long, like the public code's
             self.register_buffer("timestep", torch.zeros(1, dtype=torch.long), persistent=False)
 
@@ -132,12 +135,16 @@ def _network_class():
             if self.first_latent_row:
                 latents = latents[:, :, self.first_latent_row:]  # (B, 4, 32 - first, 32)
             chunk = self.decode_chunk or len(latents)
-            faces = torch.cat([self.vae.decode(latents[start:start + chunk], return_dict=False)[0]
-                               for start in range(0, len(latents), chunk)])  # (B, 3, H, 256) in about [-1, 1]
-            faces = (faces / 2 + 0.5).clamp(0, 1)
+            faces = torch.cat([self.decode_faces(latents[start:start + chunk])
+                               for start in range(0, len(latents), chunk)])  # (B, 3, H, 256) in [0, 1]
             if self.first_latent_row:  # rows above the decoded part: 0
                 faces = torch.nn.functional.pad(faces, (0, 0, self.first_latent_row * PIXELS_PER_LATENT, 0))
             return faces  # (B, 3, 256, 256) RGB in [0, 1]
+
+        def decode_to_unit_range(self, latents):
+            # (b, 4, h, 32) unscaled latents -> (b, 3, 8h, 256) RGB in [0, 1]
+            faces = self.vae.decode(latents, return_dict=False)[0]  # in about [-1, 1]
+            return (faces / 2 + 0.5).clamp(0, 1)
 
     return _MouthNetwork
 
@@ -159,15 +166,15 @@ class MouthModelStep:
     ``dtype`` (on the CPU the fast step keeps their weights and runs under autocast when ``dtype`` is not
     float32). ``batch_size`` is the fixed batch of the fast step; a call may bring any number of items.
     ``use_cuda_graph`` (fast step on CUDA only) captures the step once per batch size; ``transposed_upsampling``
-    (see NearestUpsampleConv), ``fuse_qkv`` and
-    ``compile_network`` (torch.compile, default mode: a minute or more at the first batch) are options of
-    the fast step that bench/bench_musetalk.py measures.
+    (see NearestUpsampleConv), ``fuse_qkv`` and ``compile_network`` (torch.compile in its default mode of
+    the whole step, True or "all", or of the decoder alone, "decoder"; it compiles at the first batch) are
+    options of the fast step that bench/bench_musetalk.py measures.
     """
 
     def __init__(self, unet, vae, device, dtype, batch_size: int, fast: bool = True, *,
                  paste_top_row: int | None = None, halo_latent_rows: int = 4, use_cuda_graph: bool = True,
                  channels_last: bool | None = None, decode_chunk: int | None = DECODE_CHUNK,
-                 transposed_upsampling: bool = False, fuse_qkv: bool = False, compile_network: bool = False,
+                 transposed_upsampling: bool = False, fuse_qkv: bool = False, compile_network: bool | str = False,
                  pad_last_batch: bool | None = None):
         import torch
 
@@ -190,12 +197,16 @@ class MouthModelStep:
             if fuse_qkv:  # one projection matrix for query, key and value of each self-attention
                 unet.fuse_qkv_projections()
                 vae.fuse_qkv_projections()
-        network = _network_class()(unet, vae, self.first_latent_row, decode_chunk if fast else None)
+        if compile_network not in (False, True, "decoder", "all"):
+            raise ValueError(f"compile_network must be False, True (or 'all') or 'decoder', not {compile_network!r}")
+        compile_all = fast and compile_network in (True, "all")
+        network = _network_class()(unet, vae, self.first_latent_row, decode_chunk if fast else None,
+                                   compile_decoder=fast and compile_network == "decoder")
         self.network = network.to(self.device)
         if fast:
             # torch.compile traces at the first call (inside the runner's warm-up), after the runner has cast
             # the weights; its kernels are then captured in the runner's CUDA graph like any others
-            module = torch.compile(self.network) if compile_network else self.network
+            module = torch.compile(self.network) if compile_all else self.network
             self.runner = FixedBatchRunner(
                 module, self.device, batch_size, precision=_precision_name(dtype),
                 channels_last=on_gpu if channels_last is None else channels_last,

@@ -9,7 +9,7 @@ plain fp32 form's on the same inputs (max |difference| in [0, 1] pixel units; fo
 the pasted rows, over the pasted rows). Prints a markdown table last; --json writes every number.
 
     python bench/bench_musetalk.py --device cuda --json $OUT/musetalk.json
-    python bench/bench_musetalk.py --device cuda --forms plain-fp16-cl fast-fp16 --batch-sizes 32 64
+    python bench/bench_musetalk.py --device cuda --forms plain-fp16 fast fast-eager --batch-sizes 32 64
     python bench/bench_musetalk.py --tiny --device cpu        # a smoke run of every code path on reduced configs
 """
 
@@ -45,6 +45,10 @@ TINY_UNET_CONFIG = dict(UNET_CONFIG, block_out_channels=[32, 64], layers_per_blo
 TINY_VAE_CONFIG = dict(VAE_CONFIG, block_out_channels=[8, 8, 16, 16], layers_per_block=1, norm_num_groups=4)
 
 PASTE_TOP_ROW = 104  # the paste mask's first row in the 256x256 face: half the face box less the mask's blur
+# fixed layouts of the step, to time one against the other
+CL = {"unet_channels_last": True, "decoder_channels_last": True, "decode_chunk": 32, "transposed_upsampling": False}
+NCHW = {"unet_channels_last": False, "decoder_channels_last": False, "decode_chunk": 32,
+        "transposed_upsampling": False}
 
 
 @dataclass(frozen=True)
@@ -78,35 +82,48 @@ FORMS = [
          "transposed upsampling", kind="decode", plain=True,
          options={"decode_chunk": 32, "transposed_upsampling": True}),
     Form("encode-fp16-cl", "VAE encode alone, plain fp16 + channels_last", kind="encode", plain=True),
-    Form("fast-fp16-eager", "step: fp16 + cl + SDPA + fixed batch + decode chunks, no graph",
-         options={"use_cuda_graph": False}),
-    Form("fast-fp16", "step: the above + CUDA graph (default fast step)"),
-    Form("fast-bf16", "step: default fast, bf16", dtype="bf16"),
-    Form("fast-fp16-transposed", "step: default fast + transposed upsampling",
-         options={"transposed_upsampling": True}),
-    Form("fast-fp16-fused-qkv", "step: default fast + fused QKV projections", options={"fuse_qkv": True}),
-    Form("fast-fp16-deterministic", "step: default fast, deterministic backends", deterministic=True),
-    Form("fast-fp16-rows-halo2", f"step: default fast, decode rows from {PASTE_TOP_ROW}, halo 2",
+    # MouthModelStep: the default fast step, then single techniques on and off
+    Form("fast", "step: fast default (UNet channels_last, decoder channels first, transposed upsampling, "
+         "CUDA graph)"),
+    Form("fast-eager", "step: fast default without the CUDA graph", options={"use_cuda_graph": False}),
+    Form("fast-deterministic", "step: fast default, deterministic backends", deterministic=True),
+    Form("fast-rows-halo2", f"step: fast default, decode rows from {PASTE_TOP_ROW}, halo 2",
          options={"paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 2}),
-    Form("fast-fp16-rows-halo4", f"step: default fast, decode rows from {PASTE_TOP_ROW}, halo 4",
+    Form("fast-rows-halo4", f"step: fast default, decode rows from {PASTE_TOP_ROW}, halo 4",
          options={"paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 4}),
-    Form("fast-fp16-compile", "step: default fast + torch.compile", options={"compile_network": True}),
+    Form("fast-compile", "step: fast default + torch.compile (all channels_last, decoder chunks of 32)",
+         options={"compile_network": True}),
+    Form("fast-compile-decoder", "step: fast default + compiled decoder", options={"compile_network": "decoder"}),
+    # the layouts: everything channels-last (decoder in chunks of 32) or everything channels-first
+    Form("fast-cl-eager", "step: all channels_last, decoder chunks of 32, no graph",
+         options={**CL, "use_cuda_graph": False}),
+    Form("fast-cl", "step: all channels_last, decoder chunks of 32, CUDA graph", options=CL),
+    Form("fast-cl-bf16", "step: all channels_last, chunks of 32, graph, bf16", dtype="bf16", options=CL),
+    Form("fast-cl-transposed", "step: all channels_last, chunks of 32, graph, transposed upsampling",
+         options={**CL, "transposed_upsampling": True}),
+    Form("fast-cl-fused-qkv", "step: all channels_last, chunks of 32, graph, fused QKV projections",
+         options={**CL, "fuse_qkv": True}),
+    Form("fast-cl-deterministic", "step: all channels_last, chunks of 32, graph, deterministic backends",
+         deterministic=True, options=CL),
+    Form("fast-cl-rows-halo2", f"step: all channels_last, chunks of 32, graph, decode rows from {PASTE_TOP_ROW}, "
+         "halo 2", options={**CL, "paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 2}),
+    Form("fast-cl-rows-halo4", f"step: all channels_last, chunks of 32, graph, decode rows from {PASTE_TOP_ROW}, "
+         "halo 4", options={**CL, "paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 4}),
+    Form("fast-cl-compile", "step: all channels_last, chunks of 32, graph, torch.compile",
+         options={**CL, "compile_network": True}),
+    Form("fast-cl-transposed-compile-decoder", "step: all channels_last, chunks of 32, graph, transposed "
+         "upsampling, compiled decoder", options={**CL, "transposed_upsampling": True, "compile_network": "decoder"}),
+    Form("fast-nchw", "step: all channels first, chunks of 32, graph", options=NCHW),
+    Form("fast-nchw-transposed", "step: all channels first, chunks of 32, graph, transposed upsampling",
+         options={**NCHW, "transposed_upsampling": True}),
+    Form("fast-nchw-transposed-deterministic", "step: the above, deterministic backends", deterministic=True,
+         options={**NCHW, "transposed_upsampling": True}),
+    Form("fast-nchw-transposed-compile-decoder", "step: all channels first, chunks of 32, graph, transposed "
+         "upsampling, compiled decoder", options={**NCHW, "transposed_upsampling": True, "compile_network": "decoder"}),
     Form("unet-fp16", "UNet alone, plain fp16", kind="unet", plain=True, channels_last=False),
     Form("decode-fp16-chunk32-transposed", "VAE decode alone, fp16, chunks of 32, transposed upsampling",
          kind="decode", plain=True, channels_last=False,
          options={"decode_chunk": 32, "transposed_upsampling": True}),
-    Form("fast-fp16-nchw", "step: default fast, channels first", options={"channels_last": False}),
-    Form("fast-fp16-nchw-transposed", "step: default fast, channels first, transposed upsampling",
-         options={"channels_last": False, "transposed_upsampling": True}),
-    Form("fast-fp16-nchw-transposed-deterministic", "step: the above, deterministic backends", deterministic=True,
-         options={"channels_last": False, "transposed_upsampling": True}),
-    Form("fast-fp16-transposed-compile-decoder", "step: default fast + transposed upsampling + compiled decoder",
-         options={"transposed_upsampling": True, "compile_network": "decoder"}),
-    Form("fast-fp16-nchw-transposed-compile-decoder",
-         "step: default fast, channels first + transposed upsampling + compiled decoder",
-         options={"channels_last": False, "transposed_upsampling": True, "compile_network": "decoder"}),
-    Form("fast-fp16-transposed-compile", "step: default fast + transposed upsampling + torch.compile",
-         options={"transposed_upsampling": True, "compile_network": True}),
 ]
 DEFAULT_FORMS = [form.key for form in FORMS if not form.options.get("compile_network")]
 
@@ -115,7 +132,7 @@ def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--forms", nargs="+", choices=[form.key for form in FORMS], default=None,
-                        help="forms to time (default: all but fast-fp16-compile)")
+                        help="forms to time (default: all but the compiled ones)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                         help="faces per batch (default: 64 on CUDA, 2 on the CPU)")
     parser.add_argument("--sweep-form", default=None, choices=[form.key for form in FORMS],

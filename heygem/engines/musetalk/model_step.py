@@ -4,11 +4,13 @@ The step is diffusers' own ``UNet2DConditionModel`` and ``AutoencoderKL``; what 
 
 - ``fast=False``: the plain diffusers calls, batch by batch, as the public inference code makes them.
 - ``fast=True``: the same function through heygem.runtime.device.FixedBatchRunner: weights in the compute dtype,
-  channels-last weights and inputs on CUDA, fused attention (PyTorch's scaled_dot_product_attention through
-  diffusers' AttnProcessor2_0), every batch padded to one fixed size (cuDNN's autotuner searches once) and, on
-  CUDA, the whole step captured as one CUDA graph and replayed; the decoder runs in chunks of fewer than 64 faces
-  (diffusers' upsampler turns a batch of 64 or more back to the channels-first layout, slower for every
-  convolution after it). Out of memory halves the batch, as the runner does.
+  fused attention (PyTorch's scaled_dot_product_attention through diffusers' AttnProcessor2_0), every batch
+  padded to one fixed size (cuDNN's autotuner searches once) and, on CUDA, the whole step captured as one CUDA
+  graph and replayed. On CUDA the UNet runs channels-last and the decoder channels-first: measured on an H200,
+  the UNet is 1.6x faster channels-last and the decoder 1.7x faster channels-first (its group norms run
+  channels-first in PyTorch, and a channels-last input is converted at each of them). Each of the decoder's
+  nearest-upsample-then-convolution layers runs as the equal transposed convolution (NearestUpsampleConv).
+  Out of memory halves the batch, as the runner does.
 - ``paste_top_row``: decode only the latent rows the paste needs (the paste mask covers the lower part of the
   face), plus ``halo_latent_rows`` above them; rows above the decoded part come back as 0. The decoder's group
   normalisations then see statistics of the decoded rows only, so the pasted pixels differ slightly from a full
@@ -29,7 +31,9 @@ logger = logging.getLogger("heygem")
 LATENT_SCALING_FACTOR = 0.18215  # sd-vae-ft-mse's; a VAE's own config value is used when it has one
 LATENT_SIZE = 32  # the UNet's latents are 32x32 for 256x256 faces
 PIXELS_PER_LATENT = 8  # the decoder upsamples three times
-DECODE_CHUNK = 32  # faces per decoder call in the fast step: diffusers' upsampler goes channels-first at 64
+# faces per decoder call when the decoder runs channels-last: diffusers' upsampler turns a batch of 64 or more
+# back to channels-first, slower for every convolution after it
+DECODE_CHUNK = 32
 
 
 def scaling_factor(vae) -> float:
@@ -115,13 +119,15 @@ def _network_class():
         """UNet (t = 0, audio features as the cross-attention states) -> / scaling factor -> VAE decode -> [0, 1]."""
 
         def __init__(self, unet, vae, first_latent_row: int = 0, decode_chunk: int | None = None,
-                     compile_decoder: bool = False):
+                     compile_decoder: bool = False, decoder_channels_last: bool = False):
             super().__init__()
             self.unet = unet
             self.vae = vae
             self.scaling_factor = scaling_factor(vae)
             self.first_latent_row = first_latent_row
             self.decode_chunk = decode_chunk
+            # the UNet's output comes in the UNet's layout; the decoder's first convolution would follow it
+            self.decoder_layout = torch.channels_last if decoder_channels_last else torch.contiguous_format
             decode = self.decode_to_unit_range
             self.decode_faces = torch.compile(decode) if compile_decoder else decode
             # a device tensor, so a CUDA graph capture copies nothing from the host; long, like the public code's
@@ -131,7 +137,7 @@ def _network_class():
             # unet_input_latents (B, 8, 32, 32); audio_features (B, 50, 384)
             predicted = self.unet(unet_input_latents, self.timestep, encoder_hidden_states=audio_features,
                                   return_dict=False)[0]  # (B, 4, 32, 32)
-            latents = predicted / self.scaling_factor
+            latents = (predicted / self.scaling_factor).contiguous(memory_format=self.decoder_layout)
             if self.first_latent_row:
                 latents = latents[:, :, self.first_latent_row:]  # (B, 4, 32 - first, 32)
             chunk = self.decode_chunk or len(latents)
@@ -158,6 +164,15 @@ def _precision_name(dtype) -> str:
     return names[dtype]
 
 
+def _to_channels_last(module) -> None:
+    """The 4-D weights of ``module`` channels-last (a later ``.to(dtype)`` keeps the layout)."""
+    import torch
+
+    for parameter in module.parameters():
+        if parameter.dim() == 4:
+            parameter.data = parameter.data.contiguous(memory_format=torch.channels_last)
+
+
 class MouthModelStep:
     """UNet input latents and audio features in, 256x256 RGB faces in [0, 1] out, on ``device``.
 
@@ -165,17 +180,21 @@ class MouthModelStep:
     (diffusers AutoencoderKL) are taken over: moved to ``device``, put in eval mode and, on CUDA, cast to
     ``dtype`` (on the CPU the fast step keeps their weights and runs under autocast when ``dtype`` is not
     float32). ``batch_size`` is the fixed batch of the fast step; a call may bring any number of items.
-    ``use_cuda_graph`` (fast step on CUDA only) captures the step once per batch size; ``transposed_upsampling``
-    (see NearestUpsampleConv), ``fuse_qkv`` and ``compile_network`` (torch.compile in its default mode of
-    the whole step, True or "all", or of the decoder alone, "decoder"; it compiles at the first batch) are
-    options of the fast step that bench/bench_musetalk.py measures.
+    ``use_cuda_graph`` (fast step on CUDA only) captures the step once per batch size. The other keyword
+    options are the fast step's techniques, each measured in bench/bench_musetalk.py: the two networks'
+    layouts (None: as measured best), the decoder's chunk size ("auto": chunks of 32 when it runs
+    channels-last), ``transposed_upsampling`` (on: the same function, faster), ``fuse_qkv`` (one projection
+    for query, key and value: no gain measured) and ``compile_network``: torch.compile in its default mode,
+    of the whole step (True or "all") or of the decoder alone ("decoder"). Compiling is 1.5-2x faster per
+    batch but costs about a minute at the first batch of a process (15 s with torch's on-disk cache warm),
+    so it pays for a kept engine serving many jobs, not for one short video: off by default.
     """
 
     def __init__(self, unet, vae, device, dtype, batch_size: int, fast: bool = True, *,
                  paste_top_row: int | None = None, halo_latent_rows: int = 4, use_cuda_graph: bool = True,
-                 channels_last: bool | None = None, decode_chunk: int | None = DECODE_CHUNK,
-                 transposed_upsampling: bool = False, fuse_qkv: bool = False, compile_network: bool | str = False,
-                 pad_last_batch: bool | None = None):
+                 unet_channels_last: bool | None = None, decoder_channels_last: bool | None = None,
+                 decode_chunk: int | None | str = "auto", transposed_upsampling: bool = True, fuse_qkv: bool = False,
+                 compile_network: bool | str = False, pad_last_batch: bool | None = None):
         import torch
 
         if batch_size < 1:
@@ -200,16 +219,27 @@ class MouthModelStep:
         if compile_network not in (False, True, "decoder", "all"):
             raise ValueError(f"compile_network must be False, True (or 'all') or 'decoder', not {compile_network!r}")
         compile_all = fast and compile_network in (True, "all")
+        # layouts as measured best: compiled whole, the step is fastest all channels-last (the compiler fuses the
+        # group norms); run op by op, with the decoder channels-first
+        unet_channels_last = on_gpu if unet_channels_last is None else unet_channels_last
+        decoder_channels_last = compile_all and on_gpu if decoder_channels_last is None else decoder_channels_last
+        if decode_chunk == "auto":
+            decode_chunk = DECODE_CHUNK if decoder_channels_last else None
         network = _network_class()(unet, vae, self.first_latent_row, decode_chunk if fast else None,
-                                   compile_decoder=fast and compile_network == "decoder")
+                                   compile_decoder=fast and compile_network == "decoder",
+                                   decoder_channels_last=fast and decoder_channels_last)
         self.network = network.to(self.device)
         if fast:
+            if unet_channels_last:
+                _to_channels_last(unet)
+            if decoder_channels_last:
+                _to_channels_last(vae)
             # torch.compile traces at the first call (inside the runner's warm-up), after the runner has cast
             # the weights; its kernels are then captured in the runner's CUDA graph like any others
             module = torch.compile(self.network) if compile_all else self.network
             self.runner = FixedBatchRunner(
                 module, self.device, batch_size, precision=_precision_name(dtype),
-                channels_last=on_gpu if channels_last is None else channels_last,
+                channels_last=False,  # the layouts are set above, network by network
                 use_cuda_graph=use_cuda_graph and on_gpu, name="MuseTalk model step", pad_last_batch=pad_last_batch)
         else:
             self.runner = None

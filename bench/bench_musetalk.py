@@ -49,6 +49,8 @@ PASTE_TOP_ROW = 104  # the paste mask's first row in the 256x256 face: half the 
 CL = {"unet_channels_last": True, "decoder_channels_last": True, "decode_chunk": 32, "transposed_upsampling": False}
 NCHW = {"unet_channels_last": False, "decoder_channels_last": False, "decode_chunk": 32,
         "transposed_upsampling": False}
+MIXED = {"unet_channels_last": True, "decoder_channels_last": False, "decode_chunk": None,
+         "transposed_upsampling": True}
 
 
 @dataclass(frozen=True)
@@ -83,14 +85,18 @@ FORMS = [
          options={"decode_chunk": 32, "transposed_upsampling": True}),
     Form("encode-fp16-cl", "VAE encode alone, plain fp16 + channels_last", kind="encode", plain=True),
     # MouthModelStep: the default fast step, then single techniques on and off
-    Form("fast", "step: fast default (UNet channels_last, decoder channels first, transposed upsampling, "
-         "CUDA graph)"),
+    Form("fast", "step: fast default (channels first, chunks of 32, transposed upsampling, CUDA graph)"),
     Form("fast-eager", "step: fast default without the CUDA graph", options={"use_cuda_graph": False}),
-    Form("fast-deterministic", "step: fast default, deterministic backends", deterministic=True),
-    Form("fast-rows-halo2", f"step: fast default, decode rows from {PASTE_TOP_ROW}, halo 2",
-         options={"paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 2}),
     Form("fast-rows-halo4", f"step: fast default, decode rows from {PASTE_TOP_ROW}, halo 4",
          options={"paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 4}),
+    # UNet channels-last, decoder channels-first and whole batches, transposed upsampling
+    Form("fast-mixed", "step: UNet channels_last, decoder channels first, whole batch, transposed, graph",
+         options=MIXED),
+    Form("fast-mixed-eager", "step: the above without the CUDA graph", options={**MIXED, "use_cuda_graph": False}),
+    Form("fast-mixed-deterministic", "step: the above with the graph, deterministic backends", deterministic=True,
+         options=MIXED),
+    Form("fast-mixed-rows-halo4", f"step: the above, decode rows from {PASTE_TOP_ROW}, halo 4",
+         options={**MIXED, "paste_top_row": PASTE_TOP_ROW, "halo_latent_rows": 4}),
     Form("fast-compile", "step: fast default + torch.compile (all channels_last, decoder chunks of 32)",
          options={"compile_network": True}),
     Form("fast-compile-decoder", "step: fast default + compiled decoder", options={"compile_network": "decoder"}),

@@ -6,11 +6,12 @@ The step is diffusers' own ``UNet2DConditionModel`` and ``AutoencoderKL``; what 
 - ``fast=True``: the same function through heygem.runtime.device.FixedBatchRunner: weights in the compute dtype,
   fused attention (PyTorch's scaled_dot_product_attention through diffusers' AttnProcessor2_0), every batch
   padded to one fixed size (cuDNN's autotuner searches once) and, on CUDA, the whole step captured as one CUDA
-  graph and replayed. On CUDA the UNet runs channels-last and the decoder channels-first: measured on an H200,
-  the UNet is 1.6x faster channels-last and the decoder 1.7x faster channels-first (its group norms run
-  channels-first in PyTorch, and a channels-last input is converted at each of them). Each of the decoder's
-  nearest-upsample-then-convolution layers runs as the equal transposed convolution (NearestUpsampleConv).
-  Out of memory halves the batch, as the runner does.
+  graph and replayed; each nearest-upsample-then-convolution layer runs as the equal transposed convolution
+  (NearestUpsampleConv); the decoder runs 32 faces at a time (the peak memory of a batch of 64 drops from
+  11.5 to 8 GiB). Op by op the step runs channels-first: PyTorch's group norm runs channels-first, so a
+  channels-last decoder converts its activations at each of its 30 group norms (measured on an H200: the
+  decoder alone 277 faces/s channels-last, about 480 channels-first). Compiled whole (``compile_network``),
+  it runs channels-last, as measured fastest. Out of memory halves the batch, as the runner does.
 - ``paste_top_row``: decode only the latent rows the paste needs (the paste mask covers the lower part of the
   face), plus ``halo_latent_rows`` above them; rows above the decoded part come back as 0. The decoder's group
   normalisations then see statistics of the decoded rows only, so the pasted pixels differ slightly from a full
@@ -31,8 +32,8 @@ logger = logging.getLogger("heygem")
 LATENT_SCALING_FACTOR = 0.18215  # sd-vae-ft-mse's; a VAE's own config value is used when it has one
 LATENT_SIZE = 32  # the UNet's latents are 32x32 for 256x256 faces
 PIXELS_PER_LATENT = 8  # the decoder upsamples three times
-# faces per decoder call when the decoder runs channels-last: diffusers' upsampler turns a batch of 64 or more
-# back to channels-first, slower for every convolution after it
+# faces per decoder call in the fast step: less activation memory, and, channels-last, diffusers' upsampler
+# turns a batch of 64 or more back to channels-first, slower for every convolution after it
 DECODE_CHUNK = 32
 
 
@@ -182,18 +183,19 @@ class MouthModelStep:
     float32). ``batch_size`` is the fixed batch of the fast step; a call may bring any number of items.
     ``use_cuda_graph`` (fast step on CUDA only) captures the step once per batch size. The other keyword
     options are the fast step's techniques, each measured in bench/bench_musetalk.py: the two networks'
-    layouts (None: as measured best), the decoder's chunk size ("auto": chunks of 32 when it runs
-    channels-last), ``transposed_upsampling`` (on: the same function, faster), ``fuse_qkv`` (one projection
-    for query, key and value: no gain measured) and ``compile_network``: torch.compile in its default mode,
-    of the whole step (True or "all") or of the decoder alone ("decoder"). Compiling is 1.5-2x faster per
-    batch but costs about a minute at the first batch of a process (15 s with torch's on-disk cache warm),
-    so it pays for a kept engine serving many jobs, not for one short video: off by default.
+    layouts (None: channels-last when compiled whole, else channels-first), the decoder's chunk size (None:
+    the whole batch at once), ``transposed_upsampling`` (the same function, 7-10% faster where measured),
+    ``fuse_qkv`` (one projection for query, key and value: no gain measured) and ``compile_network``:
+    torch.compile in its default mode, of the whole step (True or "all") or of the decoder alone
+    ("decoder"). Compiled whole the step is about 2x faster per batch (557 against 282 faces/s on an H200)
+    but the first batch of a process takes about a minute (15 s with torch's on-disk cache warm), more than
+    a 60 s video takes to run op by op: it pays for a kept engine serving many jobs, so it is off by default.
     """
 
     def __init__(self, unet, vae, device, dtype, batch_size: int, fast: bool = True, *,
                  paste_top_row: int | None = None, halo_latent_rows: int = 4, use_cuda_graph: bool = True,
                  unet_channels_last: bool | None = None, decoder_channels_last: bool | None = None,
-                 decode_chunk: int | None | str = "auto", transposed_upsampling: bool = True, fuse_qkv: bool = False,
+                 decode_chunk: int | None = DECODE_CHUNK, transposed_upsampling: bool = True, fuse_qkv: bool = False,
                  compile_network: bool | str = False, pad_last_batch: bool | None = None):
         import torch
 
@@ -219,12 +221,10 @@ class MouthModelStep:
         if compile_network not in (False, True, "decoder", "all"):
             raise ValueError(f"compile_network must be False, True (or 'all') or 'decoder', not {compile_network!r}")
         compile_all = fast and compile_network in (True, "all")
-        # layouts as measured best: compiled whole, the step is fastest all channels-last (the compiler fuses the
-        # group norms); run op by op, with the decoder channels-first
-        unet_channels_last = on_gpu if unet_channels_last is None else unet_channels_last
+        # layouts as measured: compiled whole, the step is fastest channels-last (the compiler fuses the group
+        # norms in that layout); run op by op, channels-first
+        unet_channels_last = compile_all and on_gpu if unet_channels_last is None else unet_channels_last
         decoder_channels_last = compile_all and on_gpu if decoder_channels_last is None else decoder_channels_last
-        if decode_chunk == "auto":
-            decode_chunk = DECODE_CHUNK if decoder_channels_last else None
         network = _network_class()(unet, vae, self.first_latent_row, decode_chunk if fast else None,
                                    compile_decoder=fast and compile_network == "decoder",
                                    decoder_channels_last=fast and decoder_channels_last)

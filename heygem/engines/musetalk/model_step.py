@@ -10,12 +10,14 @@ The step is diffusers' own ``UNet2DConditionModel`` and ``AutoencoderKL``; what 
   (NearestUpsampleConv); the decoder runs 32 faces at a time (the peak memory of a batch of 64 drops from
   11.5 to 8 GiB). Op by op the step runs channels-first: PyTorch's group norm runs channels-first, so a
   channels-last decoder converts its activations at each of its 30 group norms (measured on an H200: the
-  decoder alone 277 faces/s channels-last, about 480 channels-first). Compiled whole (``compile_network``),
-  it runs channels-last, as measured fastest. Out of memory halves the batch, as the runner does.
+  decoder alone 277 faces/s channels-last, about 480 channels-first, derived from the whole step).
+  Compiled whole (``compile_network``), it runs channels-last, as measured fastest. Out of memory halves
+  the batch, as the runner does.
 - ``paste_top_row``: decode only the latent rows the paste needs (the paste mask covers the lower part of the
-  face), plus ``halo_latent_rows`` above them; rows above the decoded part come back as 0. The decoder's group
-  normalisations then see statistics of the decoded rows only, so the pasted pixels differ slightly from a full
-  decode: bench/bench_musetalk.py measures by how much; it is an option, off by default.
+  face), plus ``halo_latent_rows`` above them; rows above the decoded part come back as 0. No halo makes
+  this exact: the decoder's group norms take their statistics over the decoded rows only and its mid-block
+  attention sees only them, so the pasted pixels change (on random weights far beyond 1/255 at every halo
+  that saves work: docs/benchmarks.md). It is an option, off by default.
 
 The process-wide cuDNN and determinism flags are heygem.runtime.device.configure_backends's: nothing here
 changes them. torch and diffusers are imported inside the functions.

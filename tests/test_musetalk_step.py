@@ -86,6 +86,27 @@ def test_transposed_upsampling_is_the_same_function(networks):
     assert (step(latents, audio) - expected).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_out_of_memory_halves_the_batch(networks, fast):
+    unet, vae = networks
+    latents, audio = inputs(3, seed=9)
+    expected = plain_step(unet, vae, latents, audio)
+    step = MouthModelStep(unet, vae, "cpu", torch.float32, batch_size=4, fast=fast)
+    forward = step.network.forward
+    seen = []
+
+    def forward_that_fits_two(unet_input_latents, audio_features):
+        seen.append(len(unet_input_latents))
+        if len(unet_input_latents) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return forward(unet_input_latents, audio_features)
+
+    step.network.forward = forward_that_fits_two
+    got = step(latents, audio)
+    assert step.batch_size == 2 and seen[0] == 4 and max(seen[1:]) <= 2
+    assert (got - expected).abs().max() < 1e-4
+
+
 def test_the_step_leaves_the_backend_flags_alone(networks):
     unet, vae = networks
     before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,

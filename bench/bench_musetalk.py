@@ -387,6 +387,8 @@ def main() -> None:
           f"on the device, median of CUDA-event times per batch ({seconds:g} s per form)", flush=True)
     for line in describe_machine(device):
         print(line, flush=True)
+    if not on_gpu:
+        print("(on the CPU every form runs in fp32, channels first: the labels name the GPU forms)", flush=True)
     report: dict = {"machine": describe_machine(device), "paste_top_row": PASTE_TOP_ROW, "rows": []}
 
     def within_budget() -> bool:

@@ -37,6 +37,7 @@ from heygem.media import encode
 from heygem.media.decode import decoder_count
 from heygem.media.probing import check_written, fps_to_fraction, probe_inputs, working_geometry
 from heygem.media.source import SourceFrames, frames_per_batch
+from heygem.media.stream import stream_folder
 from heygem.render.prepared import Prepared
 from heygem.render.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator
@@ -146,7 +147,8 @@ def generate(
         encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
                                       crf=config.media.crf, preset=config.media.preset,
                                       audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
-                                      encoders=config.run.encoders)
+                                      encoders=config.run.encoders,
+                                      stream_dir=stream_folder(output_path) if config.media.stream else None)
         prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future)
         render = engine.kind.render(prepared, config, restorer.name)
         written = {"frames": 0, "without_face": 0}

@@ -25,6 +25,7 @@ from heygem.ui.common import (
     options_from_controls,
     problem_card,
 )
+from heygem.ui.live import follow_stream, live_player
 
 logger = logging.getLogger("heygem")
 
@@ -169,6 +170,7 @@ def generate_tab(store: JobStore) -> None:
                                                 "Astronaut photo + Chinese speech"][:len(examples)])
             with gr.Column(scale=1):
                 card = gr.HTML("<div class='empty-card'>Your job's progress shows here.</div>", elem_id="job-card")
+                live = live_player("live-stream")  # the job's stream, played while it renders
                 result = gr.Video(label="Result", interactive=False, elem_id="result-video", buttons=["download"])
                 with gr.Row():
                     download = gr.DownloadButton("Download MP4", visible=False, elem_id="download-button")
@@ -177,16 +179,19 @@ def generate_tab(store: JobStore) -> None:
                                    x_label_angle=-35, x_title="", label="Seconds per stage", elem_id="stage-chart")
         face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
                     api_visibility="private")
-        watching = generate.click(
+        submitted = generate.click(
             submit, [face, audio, use_video_audio, text, voice, speed, subtitles, *controls],
             [job_id_state, card, result, download, chart, cancel_button],
             concurrency_limit=8, show_progress="minimal", api_visibility="private",
-        ).success(
+        )
+        watching = submitted.success(
             watch, job_id_state, [card, result, download, chart, cancel_button],
             concurrency_limit=None, show_progress="hidden", api_visibility="private",
         )
+        playing = submitted.success(follow_stream(store), job_id_state, live, concurrency_limit=None,
+                                    show_progress="hidden", api_visibility="private")
         # A new job replaces the one this page was following (that one keeps running; see Jobs).
-        generate.click(None, None, None, cancels=[watching], queue=False, api_visibility="private")
+        generate.click(None, None, None, cancels=[watching, playing], queue=False, api_visibility="private")
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
         listen_button.click(listen, [text, voice, speed], [preview, preview_note], concurrency_limit=2,
                             api_visibility="private")

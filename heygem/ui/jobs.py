@@ -10,6 +10,7 @@ import pandas as pd
 from heygem.errors import HeygemError
 from heygem.jobs.store import DONE, RUNNING, JobStore
 from heygem.ui.common import JOB_COLUMNS, STATUS_LABELS, chart_update, format_time, job_card
+from heygem.ui.live import job_stream, live_player
 
 
 def jobs_tab(store: JobStore) -> None:
@@ -96,7 +97,9 @@ def jobs_tab(store: JobStore) -> None:
                 selected_chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
                                             x_label_angle=-35, x_title="", label="Seconds per stage")
                 selected_log = gr.Textbox(label="job.log", lines=8, max_lines=16, interactive=False)
-            selected_video = gr.Video(label="Result", interactive=False)
+            with gr.Column():
+                selected_live = live_player("jobs-live-stream")  # a running job's stream
+                selected_video = gr.Video(label="Result", interactive=False)
         detail = [selected_card, selected_video, selected_chart, selected_log]
         for trigger in (tab.select, refresh.click, status_filter.change):
             trigger(jobs_table, status_filter, [jobs, jobs_summary], show_progress="hidden",
@@ -107,6 +110,8 @@ def jobs_tab(store: JobStore) -> None:
                         concurrency_limit=None, api_visibility="private")
         jobs.select(select_job, jobs, [selected, *detail], api_visibility="private")
         selected.submit(show_job, selected, detail, api_visibility="private")
+        selected.change(lambda job_id: job_stream(store, job_id), selected, selected_live, show_progress="hidden",
+                        api_visibility="private")
         for button, action in ((cancel_job, "cancel"), (retry_job, "retry"), (delete_job, "delete")):
             button.click(lambda job_id, shown, action=action: job_action(action, job_id, shown),
                          [selected, status_filter], [jobs, jobs_summary, selected, *detail],

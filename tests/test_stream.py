@@ -174,7 +174,8 @@ def test_the_page_plays_the_stream_before_the_job_is_done(app, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     from test_browser import CHROMIUM_ARGS
 
-    speech = ASSETS / "speech_en.wav"
+    speech = tmp_path / "long speech.wav"  # 30 s: the job renders for a few seconds while the page plays
+    run_ffmpeg("-stream_loop", "3", "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:

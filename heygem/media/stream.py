@@ -180,7 +180,8 @@ def playlist(folder: Path, ended: bool = False, prefix: str = "") -> str | None:
     if not segments:
         return None
     lines = ["#EXTM3U", "#EXT-X-VERSION:3", f"#EXT-X-TARGETDURATION:{TARGET_DURATION}",
-             "#EXT-X-MEDIA-SEQUENCE:0", "#EXT-X-PLAYLIST-TYPE:EVENT", "#EXT-X-INDEPENDENT-SEGMENTS"]
+             "#EXT-X-MEDIA-SEQUENCE:0", "#EXT-X-PLAYLIST-TYPE:EVENT", "#EXT-X-INDEPENDENT-SEGMENTS",
+             "#EXT-X-START:TIME-OFFSET=0,PRECISE=YES"]  # watched from the start, not from the live edge
     for segment in segments:
         lines += [f"#EXTINF:{segment.seconds:.3f},", prefix + segment.name]
     if ended or is_complete(folder):

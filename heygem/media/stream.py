@@ -5,8 +5,9 @@ consecutive parts of it) writes through ffmpeg's ``tee`` muxer to two places at 
 the ``segment`` muxer, which cuts the same H.264 packets, with AAC audio, into MPEG-TS files.
 
 - Key frames are forced at the same frames whether anyone watches or not (:func:`key_frames`:
-  0, 0.5 s, 1 s, 2 s, then every 4 s), so the MP4 is byte for byte the one written without a
-  stream, and the first segment, half a second long, is out as soon as half a second is encoded.
+  0, 0.5 s, 2 s, then every 4 s), so the MP4 is byte for byte the one written without a stream,
+  and the first segment, half a second long, is out as soon as half a second is encoded. Few
+  early key frames: each one re-codes still parts of the picture, which then shimmer a little.
 - The stream lives in a folder beside the output (:func:`stream_folder`): for each x264 process
   ``k``, its segments ``kkkk-nnnnn.ts``, the list ffmpeg appends a line to as each one is
   complete (``kkkk.csv``), and ``kkkk.done`` once that process has finished; ``complete`` once
@@ -24,7 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-FIRST_KEY_SECONDS = (0.0, 0.5, 1.0, 2.0)  # short first segments: the first frame shows fast
+FIRST_KEY_SECONDS = (0.0, 0.5, 2.0)  # a short first segment: the first frame shows fast
 PERIOD_SECONDS = 4.0  # then one key frame, and one segment, every 4 s
 TARGET_DURATION = 4  # the playlist's EXT-X-TARGETDURATION: no segment is longer than the period
 STREAM_AUDIO_BITRATE = "128k"  # the stream's AAC where x264 processes cut the audio each for its part

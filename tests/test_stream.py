@@ -60,7 +60,7 @@ def test_the_mp4_is_byte_identical_with_a_stream_and_the_segments_cover_it(tmp_p
     geometry = FrameGeometry(192, 144)
     results = []
     for streamed in (False, True):
-        output = tmp_path / f"streamed {streamed}" / "result.mp4"
+        output = tmp_path / f"it's | a [test]: x=1, streamed {streamed}" / "result.mp4"  # the tee muxer's escapes
         folder = stream_folder(output)
         encoder = encode.open_encoder(geometry, f"{fps}/1", speech, probe(speech), output, crf=18,
                                       preset="veryfast", audio_bitrate="128k", frame_count=frame_count,
@@ -108,6 +108,20 @@ def test_only_listed_segment_names_are_served(tmp_path):
     for name in ("0000-00001.ts", "../secret.txt", "0000-00000.ts/..", "0000.csv", "/etc/passwd", "0000-0000.ts"):
         assert segment_path(folder, name) is None, name
     assert "#EXT-X-ENDLIST" not in playlist(folder) and "#EXT-X-ENDLIST" in playlist(folder, ended=True)
+
+
+def test_the_playlist_stops_at_the_first_x264_process_still_running(tmp_path):
+    folder = tmp_path / "result.hls"
+    folder.mkdir()
+    for name in ("0000-00000.ts", "0000-00001.ts", "0001-00000.ts"):
+        (folder / name).write_bytes(b"\x47" * 188)
+    (folder / "0000.csv").write_text("0000-00000.ts,0.0,0.5\n0000-00001.ts,0.5,2.0\n")
+    (folder / "0001.csv").write_text("0001-00000.ts,0.0,4.0\n")  # the next part, done before the first
+    assert [segment.name for segment in listed_segments(folder)] == ["0000-00000.ts", "0000-00001.ts"]
+    (folder / "0000.done").touch()
+    segments = listed_segments(folder)
+    assert [segment.name for segment in segments] == ["0000-00000.ts", "0000-00001.ts", "0001-00000.ts"]
+    assert [round(segment.seconds, 3) for segment in segments] == [0.5, 1.5, 2.0]
 
 
 @pytest.fixture(scope="module")

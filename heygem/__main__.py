@@ -28,8 +28,13 @@ def _leave_now() -> None:
 def run() -> None:
     """Run the command line and exit with its status (the ``heygem`` console script)."""
     atexit.register(_leave_now)
+    from heygem.runtime import timeline
+
+    timeline.mark("python started heygem")
     # imported after the exit handler is registered: the handlers the command registers run before it
     from heygem.cli import main
+
+    timeline.mark("command line imported")
 
     _exit_code.append(main() or 0)
     sys.exit(_exit_code[0])

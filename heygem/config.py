@@ -47,6 +47,7 @@ class MediaConfig:
         "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"))
     audio_bitrate: str = option("192k", "--audio-bitrate", "AAC bitrate when the audio has to be re-encoded, e.g. 128k",
                                 kind="bitrate")
+    stream: bool = option(False, "--stream", "also publish the frames as HLS while they are encoded, in OUT.hls/ beside the output (jobs of a server always do: watch them at /api/jobs/ID/stream.m3u8); the MP4 is the same either way")
     batch_frames: int = option(32, "--batch-frames", "frames per batch through the stages (fewer for big frames: a batch stays under 32 MiB); memory is bounded by this, not by the video's length",
                               minimum=1, maximum=4096)
 

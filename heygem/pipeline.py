@@ -37,9 +37,10 @@ from heygem.media import encode
 from heygem.media.decode import decoder_count
 from heygem.media.probing import check_written, fps_to_fraction, probe_inputs, working_geometry
 from heygem.media.source import SourceFrames, frames_per_batch
+from heygem.media.stream import stream_folder
 from heygem.render.prepared import Prepared
 from heygem.render.restore import choose_restorer, create_restoration
-from heygem.runtime import allocator
+from heygem.runtime import allocator, timeline
 from heygem.runtime.flow import Stage, StageClock, run_stages
 from heygem.speech import audio
 from heygem.types import FrameBatch, GenerationSummary
@@ -97,6 +98,7 @@ def generate(
     option is unusable.
     """
     started = time.perf_counter()
+    timeline.mark("generate called")
     allocator.tune()  # on machines of many cores: freed frames go back to the kernel, not to an arena
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
     face_path, audio_path, output_path = Path(face_path), Path(audio_path), Path(output_path)
@@ -110,6 +112,7 @@ def generate(
         geometry = working_geometry(face_info, config.media.output_height)
         fps = face_info.fps if face_info.kind == "video" else config.media.fps
         fps_fraction = face_info.fps_fraction if face_info.kind == "video" else fps_to_fraction(fps)
+    timeline.mark("1 probed")
     report("prepare", 0.3)
 
     # 2. speech: decoded now (the output's length follows it); its features are computed in the
@@ -119,6 +122,7 @@ def generate(
         audio_seconds = samples_16k.shape[0] / audio.SAMPLE_RATE
         frame_count = audio.output_frame_count(audio_seconds, fps)
     mel_future = _BACKGROUND.submit(_timed_call, audio.melspectrogram, samples_16k)
+    timeline.mark("2 speech decoded")
     report("prepare", 0.7)
 
     # 3. choose: the engine, the restorer and the face detector now; the networks load in the background
@@ -129,6 +133,7 @@ def generate(
     restoration_future = _BACKGROUND.submit(_timed_call, create_restoration, restorer, config)
     logger.info("engine: %s (%s); restorer: %s (%s); face detector: %s", engine.name, engine.reason, restorer.name,
                 restorer.reason, config.face.detector)
+    timeline.mark("3 engine chosen")
     report("prepare", 1.0)
 
     work_dir = Path(tempfile.mkdtemp(prefix="heygem-"))
@@ -146,7 +151,9 @@ def generate(
         encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
                                       crf=config.media.crf, preset=config.media.preset,
                                       audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
-                                      encoders=config.run.encoders)
+                                      encoders=config.run.encoders,
+                                      stream_dir=stream_folder(output_path) if config.media.stream else None)
+        timeline.mark("x264 started")
         prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, samples_16k)
         render = engine.kind.render(prepared, config, restorer.name)
         written = {"frames": 0, "without_face": 0}
@@ -170,6 +177,8 @@ def generate(
             encoder.close()
             encoder = None
         check_written(output_path, frame_count, fps)
+        timeline.mark("8 finished")
+        logger.info("timeline (seconds since the process started): %s", timeline.describe())
         finished = True
     except BaseException:
         if encoder is not None:
@@ -202,7 +211,9 @@ _BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heygem-backg
 
 def _timed_call(function, *args):
     started = time.perf_counter()
-    return function(*args), time.perf_counter() - started
+    result = function(*args)
+    timeline.mark(f"{getattr(function, '__qualname__', 'background work')} done")
+    return result, time.perf_counter() - started
 
 
 @contextmanager

@@ -9,6 +9,7 @@
     GET    /api/jobs/{id}          -> {"id", "status", "progress", "stage", "error", "created", ...}
     GET    /api/jobs/{id}/result   -> the MP4 (404 until the job is done)
     GET    /api/jobs/{id}/log      -> the job's log as text
+    GET    /api/jobs/{id}/stream.m3u8  -> HLS of the frames encoded so far (heygem.jobs.stream)
     DELETE /api/jobs/{id}          -> cancels a queued or running job; deletes a finished (done, failed,
                                    cancelled) one with its files -> {"id", "status": "deleted"}
     POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again
@@ -43,6 +44,7 @@ from heygem.errors import HeygemError
 from heygem.jobs.files import Upload, UploadTooLarge, human_size
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
+from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import Users, log_for, may_see, submitter_filter
 from heygem.weights import weights_dir
 
@@ -266,4 +268,5 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
         except HeygemError as error:
             raise ApiError(409, str(error)) from None
 
+    add_stream_routes(router, find_job)  # GET /jobs/{id}/stream.m3u8 and its segments, as the job is encoded
     return router

@@ -8,6 +8,7 @@ Layout on disk (``outputs/`` by default)::
     outputs/<job_id>/job.log        what happened, attempt by attempt
     outputs/<job_id>/result.mp4     the video, once done
     outputs/<job_id>/result.json    the pipeline's summary (seconds per stage, ...)
+    outputs/<job_id>/result.hls/    the stream, published while the job is encoded (heygem.media.stream)
 
 Input names keep what the user will recognise but can never leave the job's
 folder or take the name of a file the job itself writes.
@@ -33,8 +34,9 @@ DATABASE_NAME = "jobs.db"
 RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME = "result.mp4", "result.json", "options.json", "job.log"
 SPEECH_NAME, SUBTITLES_NAME = "speech.wav", "speech.srt"  # a job made from text: its speech and the cues
 RESULT_SUBTITLES_NAME = "result.srt"
+RESULT_STREAM_NAME = "result.hls"  # the folder of the stream published while the job is encoded
 RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME, SPEECH_NAME, SUBTITLES_NAME,
-                  RESULT_SUBTITLES_NAME}
+                  RESULT_SUBTITLES_NAME, RESULT_STREAM_NAME}
 MAX_NAME_BYTES = 120  # longest sanitised input file name, in UTF-8 bytes
 
 

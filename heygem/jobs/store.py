@@ -190,6 +190,7 @@ class Job:
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "seconds_per_stage": finite_json(summary.get("seconds_per_stage")),
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
+            "stream": f"/api/jobs/{self.id}/stream.m3u8" if self.status in (RUNNING, DONE) else None,
         }
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
+from heygem.media.stream import stream_folder
+from heygem.runtime import timeline
 from heygem.runtime.device import pick_device, worker_devices
 from heygem.runtime.kept import KEPT
 from heygem.speech.subtitles import add_subtitles, read_srt
@@ -67,7 +69,10 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
         # left by an interrupted attempt
         for stale in (job.result_path, job.summary_path, job.directory / RESULT_SUBTITLES_NAME):
             stale.unlink(missing_ok=True)
+        shutil.rmtree(stream_folder(job.result_path), ignore_errors=True)
         overrides = dict(job.options)
+        overrides.setdefault("media.stream", True)  # watched while it renders (heygem.jobs.stream)
+        timeline.clear()  # the job's start-up marks, logged at its end (times since the server started)
         if run_on != "auto":
             overrides["engine.device"] = run_on
 

@@ -33,6 +33,11 @@ The alternative, N long-lived encoders fed round-robin chunks with forced key
 frames and the segment muxer, saves process starts but needs the chunks
 reordered at the end and every encoder's key frames forced from outside; one
 process per segment is simpler to stop, clean up and reason about.
+
+Key frames are forced at fixed frames (heygem.media.stream.key_frames) in every
+case. With ``stream_dir``, each x264 also writes the same packets as HLS
+segments through the ``tee`` muxer (heygem.media.stream), so the MP4 stays byte
+for byte the one written without a stream.
 """
 
 from __future__ import annotations
@@ -54,6 +59,14 @@ import numpy as np
 from heygem.errors import HeygemError
 from heygem.media.ffmpeg import enlarge_pipe, ffmpeg_binary, ffmpeg_message
 from heygem.media.frames import bgr_to_yuv420
+from heygem.media.stream import (
+    STREAM_AUDIO_BITRATE,
+    StreamPart,
+    key_frame_expression,
+    mark_complete,
+    start_stream,
+    tee_outputs,
+)
 from heygem.types import FrameGeometry, MediaInfo
 
 logger = logging.getLogger("heygem")
@@ -126,18 +139,29 @@ def encode_args(
     crf: int = 18,
     preset: str = "veryfast",
     audio_bitrate: str = "192k",
+    stream: StreamPart | None = None,
 ) -> list[str]:
-    """ffmpeg arguments that read raw I420 frames on stdin and write an H.264/AAC MP4 with the audio."""
+    """ffmpeg arguments that read raw I420 frames on stdin and write an H.264/AAC MP4 with the audio;
+    with ``stream``, the same packets also go to its HLS segments (ffmpeg runs in its folder)."""
     import ffmpeg
 
-    sound = ffmpeg.input(str(audio_path))["a:0"]
-    output = ffmpeg.output(
-        _raw_frames_input(geometry, fps_fraction), sound, str(output_path),
-        **{"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf,
-           "movflags": "+faststart", "f": "mp4"},
-        **_audio_options(audio_info, audio_bitrate),
-    )
+    sound = ffmpeg.input(str(Path(audio_path).resolve() if stream is not None else audio_path))["a:0"]
+    video = {"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf,
+             "force_key_frames": key_frame_expression(_fps(fps_fraction))}
+    if stream is None:
+        target, muxer = str(output_path), {"movflags": "+faststart", "f": "mp4"}
+    else:  # the tee muxer cannot tell x264 to put its headers out of band, as the MP4 muxer does
+        target = tee_outputs(Path(output_path).resolve(), {"f": "mp4", "movflags": "+faststart"}, stream)
+        muxer = {"flags:v": "+global_header", "f": "tee"}
+    output = ffmpeg.output(_raw_frames_input(geometry, fps_fraction), sound, target,
+                           **video, **muxer, **_audio_options(audio_info, audio_bitrate))
     return ["-nostdin", "-v", "error", "-y", *output.get_args()]
+
+
+def _fps(fps_fraction: str) -> float:
+    from fractions import Fraction
+
+    return float(Fraction(fps_fraction))
 
 
 def encoder_threads(encoders: int, cpu_count: int | None = None) -> int:
@@ -149,17 +173,29 @@ def encoder_threads(encoders: int, cpu_count: int | None = None) -> int:
 
 
 def segment_args(geometry: FrameGeometry, fps_fraction: str, segment_path: Path, *,
-                 crf: int = 18, preset: str = "veryfast", threads: int = 0) -> list[str]:
+                 crf: int = 18, preset: str = "veryfast", threads: int = 0, first_frame: int = 0,
+                 stream: StreamPart | None = None, audio_path: Path | None = None) -> list[str]:
     """ffmpeg arguments that read raw I420 frames on stdin and write one video-only H.264 MP4 segment
-    (``threads`` x264 threads; 0: x264's default)."""
+    (``threads`` x264 threads; 0: x264's default) that starts at the output's frame ``first_frame``.
+
+    With ``stream`` the same packets also go to HLS segments, with the part of ``audio_path`` they
+    cover encoded to AAC for them alone (the MP4 gets the whole audio when the segments are joined).
+    """
     import ffmpeg
 
     options = {"threads": threads} if threads else {}
-    output = ffmpeg.output(
-        _raw_frames_input(geometry, fps_fraction), str(segment_path),
-        **{"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf, "an": None, "f": "mp4"},
-        **options,
-    )
+    fps = _fps(fps_fraction)
+    video = {"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf,
+             "force_key_frames": key_frame_expression(fps, first_frame)}
+    frames = _raw_frames_input(geometry, fps_fraction)
+    if stream is None or audio_path is None:
+        output = ffmpeg.output(frames, str(segment_path), **video, an=None, f="mp4", **options)
+    else:
+        sound = ffmpeg.input(str(Path(audio_path).resolve()), ss=f"{first_frame / fps:.6f}",
+                             t=f"{stream.count / fps:.6f}")["a:0"]
+        target = tee_outputs(Path(segment_path).resolve(), {"f": "mp4", "select": "v"}, stream)
+        output = ffmpeg.output(frames, sound, target, **video, **options,
+                               **{"flags:v": "+global_header", "c:a": "aac", "b:a": STREAM_AUDIO_BITRATE, "f": "tee"})
     return ["-nostdin", "-v", "error", "-y", *output.get_args()]
 
 
@@ -199,10 +235,10 @@ class _FfmpegFeed:
 
     def __init__(self, args: list[str], name: str, queue_depth: int = 0,
                  on_written: Callable[[int], None] | None = None,
-                 on_finished: Callable[[], None] | None = None):
+                 on_finished: Callable[[], None] | None = None, cwd: Path | None = None):
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen([ffmpeg_binary(), *args], stdin=subprocess.PIPE,
-                                        stdout=subprocess.DEVNULL, stderr=self._stderr)
+                                        stdout=subprocess.DEVNULL, stderr=self._stderr, cwd=cwd)
         enlarge_pipe(self.process.stdin)
         self.error: BaseException | None = None  # a failed write to ffmpeg's stdin
         self.finished = False  # ffmpeg has exited and the thread is done
@@ -320,12 +356,14 @@ class VideoEncoder:
     """
 
     def __init__(self, args: list[str], partial_path: Path, output_path: Path, queue_depth: int = 2,
-                 frame_count: int | None = None):
+                 frame_count: int | None = None, stream: StreamPart | None = None):
         self.output_path = Path(output_path)
         self.partial_path = Path(partial_path)  # ``args`` write here; renamed to output_path on close
         self.frame_count = frame_count  # frames expected, checked on close when given
         self.frames_written = 0
-        self._feed = _FfmpegFeed(args, "heygem-encoder", queue_depth=queue_depth)
+        self.stream = stream  # the HLS segments ``args`` also write, or None
+        self._feed = _FfmpegFeed(args, "heygem-encoder", queue_depth=queue_depth,
+                                 cwd=stream.folder if stream is not None else None)
 
     @property
     def processes(self) -> list[subprocess.Popen]:
@@ -361,6 +399,9 @@ class VideoEncoder:
             self.partial_path.unlink(missing_ok=True)
             raise HeygemError(f"encoding the output failed: {failure}")
         os.replace(self.partial_path, self.output_path)
+        if self.stream is not None:
+            self.stream.done_path.touch()
+            mark_complete(self.stream.folder)
         return self.output_path
 
     def abort(self) -> None:
@@ -382,7 +423,7 @@ class SegmentedEncoder:
 
     def __init__(self, geometry: FrameGeometry, fps_fraction: str, audio_path: Path, audio_info: MediaInfo,
                  output_path: Path, lengths: list[int], *, encoders: int, crf: int, preset: str,
-                 audio_bitrate: str):
+                 audio_bitrate: str, stream_dir: Path | None = None):
         self.output_path = Path(output_path)
         self.work_dir = self.output_path.with_name(f".{self.output_path.stem}.{uuid.uuid4().hex}.parts")
         self.work_dir.mkdir(parents=True)
@@ -393,6 +434,8 @@ class SegmentedEncoder:
         self._crf, self._preset = crf, preset
         self._encoders = encoders
         self._ends = np.cumsum(lengths).tolist()  # first frame after each segment
+        self._lengths = list(lengths)
+        self.stream_dir = stream_dir  # each segment's ffmpeg also writes HLS segments here, when given
         self._max_buffered = encoders * max(lengths)
         self._segments: list[_FfmpegFeed] = []
         self._join_process: subprocess.Popen | None = None
@@ -452,10 +495,23 @@ class SegmentedEncoder:
             while not self._stopped and sum(not s.finished for s in self._segments) >= self._encoders:
                 self._changed.wait()
         self._raise_failure()
+        first = self._ends[index] - self._lengths[index]
+        stream = None
+        if self.stream_dir is not None:
+            stream = StreamPart(self.stream_dir, index, first, self._lengths[index], _fps(self._fps_fraction))
         args = segment_args(self._geometry, self._fps_fraction, self.segment_path(index),
-                            crf=self._crf, preset=self._preset, threads=encoder_threads(self._encoders))
-        self._segments.append(_FfmpegFeed(args, f"heygem-encoder-{index}", on_written=self._release,
-                                          on_finished=self._notify))
+                            crf=self._crf, preset=self._preset, threads=encoder_threads(self._encoders),
+                            first_frame=first, stream=stream, audio_path=self._audio_path)
+        feed: list[_FfmpegFeed] = []
+
+        def finished() -> None:
+            if stream is not None and feed and feed[0].process.returncode == 0:
+                stream.done_path.touch()  # its part of the stream is whole: the playlist goes on past it
+            self._notify()
+
+        feed.append(_FfmpegFeed(args, f"heygem-encoder-{index}", on_written=self._release,
+                                on_finished=finished, cwd=self.stream_dir))
+        self._segments.append(feed[0])
 
     def _release(self, frame_count: int) -> None:
         with self._changed:
@@ -493,6 +549,8 @@ class SegmentedEncoder:
                 raise HeygemError(f"encoding the output failed: the file has {written} frames "
                                   f"instead of {self.frames_written}")
             os.replace(joined_path, self.output_path)
+            if self.stream_dir is not None:
+                mark_complete(self.stream_dir)
             logger.info("encoded %d frames in %d segments", self.frames_written, len(self._segments))
             return self.output_path
         finally:
@@ -521,12 +579,16 @@ class SegmentedEncoder:
 
 def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, audio_info: MediaInfo,
                  output_path: Path, *, crf: int, preset: str, audio_bitrate: str, frame_count: int,
-                 encoders: int = 1) -> VideoEncoder | SegmentedEncoder:
+                 encoders: int = 1, stream_dir: Path | None = None) -> VideoEncoder | SegmentedEncoder:
     """Start encoding ``frame_count`` frames into ``output_path`` with the audio of ``audio_path``.
 
     ``encoders``: x264 processes working on consecutive segments (0: from the
     cores, see :func:`encoder_count`); with one, a single ffmpeg writes the file.
+    ``stream_dir``: also publish the frames there as HLS while they are encoded
+    (heygem.media.stream); the MP4 is the same either way.
     """
+    if stream_dir is not None:
+        start_stream(Path(stream_dir))
     from fractions import Fraction
 
     output_path = Path(output_path)
@@ -538,8 +600,10 @@ def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, a
         lengths = segment_lengths(frame_count, count, fps, frame_bytes)
         logger.info("encoding with %d x264 processes over %d segments", count, len(lengths))
         return SegmentedEncoder(geometry, fps_fraction, audio_path, audio_info, output_path, lengths,
-                                encoders=count, crf=crf, preset=preset, audio_bitrate=audio_bitrate)
+                                encoders=count, crf=crf, preset=preset, audio_bitrate=audio_bitrate,
+                                stream_dir=stream_dir)
     partial_path = output_path.with_name(f".{output_path.stem}.{uuid.uuid4().hex}.partial.mp4")
+    stream = StreamPart(Path(stream_dir), 0, 0, frame_count, fps) if stream_dir is not None else None
     args = encode_args(geometry, fps_fraction, audio_path, audio_info, partial_path,
-                       crf=crf, preset=preset, audio_bitrate=audio_bitrate)
-    return VideoEncoder(args, partial_path, output_path, frame_count=frame_count)
+                       crf=crf, preset=preset, audio_bitrate=audio_bitrate, stream=stream)
+    return VideoEncoder(args, partial_path, output_path, frame_count=frame_count, stream=stream)

@@ -31,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from heygem.errors import GenerationCancelled
+from heygem.runtime import timeline
 
 POLL_SECONDS = 0.1  # how often a blocked queue operation looks whether the run was stopped
 
@@ -120,7 +121,9 @@ class _Timed:
         upstream = self.upstream
         upstream_before = (upstream.total, upstream.total_cpu) if upstream is not None else (0.0, 0.0)
         try:
-            return next(self.items)
+            item = next(self.items)
+            timeline.mark(f"first {self.name} batch")
+            return item
         finally:
             elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
             self.total += elapsed
@@ -207,6 +210,7 @@ def _run_threads(source: Iterable, stages: Sequence[Stage], depth: int, should_s
                     break
                 busy = time.perf_counter() - started - ((input_.waited - waited_before) if input_ else 0.0)
                 clock.add(name, busy, time.thread_time() - cpu_started)
+                timeline.mark(f"first {name} batch")
                 if not _put(output, item, stop):
                     return
             _put(output, _END, stop)

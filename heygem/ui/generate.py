@@ -27,6 +27,7 @@ from heygem.ui.common import (
     problem_card,
     uploaded_file,
 )
+from heygem.ui.live import follow_stream, live_player
 
 logger = logging.getLogger("heygem")
 
@@ -192,6 +193,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                                                 "Astronaut photo + Chinese speech"][:len(examples)])
             with gr.Column(scale=1):
                 card = gr.HTML("<div class='empty-card'>Your job's progress shows here.</div>", elem_id="job-card")
+                live = live_player("live-stream")  # the job's stream, played while it renders
                 result = gr.Video(label="Result", interactive=False, elem_id="result-video", buttons=["download"])
                 with gr.Row():
                     download = gr.DownloadButton("Download MP4", visible=False, elem_id="download-button")
@@ -202,14 +204,18 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                     api_visibility="private")
         # A new job replaces the one this page was following (that one keeps running; see Jobs): the old
         # watch sees it is no longer followed and ends, then the new one starts (always_last).
-        generate.click(
+        submitted = generate.click(
             submit, [face, audio, use_video_audio, text, voice, speed, subtitles, *controls],
             [job_id_state, card, result, download, chart, cancel_button],
             concurrency_limit=8, show_progress="minimal", api_visibility="private",
-        ).success(
+        )
+        submitted.success(
             watch, job_id_state, [card, result, download, chart, cancel_button],
             concurrency_limit=None, show_progress="hidden", api_visibility="private", trigger_mode="always_last",
         )
+        submitted.success(follow_stream(store, followed=lambda request, job_id: following.get(
+            request.session_hash or "") == job_id), job_id_state, live, concurrency_limit=None,
+            show_progress="hidden", api_visibility="private", trigger_mode="always_last")
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
         listen_button.click(listen, [text, voice, speed], [preview, preview_note], concurrency_limit=2,
                             api_visibility="private")

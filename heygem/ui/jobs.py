@@ -13,6 +13,7 @@ from heygem.jobs.store import DONE, RUNNING, JobStore
 from heygem.jobs.users import log_for
 from heygem.ui.access import PageAccess
 from heygem.ui.common import JOB_COLUMNS, STATUS_LABELS, chart_update, format_time, job_card
+from heygem.ui.live import job_stream, live_player
 
 NO_JOB = "<div class='empty-card'>Pick a job in the table.</div>"
 
@@ -57,6 +58,10 @@ def jobs_tab(store: JobStore, access: PageAccess) -> None:
         log = log_for(access.user(request), log, server_folders(store, job))[-6000:]
         video = access.deliver(job) if job.status == DONE else None
         return job_card(job), video, chart_update(job), log, gr.update(visible=video is not None, value=video)
+
+    def stream_of(job_id, request: gr.Request):
+        """The live player of the picked job while it runs (only a job this user may see)."""
+        return job_stream(store, job_id if access.find(job_id, request) is not None else "")
 
     def job_action(action, job_id, status_filter, request):
         job = access.find(job_id, request)
@@ -131,6 +136,7 @@ def jobs_tab(store: JobStore, access: PageAccess) -> None:
                                             x_label_angle=-35, x_title="", label="Seconds per stage")
                 selected_log = gr.Textbox(label="job.log", lines=8, max_lines=16, interactive=False)
             with gr.Column():
+                selected_live = live_player("jobs-live-stream")  # a running job's stream
                 selected_video = gr.Video(label="Result", interactive=False, elem_id="selected-video")
                 selected_download = gr.DownloadButton("Download MP4", visible=False, elem_id="selected-download")
         detail = [selected_card, selected_video, selected_chart, selected_log, selected_download]
@@ -151,3 +157,4 @@ def jobs_tab(store: JobStore, access: PageAccess) -> None:
         keep_job.click(lambda: gr.update(visible=False), None, confirm_row, queue=False, api_visibility="private")
         confirm_delete.click(delete_selected, [selected, status_filter], [*outputs, confirm_row],
                              api_visibility="private")
+        selected.change(stream_of, selected, selected_live, show_progress="hidden", api_visibility="private")

@@ -1,0 +1,219 @@
+"""A job watched while it renders: HLS from the x264 that writes the MP4, over REST and in a real browser."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+from conftest import ASSETS, run_ffmpeg
+from faults import Server
+
+from heygem.jobs.stream import stream_url
+from heygem.media import encode
+from heygem.media.frames import bgr_to_yuv420
+from heygem.media.probing import probe
+from heygem.media.stream import key_frames, listed_segments, playlist, segment_path, stream_folder
+from heygem.types import FrameGeometry
+
+CHROMIUM = Path("/usr/bin/chromium")
+OPTIONS = {"media.output_height": 256}
+
+
+def astronaut_frames(count: int, width: int = 192, height: int = 144) -> np.ndarray:
+    """(N, H * 3/2, W) uint8 I420: the portrait, its crop drifting a pixel a frame."""
+    photo = cv2.imread(str(ASSETS / "astronaut.jpg"))
+    photo = cv2.resize(photo, (width + count, height + 20))
+    return np.stack([bgr_to_yuv420(np.ascontiguousarray(photo[10:10 + height, index:index + width]))
+                     for index in range(count)])
+
+
+def segment_streams(folder: Path) -> list[tuple[set[str], float, int, float]]:
+    """For each listed segment: its stream kinds, video seconds, decoded video frames and audio seconds."""
+    found = []
+    for segment in listed_segments(folder):
+        with av.open(str(folder / segment.name)) as container:
+            kinds = {stream.type for stream in container.streams}
+            video, audio = container.streams.video[0], container.streams.audio[0]
+            frames = [frame.pts * video.time_base for frame in container.decode(video)]
+            container.seek(0)
+            samples = sum(frame.samples for frame in container.decode(audio))
+        found.append((kinds, len(frames) / float(video.average_rate), len(frames), samples / audio.sample_rate))
+    return found
+
+
+def test_key_frames_make_a_short_first_segment_then_one_every_four_seconds():
+    assert key_frames(1500, 25.0) == [0, 13, 50, *range(150, 1500, 100)]
+    assert key_frames(10, 25.0) == [0]
+    assert key_frames(1, 30.0) == [0]
+
+
+@pytest.mark.parametrize("encoders", [1, 2])
+def test_the_mp4_is_byte_identical_with_a_stream_and_the_segments_cover_it(tmp_path, encoders):
+    fps, frame_count = 25, 110  # 4.4 s: two x264 processes get a part each
+    speech = tmp_path / "speech.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", str(frame_count / fps), str(speech))
+    frames = astronaut_frames(frame_count)
+    geometry = FrameGeometry(192, 144)
+    results = []
+    for streamed in (False, True):
+        output = tmp_path / f"it's | a [test]: x=1, streamed {streamed}" / "result.mp4"  # the tee muxer's escapes
+        folder = stream_folder(output)
+        encoder = encode.open_encoder(geometry, f"{fps}/1", speech, probe(speech), output, crf=18,
+                                      preset="veryfast", audio_bitrate="128k", frame_count=frame_count,
+                                      encoders=encoders, stream_dir=folder if streamed else None)
+        assert type(encoder) is (encode.VideoEncoder if encoders == 1 else encode.SegmentedEncoder)
+        encoder.write_i420(frames[:60])
+        if streamed:  # the first segments are out while the rest is still to come
+            deadline = time.monotonic() + 20
+            while playlist(folder) is None:
+                assert time.monotonic() < deadline, "no segment came out"
+                time.sleep(0.02)
+            running = playlist(folder)
+            assert "#EXT-X-PLAYLIST-TYPE:EVENT" in running and "#EXT-X-ENDLIST" not in running
+            assert not output.exists()
+        encoder.write_i420(frames[60:])
+        encoder.close()
+        results.append(output.read_bytes())
+        if not streamed:
+            assert not folder.exists()
+    assert results[0] == results[1]
+
+    finished = playlist(folder)
+    assert finished.startswith("#EXTM3U\n") and finished.rstrip().endswith("#EXT-X-ENDLIST")
+    streams = segment_streams(folder)
+    assert len(streams) >= 3 and all(kinds == {"video", "audio"} for kinds, *_ in streams)
+    assert sum(count for _, _, count, _ in streams) == frame_count  # every frame once, none twice
+    assert streams[0][2] == 13  # the first segment is half a second
+    assert max(seconds for _, seconds, _, _ in streams) <= 4.0
+    assert abs(sum(seconds for _, seconds, _, _ in streams) - frame_count / fps) < 1e-6
+    # each x264 process's AAC adds its encoder's priming and padding (two or three 1024-sample frames)
+    assert abs(sum(audio for *_, audio in streams) - frame_count / fps) < 0.08 * encoders
+    listed = [line for line in finished.splitlines() if line.startswith("#EXTINF")]
+    assert abs(sum(float(line[8:].rstrip(",")) for line in listed) - frame_count / fps) < 0.2
+
+
+def test_only_listed_segment_names_are_served(tmp_path):
+    folder = tmp_path / "result.hls"
+    folder.mkdir()
+    (folder / "0000-00000.ts").write_bytes(b"\x47" * 188)
+    (folder / "0000-00001.ts").write_bytes(b"\x47" * 100)  # being written: not listed yet
+    (folder / "0000.csv").write_text("0000-00000.ts,0.0,0.52\n0000-00001.ts,0.52,1.04\n")
+    (tmp_path / "secret.txt").write_text("no")
+    assert [segment.name for segment in listed_segments(folder)] == ["0000-00000.ts"]
+    assert segment_path(folder, "0000-00000.ts") == folder / "0000-00000.ts"
+    for name in ("0000-00001.ts", "../secret.txt", "0000-00000.ts/..", "0000.csv", "/etc/passwd", "0000-0000.ts"):
+        assert segment_path(folder, name) is None, name
+    assert "#EXT-X-ENDLIST" not in playlist(folder) and "#EXT-X-ENDLIST" in playlist(folder, ended=True)
+
+
+def test_the_playlist_stops_at_the_first_x264_process_still_running(tmp_path):
+    folder = tmp_path / "result.hls"
+    folder.mkdir()
+    for name in ("0000-00000.ts", "0000-00001.ts", "0001-00000.ts"):
+        (folder / name).write_bytes(b"\x47" * 188)
+    (folder / "0000.csv").write_text("0000-00000.ts,0.0,0.5\n0000-00001.ts,0.5,2.0\n")
+    (folder / "0001.csv").write_text("0001-00000.ts,0.0,4.0\n")  # the next part, done before the first
+    assert [segment.name for segment in listed_segments(folder)] == ["0000-00000.ts", "0000-00001.ts"]
+    (folder / "0000.done").touch()
+    segments = listed_segments(folder)
+    assert [segment.name for segment in segments] == ["0000-00000.ts", "0000-00001.ts", "0001-00000.ts"]
+    assert [round(segment.seconds, 3) for segment in segments] == [0.5, 1.5, 2.0]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stream app")
+    server = Server(folder / "outputs", folder / "app.log").wait_ready()
+    yield server
+    server.stop()
+
+
+def submit(app, speech: Path, options: dict) -> str:
+    import json
+
+    files = {"face": ("astronaut.jpg", (ASSETS / "astronaut.jpg").read_bytes()),
+             "audio": (speech.name, speech.read_bytes())}
+    response = app.client.post("/api/jobs", files=files, data={"options": json.dumps(options)})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def test_rest_stream_404_before_the_first_segment_then_event_then_endlist(app, tmp_path):
+    speech = tmp_path / "speech.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "2.4", str(speech))
+    job_id = submit(app, speech, OPTIONS)
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        response = app.client.get(stream_url(job_id))
+        status = app.client.get(f"/api/jobs/{job_id}").json()["status"]
+        seen.append((response.status_code, "#EXT-X-ENDLIST" in response.text, status))
+        if status in ("done", "failed", "cancelled"):
+            break
+        time.sleep(0.02)
+    assert status == "done", app.log_text()[-2000:]
+    assert any(code == 404 and not ended for code, ended, _ in seen)  # before the first segment
+    assert any(code == 200 and not ended for code, ended, _ in seen)  # EVENT while it ran
+    final = app.client.get(stream_url(job_id))
+    assert final.status_code == 200 and final.headers["content-type"].startswith("application/vnd.apple.mpegurl")
+    assert "#EXT-X-PLAYLIST-TYPE:EVENT" in final.text and final.text.rstrip().endswith("#EXT-X-ENDLIST")
+    names = [line for line in final.text.splitlines() if line and not line.startswith("#")]
+    assert names[0] == "stream/0000-00000.ts"
+    for name in names:
+        segment = app.client.get(f"/api/jobs/{job_id}/{name}")
+        assert segment.status_code == 200 and segment.headers["content-type"] == "video/mp2t"
+        assert segment.content[:1] == b"\x47"
+    for bad in ("..%2Fresult.mp4", "0000.csv", "0000-00000.ts.bak", "..%2F..%2Fjobs.db", "0009-00000.ts"):
+        assert app.client.get(f"/api/jobs/{job_id}/stream/{bad}").status_code == 404, bad
+    assert app.client.get(stream_url("no-such-job")).status_code == 404
+    assert app.client.get(f"/api/jobs/{job_id}").json()["stream"] == stream_url(job_id)
+
+    # the job's MP4 (streamed) is the one the pipeline writes with no stream, byte for byte
+    from heygem.pipeline import generate
+
+    result = app.client.get(f"/api/jobs/{job_id}/result").content
+    unstreamed = tmp_path / "unstreamed.mp4"
+    generate(ASSETS / "astronaut.jpg", speech, unstreamed, overrides={**OPTIONS, "media.stream": False})
+    assert unstreamed.read_bytes() == result
+    assert not stream_folder(unstreamed).exists()
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_the_page_plays_the_stream_before_the_job_is_done(app, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    from test_browser import CHROMIUM_ARGS
+
+    speech = tmp_path / "long speech.wav"  # 30 s: the job renders for a few seconds while the page plays
+    run_ffmpeg("-stream_loop", "3", "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(app.url)
+            page.wait_for_selector("#generate-button")
+            page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
+            page.locator("#audio-input input[type=file]").set_input_files(str(speech))
+            page.wait_for_selector("#audio-input a[data-testid=download-link]")
+            page.locator("#options-accordion").click()
+            page.locator("#output-height input").fill("360 px")
+            page.locator("#output-height input").press("Enter")
+            page.click("#generate-button")
+            page.wait_for_function("""() => { const v = document.querySelector('#live-stream video');
+                                        return v && !v.paused && v.currentTime > 0.3; }""", timeout=60_000)
+            job_id = page.locator("#live-stream video").get_attribute("data-job")
+            played = page.evaluate("""async () => { const v = document.querySelector('#live-stream video');
+                const before = v.currentTime; await new Promise(done => setTimeout(done, 400));
+                return [before, v.currentTime, v.paused]; }""")
+            status = app.client.get(f"/api/jobs/{job_id}").json()["status"]
+            assert played[1] > played[0] + 0.2 and not played[2], played  # advancing, not paused
+            assert status == "running", status  # ... while the job still renders
+            page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
+            page.wait_for_selector("#result-video video[src]")  # then the final MP4, as before
+        finally:
+            browser.close()

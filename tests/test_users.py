@@ -131,7 +131,8 @@ def test_another_users_job_answers_404_on_every_route(served):
     as_carol = basic("carol", "carol-secret")
     for method, path in (("GET", f"/api/jobs/{job}"), ("GET", f"/api/jobs/{job}/result"),
                          ("GET", f"/api/jobs/{job}/log"), ("DELETE", f"/api/jobs/{job}"),
-                         ("POST", f"/api/jobs/{job}/retry"), ("GET", "/api/jobs/no-such-job")):
+                         ("POST", f"/api/jobs/{job}/retry"), ("GET", f"/api/jobs/{job}/stream.m3u8"),
+                         ("GET", f"/api/jobs/{job}/stream/0000-00000.ts"), ("GET", "/api/jobs/no-such-job")):
         response = client.request(method, path, headers=as_carol)
         assert response.status_code == 404, (method, path, response.text)
         assert response.json()["error"] == f"there is no job {path.split('/')[3]!r}"  # the same words as no job

@@ -62,8 +62,10 @@ class MuseTalkKind(EngineKind):
         use_cache = config.run.avatar_cache
         key = (files.identity, options.device, options.batch_size, options.precision, options.cuda_graph,
                options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
-               options.musetalk_cheek_width, use_cache)
-        return KEPT.shared(MUSETALK_ENGINE, key, lambda: MuseTalkEngine(files, options, use_cache), owner=owner)
+               options.musetalk_cheek_width, use_cache, config.blend.feather)
+        feather = config.blend.feather
+        return KEPT.shared(MUSETALK_ENGINE, key, lambda: MuseTalkEngine(files, options, use_cache, feather),
+                           owner=owner)
 
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
         """The CPU render path with MuseTalk's audio features; the networks run on the engine's device."""

@@ -4,6 +4,8 @@ is padded and dropped, decoding only the pasted rows keeps the pasted pixels, an
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -71,6 +73,38 @@ def test_fast_step_equals_plain_calls_with_a_padded_last_batch(networks):
     plain = MouthModelStep(unet, vae, "cpu", torch.float32, batch_size=2, fast=False)
     assert (plain(latents, audio) - expected).abs().max() < 1e-4  # other batch sizes: other rounding
     assert fast.batch_size == 3
+
+
+def test_transposed_upsampling_is_the_same_function(networks):
+    unet, vae = networks
+    latents, audio = inputs(2, seed=8)
+    expected = plain_step(unet, vae, latents, audio)
+    step = MouthModelStep(copy.deepcopy(unet), copy.deepcopy(vae), "cpu", torch.float32, batch_size=2,
+                          transposed_upsampling=True)
+    replaced = [module for module in step.network.modules() if type(module).__name__ == "NearestUpsampleConv"]
+    assert len(replaced) == 3 + 1  # the VAE decoder's three upsamplers and the reduced UNet's one
+    assert (step(latents, audio) - expected).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_out_of_memory_halves_the_batch(networks, fast):
+    unet, vae = networks
+    latents, audio = inputs(3, seed=9)
+    expected = plain_step(unet, vae, latents, audio)
+    step = MouthModelStep(unet, vae, "cpu", torch.float32, batch_size=4, fast=fast)
+    forward = step.network.forward
+    seen = []
+
+    def forward_that_fits_two(unet_input_latents, audio_features):
+        seen.append(len(unet_input_latents))
+        if len(unet_input_latents) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return forward(unet_input_latents, audio_features)
+
+    step.network.forward = forward_that_fits_two
+    got = step(latents, audio)
+    assert step.batch_size == 2 and seen[0] == 3 and max(seen[1:]) <= 2  # 3 at once did not fit, then 2 + 1
+    assert (got - expected).abs().max() < 1e-4
 
 
 def test_the_step_leaves_the_backend_flags_alone(networks):

@@ -136,10 +136,16 @@ def cudnn_problem(device=None) -> str | None:
     try:
         version = torch.backends.cudnn.version()  # raises when the loaded cuDNN does not match the build
         device = torch.device(device if device is not None else "cuda")
-        with torch.backends.cudnn.flags(enabled=True):
+        # only the enabled flag, set and restored by hand: cudnn.flags() also reads and restores the TF32 flags,
+        # which raises in torch 2.11 once configure_backends has set the convolutions' precision alone
+        was_enabled = torch.backends.cudnn.enabled
+        torch.backends.cudnn.enabled = True
+        try:
             probe = torch.ones(1, 1, 4, 4, device=device)  # (1, 1, 4, 4)
             torch.nn.functional.conv2d(probe, torch.ones(1, 1, 3, 3, device=device))  # (1, 1, 2, 2)
             torch.cuda.synchronize(device)
+        finally:
+            torch.backends.cudnn.enabled = was_enabled
     except RuntimeError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return f"cuDNN does not work here ({reason}): {advice}"

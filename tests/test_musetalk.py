@@ -270,3 +270,24 @@ def test_the_doctor_loads_each_file_and_weights_list_knows_the_layout(musetalk_w
     checks = {check.name: check for check in check_musetalk(broken)}
     assert checks["sd-vae/diffusion_pytorch_model.bin"].status == "problem"
     assert "is not a readable VAE checkpoint" in checks["sd-vae/diffusion_pytorch_model.bin"].detail
+
+
+def test_a_job_asking_for_musetalk_without_its_files_is_refused_before_it_is_queued(tmp_path, musetalk_weights):
+    from heygem.config import Config
+    from heygem.jobs.request import check_options
+
+    with pytest.raises(HeygemError, match=r"needs MuseTalk's files in .*musetalkV15/unet.pth"):
+        check_options({"engine.name": "musetalk"}, Config(), folder=tmp_path)
+    flat, config = check_options({"engine.name": "musetalk", "engine.musetalk_parsing": "landmarks"}, Config(),
+                                 folder=musetalk_weights)
+    assert config.engine.name == "musetalk" and config.engine.musetalk_parsing == "landmarks"
+
+
+def test_the_1_0_files_are_used_without_the_1_5_ones_with_no_margin(tmp_path):
+    from heygem.engines.musetalk.engine import MuseTalkEngine
+
+    folder = write_random_files(tmp_path / "musetalk", size="reduced", seed=5, version="v1")
+    files = find_musetalk_files(folder)
+    assert files.version == "v1" and files.unet.name == "pytorch_model.bin"
+    engine = MuseTalkEngine(files, EngineConfig(device="cpu"), use_cache=False)
+    assert engine.extra_margin == 0 and engine.parsing_mode == "landmarks"

@@ -153,11 +153,17 @@ def check_device(name: str) -> None:
 
 def check_weight_files(config: Config, folder: Path | None = None) -> None:
     """HeygemError when an option asks for a weights file the weights folder lacks (--restorer gfpgan,
-    --detector s3fd)."""
+    --detector s3fd, --engine musetalk)."""
     if config.restore.enabled and config.restore.method == "gfpgan":
         require_gfpgan_checkpoint(folder)
     if config.face.detector == "s3fd":
         require_s3fd_checkpoint(folder)
+    if config.engine.name == "musetalk":  # its libraries and files, before the job is queued
+        from heygem.engines.musetalk import MuseTalkKind
+
+        problem = MuseTalkKind().missing(Path(folder) if folder is not None else None)
+        if problem:
+            raise HeygemError(problem)
 
 
 def check_options(options: dict | None, base: Config, *, remote: bool = False,

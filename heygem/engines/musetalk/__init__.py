@@ -13,6 +13,7 @@ from pathlib import Path
 from heygem.config import Config, EngineConfig
 from heygem.engines.base import EngineKind, LipSyncEngine, RenderPath
 from heygem.engines.musetalk.files import (
+    FOLDER_NAME,
     INSTALL_LINE,
     find_musetalk_files,
     missing_files,
@@ -42,11 +43,18 @@ class MuseTalkKind(EngineKind):
         return f" (MuseTalk {files.version}, preferred to Wav2Lip)" if files is not None else ""
 
     def missing_weights(self) -> str:
+        return self.missing() or f"--engine musetalk cannot run on {musetalk_folder()}"
+
+    def missing(self, weights_folder: Path | None = None) -> str:
+        """What keeps the engine from running, in one line ("" when nothing does): the musetalk extra, or
+        the files missing from ``weights_folder``/musetalk (default: the weights folder's)."""
         libraries = missing_libraries()
         if libraries:
             return f"--engine musetalk needs {' and '.join(libraries)}: {INSTALL_LINE}"
-        folder = musetalk_folder()
+        folder = weights_folder / FOLDER_NAME if weights_folder is not None else musetalk_folder()
         missing = missing_files(folder)
+        if not missing:
+            return ""
         return (f"--engine musetalk needs MuseTalk's files in {folder}: {', '.join(missing)} "
                 f"{'is' if len(missing) == 1 else 'are'} missing (copy MuseTalk's models/ folder there)")
 
@@ -62,8 +70,10 @@ class MuseTalkKind(EngineKind):
         use_cache = config.run.avatar_cache
         key = (files.identity, options.device, options.batch_size, options.precision, options.cuda_graph,
                options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
-               options.musetalk_cheek_width, use_cache)
-        return KEPT.shared(MUSETALK_ENGINE, key, lambda: MuseTalkEngine(files, options, use_cache), owner=owner)
+               options.musetalk_cheek_width, use_cache, config.blend.feather)
+        feather = config.blend.feather
+        return KEPT.shared(MUSETALK_ENGINE, key, lambda: MuseTalkEngine(files, options, use_cache, feather),
+                           owner=owner)
 
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
         """The CPU render path with MuseTalk's audio features; the networks run on the engine's device."""

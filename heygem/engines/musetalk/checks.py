@@ -20,6 +20,7 @@ from heygem.errors import HeygemError
 
 CPU_STEP_FACES = 1  # faces timed on the CPU (seconds each)
 GPU_STEP_FACES = 32  # faces per timed pass on a GPU
+TIMED_PASSES = 3
 
 
 @dataclass(frozen=True)
@@ -98,13 +99,16 @@ def time_model_step(unet, vae) -> FileCheck:
     latents = torch.randn(faces, 8, 32, 32, device=device)
     audio = torch.randn(faces, 50, 384, device=device)
     step(latents, audio)  # warm-up: autotuning, graph capture
-    if on_gpu:
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    step(latents, audio)
-    if on_gpu:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
+    times = []
+    for _ in range(TIMED_PASSES):  # the quickest pass: other work on the machine only slows one down
+        if on_gpu:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        step(latents, audio)
+        if on_gpu:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    seconds = min(times)
     if on_gpu:
         return FileCheck("model step", None, f"{faces / seconds:.0f} faces/s on {torch.cuda.get_device_name(0)} "
                                              f"(UNet + decode, fp16, batches of {faces})")

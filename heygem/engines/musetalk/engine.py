@@ -25,10 +25,11 @@ import torch
 import heygem.engines.musetalk.audio_features as features
 import heygem.engines.musetalk.crop as crop
 import heygem.engines.musetalk.loading as loading
-from heygem.config import EngineConfig
+from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.musetalk.files import MuseTalkFiles
 from heygem.engines.musetalk.model_step import MouthModelStep, encode_faces
 from heygem.face import avatar_cache
+from heygem.render.blend import lower_face_mask
 from heygem.runtime.device import autocast_dtype, configure_backends, pick_device
 from heygem.types import Box, Face, FacePatch
 
@@ -45,7 +46,8 @@ class MuseTalkEngine:
 
     name = "musetalk"
 
-    def __init__(self, files: MuseTalkFiles, config: EngineConfig, use_cache: bool = True):
+    def __init__(self, files: MuseTalkFiles, config: EngineConfig, use_cache: bool = True,
+                 feather: float = BlendConfig.feather):
         loading.require_libraries()
         started = time.perf_counter()
         self.files = files
@@ -54,6 +56,7 @@ class MuseTalkEngine:
         self.dtype = autocast_dtype(self.device, config.precision) or torch.float32
         self.extra_margin = config.musetalk_margin if files.version == "v15" else 0  # 1.0 has no margin
         self.parsing_mode = resolve_parsing_mode(config.musetalk_parsing, files)
+        self.feather = feather
         batch_size = min(config.batch_size, CPU_BATCH_SIZE) if self.device.type == "cpu" else config.batch_size
         unet, self.vae = loading.load_unet(files), loading.load_vae(files)
         self.encoder = loading.load_whisper_encoder(files).to(self.device)
@@ -145,11 +148,14 @@ class MuseTalkEngine:
         return patches
 
     def _patch(self, frame_bgr: np.ndarray, face: Face, box: Box, face_rgb: np.ndarray) -> FacePatch:
-        """The patch for one face: the generated face resized to its box, with the landmark lower-face
-        mask of the blend stage, or with face parsing MuseTalk's own mask over its widened box."""
+        """The patch for one face: the generated face resized to its box, with heygem's landmark lower-face
+        mask (heygem.render.blend) below the box's middle, or with face parsing MuseTalk's own mask over
+        its widened box."""
         face_bgr = crop.face_to_box(face_rgb, box)
         if self.parser is None:
-            return FacePatch(box=box, image_bgr=face_bgr, mask=None, face=face)
+            patch = FacePatch(box=box, image_bgr=face_bgr, mask=None, face=face)
+            patch.mask = lower_half_only(lower_face_mask(patch, self.feather))
+            return patch
         return self.parser.patch(frame_bgr, face_bgr, box, face)
 
     def generate(self, batch):
@@ -158,6 +164,15 @@ class MuseTalkEngine:
 
     def close(self) -> None:
         """Nothing runs beside the networks: they stay loaded (kept for the thread's next job)."""
+
+
+def lower_half_only(mask: np.ndarray) -> np.ndarray:
+    """(h, w) mask kept below the box's middle row (the nose, point 29 of MuseTalk's box), faded in over
+    a tenth of the box's height: MuseTalk pastes only the lower half of what it generates."""
+    height = mask.shape[0]
+    rows = np.arange(height, dtype=np.float32)
+    ramp = np.clip((rows - height / 2) / max(1.0, 0.1 * height), 0.0, 1.0)  # (h,)
+    return mask * ramp[:, None]
 
 
 def resolve_parsing_mode(mode: str, files: MuseTalkFiles) -> str:

@@ -69,7 +69,7 @@ from heygem.media.probing import probe  # noqa: E402 - found through the sys.pat
 ASSETS = REPO / "assets"
 FINISHED = ("done", "failed", "cancelled")
 OPTIONS = {"media.output_height": 256, "engine.name": "landmark"}
-PARTS = ("load", "ffmpeg", "disk", "uploads", "requests")
+PARTS = ("load", "ffmpeg", "disk", "uploads", "requests", "users")
 
 
 @dataclass
@@ -117,7 +117,8 @@ class Server:
     """`python app.py` on 127.0.0.1 in a child process, its output in a log file."""
 
     def __init__(self, outputs: Path, log_path: Path, port: int | None = None, extra_args: tuple[str, ...] = (),
-                 file_size_limit: int | None = None, env: dict | None = None, drop_env: tuple[str, ...] = ()):
+                 file_size_limit: int | None = None, env: dict | None = None, drop_env: tuple[str, ...] = (),
+                 auth: tuple[str, str] | None = None):
         self.outputs, self.log_path = outputs, log_path
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -133,7 +134,7 @@ class Server:
                 [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(self.port), "--outputs", str(outputs),
                  *extra_args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=limit_file_size if file_size_limit else None)
-        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.client = httpx.Client(base_url=self.url, timeout=60, auth=auth)  # auth: a user of --users
 
     def wait_ready(self, timeout: float = 120) -> Server:
         deadline = time.monotonic() + timeout
@@ -825,6 +826,169 @@ def batch_manifest_rows(work: Path, inputs: Inputs, weights: Path) -> list[Row]:
         Row("2. after the manifest", "nothing queued", f"{len(queued)} jobs", not queued)]
 
 
+# ---------------------------------------------------------------------- 6. a server shared by users
+
+USERS = {"alice": "alice-long-secret", "bob": "bob-long-secret", "carol": "carol-long-secret"}  # alice: the admin
+
+
+def error_text(response: httpx.Response) -> str:
+    """The one-line JSON error of an answer ('' when it has none)."""
+    try:
+        return str(response.json().get("error", ""))
+    except ValueError:
+        return ""
+
+
+def server_paths_in(value, folders: tuple[Path, ...]) -> list[str]:
+    """The strings in a JSON value that are absolute paths or name one of ``folders`` (URLs under /api/ are not)."""
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in server_paths_in(item, folders)]
+    if isinstance(value, list):
+        return [found for item in value for found in server_paths_in(item, folders)]
+    if isinstance(value, str) and ((value.startswith("/") and not value.startswith("/api/"))
+                                   or any(str(folder) in value for folder in folders)):
+        return [value]
+    return []
+
+
+def bad_users_file_row(work: Path) -> Row:
+    """A users file in the wrong format: the server exits 2 with one line naming the line, and makes no folder."""
+    users_file, outputs = work / "users-bad.txt", work / "users-bad-outputs"
+    users_file.write_text("admin alice:alice-long-secret\nbob alice\n", encoding="utf-8")  # line 2 has no colon
+    finished = subprocess.run([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(free_port()),
+                               "--users", str(users_file), "--outputs", str(outputs)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, check=False)
+    said = (finished.stdout + finished.stderr).strip().replace(str(work), "<tmp>")
+    return Row("9. python app.py --users FILE with a line that is not NAME:SECRET",
+               "exit status 2, one line naming the line, nothing started or made",
+               f"exit {finished.returncode}: {said[:160]}",
+               finished.returncode == 2 and "\n" not in said and "line 2" in said and "Traceback" not in said
+               and not outputs.exists())
+
+
+def users_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
+    """9. ``python app.py --users FILE``: each user sees, fetches and deletes only their own jobs (another's
+    answers as a job that does not exist), an admin every job, over REST and on the page alike."""
+    from gradio_client import Client
+
+    rows = [bad_users_file_row(work)]
+    users_file, outputs = work / "users.txt", work / "users-outputs"
+    users_file.write_text("# two users and an admin\n" + "".join(
+        f"{'admin ' if name == 'alice' else ''}{name}:{secret}\n" for name, secret in USERS.items()), encoding="utf-8")
+    server = Server(outputs, work / "users.log", extra_args=("--users", str(users_file)),
+                    auth=("alice", USERS["alice"])).wait_ready()
+    clients = {name: httpx.Client(base_url=server.url, timeout=60, auth=(name, secret))
+               for name, secret in USERS.items()}
+    try:
+        before = server.counts()
+        with httpx.Client(base_url=server.url, timeout=60) as anonymous:
+            answers = [anonymous.get("/api/jobs"), submit(anonymous, inputs.face, inputs.short_speech),
+                       anonymous.get("/api/jobs", auth=("bob", "not-bobs-secret")),
+                       anonymous.get("/api/jobs", headers={"Authorization": "Bearer not-a-key"})]
+        rows.append(Row("9. GET and POST /api/jobs without credentials, with a wrong secret, with a wrong key",
+                        "401 each, with a one-line error; nothing queued",
+                        ", ".join(f"HTTP {answer.status_code}" for answer in answers) + f": {error_text(answers[0])}",
+                        all(answer.status_code == 401 and error_text(answer) for answer in answers)
+                        and server.counts() == before))
+        bob_job = submit(clients["bob"], inputs.face, inputs.short_speech).json().get("id")
+        carol_job = submit(clients["carol"], inputs.face, inputs.short_speech).json().get("id")
+        finished = server.wait_finished([bob_job, carol_job], timeout)
+        owners = {job_id: server.job(job_id).get("submitter") for job_id in (bob_job, carol_job)}
+        rows.append(Row("9. bob and carol each submit a job (basic auth NAME:SECRET)",
+                        "201; both done; each job records its submitter",
+                        f"bob's {finished[bob_job]['status']} ({owners[bob_job]}), "
+                        f"carol's {finished[carol_job]['status']} ({owners[carol_job]})",
+                        finished[bob_job]["status"] == finished[carol_job]["status"] == "done"
+                        and owners == {bob_job: "bob", carol_job: "carol"}))
+        missing = bob_job[:-6] + "zzzzzz"  # job ids end in hex digits: no job has this one
+        for method, route in (("GET", ""), ("GET", "/result"), ("GET", "/log"), ("DELETE", ""), ("POST", "/retry")):
+            theirs = clients["carol"].request(method, f"/api/jobs/{bob_job}{route}")
+            none = clients["carol"].request(method, f"/api/jobs/{missing}{route}")
+            rows.append(Row(f"9. carol's {method} /api/jobs/<bob's job>{route}",
+                            "404 with the same words as for a job that does not exist",
+                            f"HTTP {theirs.status_code}: {error_text(theirs).replace(bob_job, 'ID')!r}; a missing "
+                            f"job: HTTP {none.status_code}: {error_text(none).replace(missing, 'ID')!r}",
+                            theirs.status_code == none.status_code == 404 and bool(error_text(none))
+                            and error_text(theirs).replace(bob_job, "ID") == error_text(none).replace(missing, "ID")))
+        kept, result_there = server.job(bob_job), (outputs / bob_job / "result.mp4").is_file()
+        rows.append(Row("9. bob's job after carol's requests", "still done, its folder and result in place",
+                        f"{kept['status']}, result.mp4 {'there' if result_there else 'gone'}",
+                        kept["status"] == "done" and result_there))
+        carol_sees = clients["carol"].get("/api/jobs").json()
+        listed = [job["id"] for job in carol_sees["jobs"]]
+        rows.append(Row("9. carol's GET /api/jobs", "her own job only; the counts are hers",
+                        f"{len(listed)} jobs ({'hers' if listed == [carol_job] else listed}), "
+                        f"counts {sum(carol_sees['counts'].values())}",
+                        listed == [carol_job] and sum(carol_sees["counts"].values()) == 1))
+        with httpx.Client(base_url=server.url, timeout=60,
+                          headers={"Authorization": f"Bearer {USERS['bob']}"}) as keyed:
+            bob_sees = [job["id"] for job in keyed.get("/api/jobs").json()["jobs"]]
+        rows.append(Row("9. bob's GET /api/jobs with his API key (Authorization: Bearer SECRET)", "his own job only",
+                        f"{len(bob_sees)} jobs ({'his' if bob_sees == [bob_job] else bob_sees})",
+                        bob_sees == [bob_job]))
+        admin_sees = {job["id"]: job["submitter"] for job in server.all_jobs()}
+        rows.append(Row("9. the admin's GET /api/jobs", "every job, with its submitter",
+                        ", ".join(f"{owner}'s" for owner in sorted(admin_sees.values())) or "none",
+                        admin_sees == {bob_job: "bob", carol_job: "carol"}))
+        carol_client = Client(server.url, auth=("carol", USERS["carol"]), verbose=False)
+        said = {}
+        for job_id in (bob_job, missing):
+            try:
+                said[job_id] = f"answered {carol_client.predict(job_id=job_id, api_name='/job_status')}"
+            except Exception as error:  # noqa: BLE001 - the message is what the row checks
+                said[job_id] = str(error).replace(job_id, "ID")
+        rows.append(Row("9. carol's gradio_client /job_status of bob's job", "as a job that does not exist",
+                        f"{said[bob_job][:100]!r}; a missing job: {said[missing][:100]!r}",
+                        said[bob_job] == said[missing] and "ID" in said[bob_job]))
+        bob_job_json = clients["bob"].get(f"/api/jobs/{bob_job}").json()
+        with open(outputs / bob_job / "job.log", "a", encoding="utf-8") as log:  # as a worker's failure names them
+            log.write(f"wrote {outputs / bob_job / 'result.mp4'} from {REPO / 'assets'}\n")
+        bob_log = clients["bob"].get(f"/api/jobs/{bob_job}/log").text
+        admin_log = server.client.get(f"/api/jobs/{bob_job}/log").text
+        folders = (outputs, REPO)
+        shown = server_paths_in(bob_job_json, folders) + [str(folder) for folder in folders if str(folder) in bob_log]
+        rows.append(Row("9. bob's job JSON and job log (he is no admin), the log given a line naming server folders",
+                        "no server path: the log names folders by short names (the admin's names them)",
+                        f"{len(shown)} server paths" + (f": {shown[:2]}" if shown else "")
+                        + f"; bob's line: {bob_log.strip().splitlines()[-1]!r}",
+                        not shown and "wrote <job folder>/result.mp4" in bob_log
+                        and str(outputs / bob_job) in admin_log))
+        with httpx.Client(base_url=server.url, timeout=60) as page:
+            signed_in = page.post("/login", data={"username": "bob", "password": USERS["bob"]}).status_code == 200
+            signed_in = signed_in and "components" in page.get("/config").json()
+            fetched = {name: page.get(f"/gradio_api/file={outputs / bob_job / name}").status_code
+                       for name in ("result.json", "job.log", inputs.face.name, "result.mp4")}
+        rows.append(Row("9. /gradio_api/file=<outputs>/<bob's job>/... on the page, signed in as bob",
+                        "refused (403 or 404) even for the job's owner: the page hands out copies",
+                        ("signed in; " if signed_in else "not signed in; ")
+                        + ", ".join(f"{name} {code}" for name, code in fetched.items()),
+                        signed_in and all(code in (403, 404) for code in fetched.values())))
+        deleted = clients["bob"].delete(f"/api/jobs/{bob_job}")
+        after = clients["bob"].get(f"/api/jobs/{bob_job}").status_code
+        rows.append(Row("9. bob's DELETE /api/jobs/<his finished job>", "deleted: its folder gone, then 404",
+                        f"HTTP {deleted.status_code} {deleted.json().get('status')}; folder "
+                        f"{'gone' if not (outputs / bob_job).exists() else 'still there'}; GET then {after}",
+                        deleted.status_code == 200 and deleted.json().get("status") == "deleted"
+                        and not (outputs / bob_job).exists() and after == 404))
+        command = [sys.executable, "-m", "heygem", "jobs", "delete", carol_job, "--outputs", str(outputs)]
+        cli = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+        left = {job["id"] for job in server.all_jobs()}
+        rows.append(Row("9. python -m heygem jobs delete <carol's job> --outputs DIR (the server running)",
+                        "exit 0; the job and its folder gone",
+                        f"exit {cli.returncode}: {(cli.stdout + cli.stderr).strip()[:100]}; "
+                        f"{len(left)} jobs left, folder {'gone' if not (outputs / carol_job).exists() else 'there'}",
+                        cli.returncode == 0 and carol_job not in left and not (outputs / carol_job).exists()))
+        log_text = server.log_text()
+    finally:
+        for client in clients.values():
+            client.close()
+        server.stop()
+    rows.append(Row("9. server log of the shared server", "no traceback",
+                    f"{log_text.count('Traceback')} tracebacks" if "Traceback" in log_text else "none",
+                    "Traceback" not in log_text))
+    return rows
+
+
 # ---------------------------------------------------------------------- report
 
 
@@ -906,6 +1070,8 @@ def main(argv: list[str] | None = None) -> int:
             report["rows"] += [asdict(row) for row in uploads_part(work, inputs)]
         if "requests" in args.parts:
             report["rows"] += [asdict(row) for row in requests_part(work, inputs, timeout)]
+        if "users" in args.parts:
+            report["rows"] += [asdict(row) for row in users_part(work, inputs, timeout)]
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)

@@ -1058,14 +1058,14 @@ def users_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
         carol_sees = clients["carol"].get("/api/jobs").json()
         listed = [job["id"] for job in carol_sees["jobs"]]
         rows.append(Row("9. carol's GET /api/jobs", "her own job only; the counts are hers",
-                        f"{len(listed)} jobs ({'hers' if listed == [carol_job] else listed}), "
+                        f"jobs listed: {len(listed)} ({'hers' if listed == [carol_job] else listed}), "
                         f"counts {sum(carol_sees['counts'].values())}",
                         listed == [carol_job] and sum(carol_sees["counts"].values()) == 1))
         with httpx.Client(base_url=server.url, timeout=60,
                           headers={"Authorization": f"Bearer {USERS['bob']}"}) as keyed:
             bob_sees = [job["id"] for job in keyed.get("/api/jobs").json()["jobs"]]
         rows.append(Row("9. bob's GET /api/jobs with his API key (Authorization: Bearer SECRET)", "his own job only",
-                        f"{len(bob_sees)} jobs ({'his' if bob_sees == [bob_job] else bob_sees})",
+                        f"jobs listed: {len(bob_sees)} ({'his' if bob_sees == [bob_job] else bob_sees})",
                         bob_sees == [bob_job]))
         admin_sees = {job["id"]: job["submitter"] for job in server.all_jobs()}
         rows.append(Row("9. the admin's GET /api/jobs", "every job, with its submitter",

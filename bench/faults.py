@@ -20,13 +20,20 @@ engine and small inputs made from assets/ (a photo and a short piece of speech):
   uploads truncated, empty, wrong-type and hostile-name uploads: each a 400 with
           a one-line JSON error, no traceback in the answer or the server log,
           nothing queued, nothing written outside the outputs folder.
-  requests what an outside probe of the server tried (each row names its case, 1-11
-          of docs/reliability.md): NaN, infinity, deep nesting, bad types and ranges,
+  requests what an outside probe of the server tried (each row names its case of
+          docs/reliability.md): NaN, infinity, deep nesting, bad types and ranges,
           bitrates, devices and files in options (REST, gradio_client, the Batch
           tab's manifest), process counts over the server's cap, 20 parallel
           submissions against --max-queued 3, a chunked upload over --max-upload-mb,
-          the server's files outside --outputs, gradio_client without audio, and
-          the messages for a text file, a huge picture, too-short speech and no face.
+          the server's files outside --outputs, gradio_client without audio, the
+          messages for a text file, a huge picture, too-short speech and no face;
+          and the page's rough edges (case 12) as its GET /config and the server log
+          show them, each row naming the browser test that checks the drawn page.
+  users   case 9: a server with --users (two users and an admin): no user, 401;
+          another's job answers 404 as a missing one (REST and gradio_client);
+          each lists their own jobs, the admin all; no server path for a user;
+          the job folders refused on the page; DELETE and `jobs delete` remove a
+          finished job; a users file in the wrong format ends the server (exit 2).
 
     python bench/faults.py                                   # the full run (50 submissions)
     python bench/faults.py --quick                           # 8 submissions, shorter jobs
@@ -69,7 +76,7 @@ from heygem.media.probing import probe  # noqa: E402 - found through the sys.pat
 ASSETS = REPO / "assets"
 FINISHED = ("done", "failed", "cancelled")
 OPTIONS = {"media.output_height": 256, "engine.name": "landmark"}
-PARTS = ("load", "ffmpeg", "disk", "uploads", "requests")
+PARTS = ("load", "ffmpeg", "disk", "uploads", "requests", "users")
 
 
 @dataclass
@@ -117,7 +124,8 @@ class Server:
     """`python app.py` on 127.0.0.1 in a child process, its output in a log file."""
 
     def __init__(self, outputs: Path, log_path: Path, port: int | None = None, extra_args: tuple[str, ...] = (),
-                 file_size_limit: int | None = None, env: dict | None = None, drop_env: tuple[str, ...] = ()):
+                 file_size_limit: int | None = None, env: dict | None = None, drop_env: tuple[str, ...] = (),
+                 auth: tuple[str, str] | None = None):
         self.outputs, self.log_path = outputs, log_path
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -133,7 +141,7 @@ class Server:
                 [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(self.port), "--outputs", str(outputs),
                  *extra_args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=limit_file_size if file_size_limit else None)
-        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.client = httpx.Client(base_url=self.url, timeout=60, auth=auth)  # auth: a user of --users
 
     def wait_ready(self, timeout: float = 120) -> Server:
         deadline = time.monotonic() + timeout
@@ -656,10 +664,13 @@ def requests_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
     drop = ("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR")
     rows: list[Row] = []
     # a server that runs no jobs: what is queued stays queued, so the queue limit can be counted
+    batch_root = work / "requests-batch-root"
+    batch_root.mkdir()
     idle = Server(work / "requests-idle-outputs", work / "requests-idle.log", env=env, drop_env=drop,
                   extra_args=("--workers", "0", "--max-queued", "3", "--max-upload-mb", "2",
-                              "--max-job-processes", "4")).wait_ready()
+                              "--max-job-processes", "4", "--batch-root", str(batch_root))).wait_ready()
     try:
+        rooted_config = idle.client.get("/config").json()  # the page of a server with --batch-root
         before = idle.counts()
         refused = [
             ("1. NaN in options (engine.mouth_strength)", '{"engine.mouth_strength": NaN}', "finite"),
@@ -722,6 +733,7 @@ def requests_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
     server = Server(outputs, work / "requests.log", env=env, drop_env=drop).wait_ready()
     try:
         client = Client(server.url, verbose=False)
+        plain_config = server.client.get("/config").json()  # the page of a server without --batch-root
         log_start = len(server.log_text())
         problem = ""
         try:
@@ -735,17 +747,26 @@ def requests_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
                         problem or f"{Path(video).name}, job {followed.get('id')} {followed.get('status')}",
                         not problem and followed.get("status") == "done" and result_is_good(Path(video),
                                                                                            probe(Path(video)).duration)))
-        for label, options, words in (("5. gradio_client /generate with NaN", '{"engine.mouth_strength": NaN}',
-                                       "finite"),
-                                      ("5. gradio_client /generate with Infinity in face.pads",
-                                       '{"face.pads": [0, Infinity, 0, 0]}', "finite")):
+        video_name = Path(video).name if video else ""
+        generate_start, generate_errors = len(server.log_text()), []
+        text = work / "notes.png"
+        text.write_text("just some words\n" * 40, encoding="utf-8")
+        for label, face, options, words in (
+                ("5. gradio_client /generate with NaN", inputs.face, '{"engine.mouth_strength": NaN}', "finite"),
+                ("5. gradio_client /generate with Infinity in face.pads", inputs.face,
+                 '{"face.pads": [0, Infinity, 0, 0]}', "finite"),
+                ("", text, "{}", "not an image or video")):  # an ordinary mistake, for the server log's row
             try:
-                client.predict(face=handle_file(str(inputs.face)), audio=handle_file(str(inputs.short_speech)),
+                client.predict(face=handle_file(str(face)), audio=handle_file(str(inputs.short_speech)),
                                options=options, api_name="/generate")
                 message = "accepted"
             except Exception as error:  # noqa: BLE001 - the message is what the row checks
                 message = str(error)
-            rows.append(Row(label, "refused with one line", message[:140], words in message and "\n" not in message))
+            generate_errors.append(message)
+            if label:
+                rows.append(Row(label, "refused with one line", message[:140],
+                                words in message and "\n" not in message))
+        generate_log = server.log_text()[generate_start:]
         clip = work / "requests-clip.mp4"
         shutil.copyfile(inputs.clip, clip)
         wall = png_of_size(work / "wall.png", 128, 128)
@@ -764,8 +785,6 @@ def requests_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
         error = finished[wall_job].get("error") or ""
         rows.append(Row("11. no face in the picture (the page shows the job's error)",
                         "says what to do, no command-line flag", error, "no face" in error and "--" not in error))
-        text = work / "notes.png"
-        text.write_text("just some words\n" * 40, encoding="utf-8")
         blip = work / "blip.wav"
         run_ffmpeg("-f", "lavfi", "-i", "sine=frequency=300:duration=0.01", str(blip))
         cases = (("11. a text file in the photo slot", text, inputs.short_speech, "not an image or video"),
@@ -787,6 +806,129 @@ def requests_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
     rows.append(Row("8. server log during the gradio_client errors", "one line each, no traceback",
                     f"{new_log.count('Traceback')} tracebacks" if "Traceback" in new_log else "none",
                     "Traceback" not in new_log))
+    return rows + page_rows(plain_config, rooted_config, video_name, generate_errors, generate_log)
+
+
+def page_components(config: dict) -> dict[str, dict]:
+    """The page's components as GET /config describes them, by elem_id (and the Batch tab's unnamed
+    inputs radio as "batch-source")."""
+    found = {}
+    for component in config.get("components", []):
+        props = component.get("props", {})
+        if props.get("elem_id"):
+            found[props["elem_id"]] = component
+        elif component.get("type") == "radio" and "folder" in [value for _, value in props.get("choices") or []]:
+            found["batch-source"] = component
+    return found
+
+
+def page_events(config: dict) -> list[tuple[list[tuple[str | None, str]], list, dict]]:
+    """The page's events: (triggers as (elem_id, event), outputs as elem_ids (else ids), the dependency)."""
+    names = {component["id"]: component.get("props", {}).get("elem_id") for component in config.get("components", [])}
+    return [([(names.get(target), event) for target, event in dependency["targets"]],
+             [names.get(output) or output for output in dependency["outputs"]], dependency)
+            for dependency in config.get("dependencies", [])]
+
+
+BROWSER = "tests/test_browser.py::"
+
+
+def page_rows(plain: dict, rooted: dict, video_name: str, generate_errors: list[str], generate_log: str) -> list[Row]:
+    """12. The page's rough edges, as far as the page's own description (GET /config) and the server show
+    them; how the page draws them is checked in a browser by the test each row names."""
+    import torch
+
+    components, events = page_components(plain), page_events(plain)
+    props = {name: component.get("props", {}) for name, component in components.items()}
+    rows = []
+    dropdowns = [name for name in ("engine", "restorer", "output-height", "detector") if name in props]
+    autos = {name: label for name in dropdowns for label, value in props[name].get("choices") or [] if value == "auto"}
+    longest = max((label for name in dropdowns for label, _ in props[name].get("choices") or []), key=len, default="")
+    rows.append(Row("12. dropdown text cut off under the arrow ('auto (Wav2Lip when its weigh')",
+                    "each 'auto' choice says only auto, its detail in the info line below; drawn: "
+                    f"{BROWSER}test_table_headers_stay_whole_and_dropdowns_show_their_text",
+                    f"{len(dropdowns)} dropdowns; auto labels {sorted(set(autos.values()))}; longest choice "
+                    f"{longest!r}; engine's info {props.get('engine', {}).get('info')!r}",
+                    len(dropdowns) == 4 and set(autos.values()) == {"auto"} and len(autos) >= 2
+                    and all(props[name].get("info") for name in autos)))
+    tables = ("jobs-table", "batch-table", "system-weights")
+    css = plain.get("css") or ""
+    header_rule = css.partition(".heygem-table th .header")[2].partition("}")[0]
+    whole = "white-space: nowrap" in header_rule and "word-break: normal" in header_rule
+    classed = [name for name in tables if "heygem-table" in (props.get(name, {}).get("elem_classes") or [])]
+    rows.append(Row("12. table headers breaking mid-word ('progr ess', 'fi le')",
+                    "every table's headers set nowrap, no word-break; drawn: "
+                    f"{BROWSER}test_table_headers_stay_whole_and_dropdowns_show_their_text",
+                    f"nowrap rule {'in' if whole else 'not in'} the page's CSS; {len(classed)} of {len(tables)} "
+                    "tables carry it", whole and len(classed) == len(tables)))
+    weights = props.get("system-weights", {})
+    widths = [float(str(width).rstrip("%")) for width in weights.get("column_widths") or []]
+    rows.append(Row("12. the System tab's weights table cut off on the right",
+                    "column widths that add up to the table's width, long cells wrapped; drawn: "
+                    f"{BROWSER}test_table_headers_stay_whole_and_dropdowns_show_their_text",
+                    f"{len(widths)} columns, {sum(widths):g} % in all, wrap {weights.get('wrap')}",
+                    len(widths) == 5 and sum(widths) <= 100 and weights.get("wrap") is True
+                    and "overflow-wrap: anywhere" in css))
+    files = props.get("batch-files", {})
+    previews = [outputs for triggers, outputs, _ in events if ("batch-files", "change") in triggers]
+    rows.append(Row("12. the Batch file list showing 2 of 4 files; no preview of the pairing before Start",
+                    "the file list has no fixed height; a change of the files fills the items table at once; drawn: "
+                    f"{BROWSER}test_the_batch_tab_lists_every_file_and_previews_the_pairing_before_start",
+                    f"file list height {files.get('height')}, {files.get('file_count')} files; "
+                    f"{sum('batch-table' in outputs for outputs in previews)} preview event on a change of the files",
+                    bool(files) and files.get("height") is None and files.get("file_count") == "multiple"
+                    and any("batch-table" in outputs for outputs in previews)))
+    shown = {"without": props.get("batch-source", {}).get("visible"),
+             "with": page_components(rooted).get("batch-source", {}).get("props", {}).get("visible")}
+    rows.append(Row("12. 'A folder on the server' offered when --batch-root is not given",
+                    "hidden without --batch-root, offered with it; drawn: "
+                    f"{BROWSER}test_the_batch_tab_lists_every_file_and_previews_the_pairing_before_start",
+                    f"without --batch-root visible={shown['without']}, with --batch-root visible={shown['with']}",
+                    shown == {"without": False, "with": True}))
+    gpu = torch.cuda.is_available()
+    button, note = props.get("benchmark-button", {}), str(props.get("benchmark-note", {}).get("value", ""))
+    rows.append(Row("12. the GPU benchmark button on a machine without a GPU",
+                    "the button only where torch sees a CUDA GPU, else a note; drawn: "
+                    f"{BROWSER}test_the_system_tab_shows_the_doctor_report_and_offers_the_benchmark_only_with_a_gpu",
+                    f"{'a' if gpu else 'no'} CUDA GPU here; button visible={button.get('visible')}; note {note!r}",
+                    bool(button) and button.get("visible") is gpu and (gpu or "No CUDA GPU" in note)))
+    asking = [outputs for triggers, outputs, _ in events if ("delete-job", "click") in triggers]
+    deleting = [outputs for triggers, outputs, _ in events if ("confirm-delete-button", "click") in triggers]
+    rows.append(Row("12. Delete without confirmation",
+                    "Delete only shows a confirmation (hidden at first); the job goes on 'Delete for good'; drawn: "
+                    f"{BROWSER}test_a_user_sees_only_their_jobs_and_files_and_deletes_after_confirming",
+                    f"Delete shows {[name for name in asking[0] if isinstance(name, str)] if asking else 'nothing'}"
+                    "; 'Delete for good' updates the jobs table: "
+                    f"{bool(deleting) and 'jobs-table' in deleting[0]}; confirmation visible at first: "
+                    f"{props.get('confirm-delete', {}).get('visible')}",
+                    len(asking) == 1 and "confirm-delete" in asking[0] and "jobs-table" not in asking[0]
+                    and len(deleting) == 1 and "jobs-table" in deleting[0]
+                    and props.get("confirm-delete", {}).get("visible") is False))
+    rows.append(Row("12. every download named result.mp4",
+                    "named after the inputs (astronaut-....mp4 for the astronaut photo); drawn: "
+                    f"{BROWSER}test_upload_generate_watch_and_download",
+                    f"gradio_client's /generate handed out {video_name!r}",
+                    video_name.startswith("astronaut") and video_name.endswith(".mp4")))
+    on_generate = [dependency for triggers, _, dependency in events if ("generate-button", "click") in triggers]
+    followers = [dependency for _, _, dependency in events
+                 if on_generate and dependency.get("trigger_after") == on_generate[0]["id"]]
+    cancelling = [dependency["id"] for _, _, dependency in events if dependency.get("cancels")]
+    watch_mode = followers[0].get("trigger_mode") if followers else "missing"
+    rows.append(Row("12. two 422s (/gradio_api/cancel and /reset with a null event id) on every Generate",
+                    "Generate starts one event and its watch (the newest replaces the last), no event cancels "
+                    f"another; drawn, no failed request: {BROWSER}test_upload_generate_watch_and_download",
+                    f"{len(on_generate)} event on Generate, its watch {watch_mode}"
+                    f"; {len(cancelling)} events with cancels",
+                    len(on_generate) == 1 and len(followers) == 1 and followers[0].get("trigger_mode") == "always_last"
+                    and not cancelling))
+    logged = [message for message in generate_errors if f"refused: {message}" in generate_log]
+    tracebacks = generate_log.count("Traceback")
+    rows.append(Row("12. a traceback in the server log for every ordinary user error on /generate",
+                    "one log line each, no traceback (also tests/test_hardening.py::"
+                    "test_gradio_client_text_only_job_id_and_quiet_errors)",
+                    f"{len(logged)} of {len(generate_errors)} errors logged on one line; "
+                    + (f"{tracebacks} tracebacks" if tracebacks else "no traceback"),
+                    bool(generate_errors) and len(logged) == len(generate_errors) and not tracebacks))
     return rows
 
 
@@ -823,6 +965,169 @@ def batch_manifest_rows(work: Path, inputs: Inputs, weights: Path) -> list[Row]:
                 isinstance(outcome[name], Exception) and "1294" not in message and "bytes" not in message)
             for name, message in errors.items()] + [
         Row("2. after the manifest", "nothing queued", f"{len(queued)} jobs", not queued)]
+
+
+# ---------------------------------------------------------------------- 6. a server shared by users
+
+USERS = {"alice": "alice-long-secret", "bob": "bob-long-secret", "carol": "carol-long-secret"}  # alice: the admin
+
+
+def error_text(response: httpx.Response) -> str:
+    """The one-line JSON error of an answer ('' when it has none)."""
+    try:
+        return str(response.json().get("error", ""))
+    except ValueError:
+        return ""
+
+
+def server_paths_in(value, folders: tuple[Path, ...]) -> list[str]:
+    """The strings in a JSON value that are absolute paths or name one of ``folders`` (URLs under /api/ are not)."""
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in server_paths_in(item, folders)]
+    if isinstance(value, list):
+        return [found for item in value for found in server_paths_in(item, folders)]
+    if isinstance(value, str) and ((value.startswith("/") and not value.startswith("/api/"))
+                                   or any(str(folder) in value for folder in folders)):
+        return [value]
+    return []
+
+
+def bad_users_file_row(work: Path) -> Row:
+    """A users file in the wrong format: the server exits 2 with one line naming the line, and makes no folder."""
+    users_file, outputs = work / "users-bad.txt", work / "users-bad-outputs"
+    users_file.write_text("admin alice:alice-long-secret\nbob alice\n", encoding="utf-8")  # line 2 has no colon
+    finished = subprocess.run([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(free_port()),
+                               "--users", str(users_file), "--outputs", str(outputs)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, check=False)
+    said = (finished.stdout + finished.stderr).strip().replace(str(work), "<tmp>")
+    return Row("9. python app.py --users FILE with a line that is not NAME:SECRET",
+               "exit status 2, one line naming the line, nothing started or made",
+               f"exit {finished.returncode}: {said[:160]}",
+               finished.returncode == 2 and "\n" not in said and "line 2" in said and "Traceback" not in said
+               and not outputs.exists())
+
+
+def users_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
+    """9. ``python app.py --users FILE``: each user sees, fetches and deletes only their own jobs (another's
+    answers as a job that does not exist), an admin every job, over REST and on the page alike."""
+    from gradio_client import Client
+
+    rows = [bad_users_file_row(work)]
+    users_file, outputs = work / "users.txt", work / "users-outputs"
+    users_file.write_text("# two users and an admin\n" + "".join(
+        f"{'admin ' if name == 'alice' else ''}{name}:{secret}\n" for name, secret in USERS.items()), encoding="utf-8")
+    server = Server(outputs, work / "users.log", extra_args=("--users", str(users_file)),
+                    auth=("alice", USERS["alice"])).wait_ready()
+    clients = {name: httpx.Client(base_url=server.url, timeout=60, auth=(name, secret))
+               for name, secret in USERS.items()}
+    try:
+        before = server.counts()
+        with httpx.Client(base_url=server.url, timeout=60) as anonymous:
+            answers = [anonymous.get("/api/jobs"), submit(anonymous, inputs.face, inputs.short_speech),
+                       anonymous.get("/api/jobs", auth=("bob", "not-bobs-secret")),
+                       anonymous.get("/api/jobs", headers={"Authorization": "Bearer not-a-key"})]
+        rows.append(Row("9. GET and POST /api/jobs without credentials, with a wrong secret, with a wrong key",
+                        "401 each, with a one-line error; nothing queued",
+                        ", ".join(f"HTTP {answer.status_code}" for answer in answers) + f": {error_text(answers[0])}",
+                        all(answer.status_code == 401 and error_text(answer) for answer in answers)
+                        and server.counts() == before))
+        bob_job = submit(clients["bob"], inputs.face, inputs.short_speech).json().get("id")
+        carol_job = submit(clients["carol"], inputs.face, inputs.short_speech).json().get("id")
+        finished = server.wait_finished([bob_job, carol_job], timeout)
+        owners = {job_id: server.job(job_id).get("submitter") for job_id in (bob_job, carol_job)}
+        rows.append(Row("9. bob and carol each submit a job (basic auth NAME:SECRET)",
+                        "201; both done; each job records its submitter",
+                        f"bob's {finished[bob_job]['status']} ({owners[bob_job]}), "
+                        f"carol's {finished[carol_job]['status']} ({owners[carol_job]})",
+                        finished[bob_job]["status"] == finished[carol_job]["status"] == "done"
+                        and owners == {bob_job: "bob", carol_job: "carol"}))
+        missing = bob_job[:-6] + "zzzzzz"  # job ids end in hex digits: no job has this one
+        for method, route in (("GET", ""), ("GET", "/result"), ("GET", "/log"), ("DELETE", ""), ("POST", "/retry")):
+            theirs = clients["carol"].request(method, f"/api/jobs/{bob_job}{route}")
+            none = clients["carol"].request(method, f"/api/jobs/{missing}{route}")
+            rows.append(Row(f"9. carol's {method} /api/jobs/<bob's job>{route}",
+                            "404 with the same words as for a job that does not exist",
+                            f"HTTP {theirs.status_code}: {error_text(theirs).replace(bob_job, 'ID')!r}; a missing "
+                            f"job: HTTP {none.status_code}: {error_text(none).replace(missing, 'ID')!r}",
+                            theirs.status_code == none.status_code == 404 and bool(error_text(none))
+                            and error_text(theirs).replace(bob_job, "ID") == error_text(none).replace(missing, "ID")))
+        kept, result_there = server.job(bob_job), (outputs / bob_job / "result.mp4").is_file()
+        rows.append(Row("9. bob's job after carol's requests", "still done, its folder and result in place",
+                        f"{kept['status']}, result.mp4 {'there' if result_there else 'gone'}",
+                        kept["status"] == "done" and result_there))
+        carol_sees = clients["carol"].get("/api/jobs").json()
+        listed = [job["id"] for job in carol_sees["jobs"]]
+        rows.append(Row("9. carol's GET /api/jobs", "her own job only; the counts are hers",
+                        f"jobs listed: {len(listed)} ({'hers' if listed == [carol_job] else listed}), "
+                        f"counts {sum(carol_sees['counts'].values())}",
+                        listed == [carol_job] and sum(carol_sees["counts"].values()) == 1))
+        with httpx.Client(base_url=server.url, timeout=60,
+                          headers={"Authorization": f"Bearer {USERS['bob']}"}) as keyed:
+            bob_sees = [job["id"] for job in keyed.get("/api/jobs").json()["jobs"]]
+        rows.append(Row("9. bob's GET /api/jobs with his API key (Authorization: Bearer SECRET)", "his own job only",
+                        f"jobs listed: {len(bob_sees)} ({'his' if bob_sees == [bob_job] else bob_sees})",
+                        bob_sees == [bob_job]))
+        admin_sees = {job["id"]: job["submitter"] for job in server.all_jobs()}
+        rows.append(Row("9. the admin's GET /api/jobs", "every job, with its submitter",
+                        ", ".join(f"{owner}'s" for owner in sorted(admin_sees.values())) or "none",
+                        admin_sees == {bob_job: "bob", carol_job: "carol"}))
+        carol_client = Client(server.url, auth=("carol", USERS["carol"]), verbose=False)
+        said = {}
+        for job_id in (bob_job, missing):
+            try:
+                said[job_id] = f"answered {carol_client.predict(job_id=job_id, api_name='/job_status')}"
+            except Exception as error:  # noqa: BLE001 - the message is what the row checks
+                said[job_id] = str(error).replace(job_id, "ID")
+        rows.append(Row("9. carol's gradio_client /job_status of bob's job", "as a job that does not exist",
+                        f"{said[bob_job][:100]!r}; a missing job: {said[missing][:100]!r}",
+                        said[bob_job] == said[missing] and "ID" in said[bob_job]))
+        bob_job_json = clients["bob"].get(f"/api/jobs/{bob_job}").json()
+        with open(outputs / bob_job / "job.log", "a", encoding="utf-8") as log:  # as a worker's failure names them
+            log.write(f"wrote {outputs / bob_job / 'result.mp4'} from {REPO / 'assets'}\n")
+        bob_log = clients["bob"].get(f"/api/jobs/{bob_job}/log").text
+        admin_log = server.client.get(f"/api/jobs/{bob_job}/log").text
+        folders = (outputs, REPO)
+        shown = server_paths_in(bob_job_json, folders) + [str(folder) for folder in folders if str(folder) in bob_log]
+        rows.append(Row("9. bob's job JSON and job log (he is no admin), the log given a line naming server folders",
+                        "no server path: the log names folders by short names (the admin's names them)",
+                        f"{len(shown)} server paths" + (f": {shown[:2]}" if shown else "")
+                        + f"; bob's line: {bob_log.strip().splitlines()[-1]!r}",
+                        not shown and "wrote <job folder>/result.mp4" in bob_log
+                        and str(outputs / bob_job) in admin_log))
+        with httpx.Client(base_url=server.url, timeout=60) as page:
+            signed_in = page.post("/login", data={"username": "bob", "password": USERS["bob"]}).status_code == 200
+            signed_in = signed_in and "components" in page.get("/config").json()
+            fetched = {name: page.get(f"/gradio_api/file={outputs / bob_job / name}").status_code
+                       for name in ("result.json", "job.log", inputs.face.name, "result.mp4")}
+        rows.append(Row("9. /gradio_api/file=<outputs>/<bob's job>/... on the page, signed in as bob",
+                        "refused (403 or 404) even for the job's owner: the page hands out copies",
+                        ("signed in; " if signed_in else "not signed in; ")
+                        + ", ".join(f"{name} {code}" for name, code in fetched.items()),
+                        signed_in and all(code in (403, 404) for code in fetched.values())))
+        deleted = clients["bob"].delete(f"/api/jobs/{bob_job}")
+        after = clients["bob"].get(f"/api/jobs/{bob_job}").status_code
+        rows.append(Row("9. bob's DELETE /api/jobs/<his finished job>", "deleted: its folder gone, then 404",
+                        f"HTTP {deleted.status_code} {deleted.json().get('status')}; folder "
+                        f"{'gone' if not (outputs / bob_job).exists() else 'still there'}; GET then {after}",
+                        deleted.status_code == 200 and deleted.json().get("status") == "deleted"
+                        and not (outputs / bob_job).exists() and after == 404))
+        command = [sys.executable, "-m", "heygem", "jobs", "delete", carol_job, "--outputs", str(outputs)]
+        cli = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+        left = {job["id"] for job in server.all_jobs()}
+        rows.append(Row("9. python -m heygem jobs delete <carol's job> --outputs DIR (the server running)",
+                        "exit 0; the job and its folder gone",
+                        f"exit {cli.returncode}: {(cli.stdout + cli.stderr).strip()[:100]}; "
+                        f"{len(left)} jobs left, folder {'gone' if not (outputs / carol_job).exists() else 'there'}",
+                        cli.returncode == 0 and carol_job not in left and not (outputs / carol_job).exists()))
+        log_text = server.log_text()
+    finally:
+        for client in clients.values():
+            client.close()
+        server.stop()
+    rows.append(Row("9. server log of the shared server", "no traceback",
+                    f"{log_text.count('Traceback')} tracebacks" if "Traceback" in log_text else "none",
+                    "Traceback" not in log_text))
+    return rows
 
 
 # ---------------------------------------------------------------------- report
@@ -906,6 +1211,8 @@ def main(argv: list[str] | None = None) -> int:
             report["rows"] += [asdict(row) for row in uploads_part(work, inputs)]
         if "requests" in args.parts:
             report["rows"] += [asdict(row) for row in requests_part(work, inputs, timeout)]
+        if "users" in args.parts:
+            report["rows"] += [asdict(row) for row in users_part(work, inputs, timeout)]
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)

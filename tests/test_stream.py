@@ -182,38 +182,67 @@ def test_rest_stream_404_before_the_first_segment_then_event_then_endlist(app, t
     assert not stream_folder(unstreamed).exists()
 
 
+STREAM_USERS = {"dana": "dana-secret"}
+
+
+@pytest.fixture(scope="module")
+def users_app(tmp_path_factory):
+    """`python app.py --users FILE`: the page is behind Gradio's login form."""
+    folder = tmp_path_factory.mktemp("stream users app")
+    users_file = folder / "users.txt"
+    users_file.write_text("".join(f"{name}:{password}\n" for name, password in STREAM_USERS.items()),
+                          encoding="utf-8")
+    server = Server(folder / "outputs", folder / "app.log", extra_args=("--users", str(users_file)))
+    server.client.auth = next(iter(STREAM_USERS.items()))  # REST as the same user
+    yield server.wait_ready()
+    server.stop()
+
+
+PLAYING = """() => { const v = document.querySelector('#live-stream video');
+                     return v !== null && !v.paused && v.currentTime > 0.3; }"""
+PLAYED_ON = """(from) => { const v = document.querySelector('#live-stream video');
+                         return v !== null && !v.paused && v.currentTime > from + 0.5; }"""
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
-def test_the_page_plays_the_stream_before_the_job_is_done(app, tmp_path):
+@pytest.mark.parametrize("signed_in", [False, True], ids=["open server", "--users"])
+def test_the_page_plays_the_stream_before_the_job_is_done(request, tmp_path, signed_in):
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    from test_browser import CHROMIUM_ARGS
+    from test_browser import CHROMIUM_ARGS, opened_page
 
-    speech = tmp_path / "long speech.wav"  # 30 s: the job renders for a few seconds while the page plays
-    run_ffmpeg("-stream_loop", "3", "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
+    server = request.getfixturevalue("users_app" if signed_in else "app")
+    user = next(iter(STREAM_USERS.items())) if signed_in else None
+    speech = tmp_path / "long speech.wav"  # 45 s: the job renders for several seconds while the page plays
+    run_ffmpeg("-stream_loop", "5", "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.set_default_timeout(60_000)
-            page.goto(app.url)
-            page.wait_for_selector("#generate-button")
-            page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
-            page.locator("#audio-input input[type=file]").set_input_files(str(speech))
-            page.wait_for_selector("#audio-input a[data-testid=download-link]")
-            page.locator("#options-accordion").click()
-            page.locator("#output-height input").fill("360 px")
-            page.locator("#output-height input").press("Enter")
-            page.click("#generate-button")
-            page.wait_for_function("""() => { const v = document.querySelector('#live-stream video');
-                                        return v && !v.paused && v.currentTime > 0.3; }""", timeout=60_000)
-            job_id = page.locator("#live-stream video").get_attribute("data-job")
-            played = page.evaluate("""async () => { const v = document.querySelector('#live-stream video');
-                const before = v.currentTime; await new Promise(done => setTimeout(done, 400));
-                return [before, v.currentTime, v.paused]; }""")
-            status = app.client.get(f"/api/jobs/{job_id}").json()["status"]
-            assert played[1] > played[0] + 0.2 and not played[2], played  # advancing, not paused
-            assert status == "running", status  # ... while the job still renders
-            page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
-            page.wait_for_selector("#result-video video[src]")  # then the final MP4, as before
+            with opened_page(browser, server.url, user) as page:
+                fetched = []
+                page.on("response", lambda response: fetched.append(response.url))
+                page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
+                page.locator("#audio-input input[type=file]").set_input_files(str(speech))
+                page.wait_for_selector("#audio-input a[data-testid=download-link]")
+                page.locator("#options-accordion").click()
+                page.locator("#output-height input").fill("360 px")
+                page.locator("#output-height input").press("Enter")
+                page.click("#generate-button")
+                page.wait_for_selector("#job-card .job-id")
+                job_id = page.inner_text("#job-card .job-id").split()[1]
+                page.wait_for_function(PLAYING, timeout=60_000)
+                started = page.evaluate("() => document.querySelector('#live-stream video').currentTime")
+                page.wait_for_function(PLAYED_ON, arg=started, timeout=20_000)  # advancing, not paused ...
+                status = server.client.get(f"/api/jobs/{job_id}").json()["status"]
+                assert status == "running", status  # ... while the job still renders
+                page.screenshot(path=str(tmp_path / "playing.png"), full_page=True)
+                page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
+                page.wait_for_selector("#result-video video[src]")  # then the final MP4, as before
+                page.wait_for_selector("#live-stream", state="hidden")  # and the live player is gone
+                page.screenshot(path=str(tmp_path / "done.png"), full_page=True)
+                assert page.problems == [], page.problems  # no console error, no failed request
+                # the segments came through Gradio's own stream routes, under the page's session
+                assert any("/gradio_api/stream/" in url and ".ts" in url for url in fetched), fetched
+                assert not any("/api/jobs/" in url for url in fetched), fetched
         finally:
             browser.close()

@@ -198,23 +198,35 @@ def users_app(tmp_path_factory):
     server.stop()
 
 
-PLAYING = """() => { const v = document.querySelector('#live-stream video');
-                     return v !== null && !v.paused && v.currentTime > 0.3; }"""
-PLAYED_ON = """(from) => { const v = document.querySelector('#live-stream video');
-                         return v !== null && !v.paused && v.currentTime > from + 0.5; }"""
+PLAYING = """(player) => { const v = document.querySelector(`#${player} video`);
+                           return v !== null && !v.paused && v.currentTime > 0.3; }"""
+PLAYED_ON = """([player, from]) => { const v = document.querySelector(`#${player} video`);
+                                   return v !== null && !v.paused && v.currentTime > from + 0.5; }"""
+
+
+def assert_plays_while_running(page, server, player: str, job_id: str) -> None:
+    """The player's video plays on (not paused, its time advancing) while the job is still running."""
+    page.wait_for_function(PLAYING, arg=player, timeout=60_000)
+    started = page.evaluate(f"() => document.querySelector('#{player} video').currentTime")
+    page.wait_for_function(PLAYED_ON, arg=[player, started], timeout=20_000)
+    status = server.client.get(f"/api/jobs/{job_id}").json()["status"]
+    assert status == "running", status
 
 
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 @pytest.mark.parametrize("signed_in", [False, True], ids=["open server", "--users"])
 def test_the_page_plays_the_stream_before_the_job_is_done(request, tmp_path, signed_in):
+    """Generate plays the job's stream while it renders (on the open server the Jobs tab then plays it too:
+    a longer speech leaves the time for both), then shows the final MP4."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     from test_browser import CHROMIUM_ARGS, opened_page
 
     server = request.getfixturevalue("users_app" if signed_in else "app")
     user = next(iter(STREAM_USERS.items())) if signed_in else None
-    speech = tmp_path / "long speech.wav"  # 45 s: the job renders for several seconds while the page plays
-    run_ffmpeg("-stream_loop", "5", "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
+    speech = tmp_path / "long speech.wav"  # 45 s or 75 s: the job renders for several seconds while the page plays
+    loops = "5" if signed_in else "9"
+    run_ffmpeg("-stream_loop", loops, "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
@@ -230,12 +242,16 @@ def test_the_page_plays_the_stream_before_the_job_is_done(request, tmp_path, sig
                 page.click("#generate-button")
                 page.wait_for_selector("#job-card .job-id")
                 job_id = page.inner_text("#job-card .job-id").split()[1]
-                page.wait_for_function(PLAYING, timeout=60_000)
-                started = page.evaluate("() => document.querySelector('#live-stream video').currentTime")
-                page.wait_for_function(PLAYED_ON, arg=started, timeout=20_000)  # advancing, not paused ...
-                status = server.client.get(f"/api/jobs/{job_id}").json()["status"]
-                assert status == "running", status  # ... while the job still renders
+                assert_plays_while_running(page, server, "live-stream", job_id)
                 page.screenshot(path=str(tmp_path / "playing.png"), full_page=True)
+                if not signed_in:  # the Jobs tab plays the running job picked in its table
+                    page.get_by_role("tab", name="Jobs").click()
+                    page.get_by_role("button", name="Refresh now").click()
+                    page.locator("#jobs-table [role=gridcell]").get_by_text(job_id).click()
+                    assert_plays_while_running(page, server, "jobs-live-stream", job_id)
+                    page.screenshot(path=str(tmp_path / "jobs tab.png"), full_page=True)
+                    page.wait_for_selector("#jobs-live-stream", state="hidden", timeout=180_000)  # gone at the end
+                    page.get_by_role("tab", name="Generate").click()
                 page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
                 page.wait_for_selector("#result-video video[src]")  # then the final MP4, as before
                 page.wait_for_selector("#live-stream", state="hidden")  # and the live player is gone

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from heygem.media.stream import playlist, segment_path, stream_folder
@@ -32,12 +32,12 @@ def stream_url(job_id: str) -> str:
 
 
 def add_stream_routes(router: APIRouter, find_job: Callable) -> None:
-    """Add the stream routes to ``router``; ``find_job(job_id)`` returns the job the requester may see
-    (or ends the request with the error the other routes give)."""
+    """Add the stream routes to ``router``; ``find_job(job_id, request)`` returns the job the requester
+    may see (or ends the request with the error the other routes give)."""
 
     @router.get("/jobs/{job_id}/stream.m3u8")
-    def get_stream_playlist(job_id: str):
-        job = find_job(job_id)
+    def get_stream_playlist(job_id: str, request: Request):
+        job = find_job(job_id, request)
         text = playlist(stream_folder(job.result_path), ended=job.is_finished, prefix="stream/")
         if text is None:
             state = "it ended without one" if job.is_finished else f"it is {job.status}"
@@ -46,8 +46,8 @@ def add_stream_routes(router: APIRouter, find_job: Callable) -> None:
         return PlainTextResponse(text, media_type=PLAYLIST_TYPE, headers=NO_CACHE)
 
     @router.get("/jobs/{job_id}/stream/{name}")
-    def get_stream_segment(job_id: str, name: str):
-        job = find_job(job_id)
+    def get_stream_segment(job_id: str, name: str, request: Request):
+        job = find_job(job_id, request)
         path = segment_path(stream_folder(job.result_path), name)
         if path is None:
             return JSONResponse({"error": f"job {job_id} has no stream segment {name!r}"}, status_code=404)

@@ -124,6 +124,64 @@ def test_the_playlist_stops_at_the_first_x264_process_still_running(tmp_path):
     assert [round(segment.seconds, 3) for segment in segments] == [0.5, 1.5, 2.0]
 
 
+def test_the_live_player_gets_each_finished_segment_once_in_order_then_goes(tmp_path, monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    from heygem.ui import live
+
+    monkeypatch.setattr(live, "FIRST_POLL_SECONDS", 0.001)
+    monkeypatch.setattr(live, "POLL_SECONDS", 0.001)
+    folder = stream_folder(tmp_path / "result.mp4")
+    folder.mkdir()
+    job = SimpleNamespace(status="queued", result_path=tmp_path / "result.mp4", is_finished=False)
+    lines = ["0000-00000.ts,0.0,0.5", "0000-00001.ts,0.5,2.0", "0000-00002.ts,2.0,6.0"]
+
+    def find(job_id, request):  # the page's access rules: only "mine" is this user's
+        return job if job_id == "mine" else None
+
+    def step(polls: list[str]) -> None:  # what the encoder has written by each poll of the player
+        index = len(polls)
+        if index == 2:
+            job.status = "running"
+        if 3 <= index <= 5:  # one more listed segment, whole, at each poll; the last one still being written
+            name = lines[index - 3].split(",")[0]
+            (folder / name).write_bytes(b"\x47" * (188 if index < 5 else 10))  # 10 bytes: half a packet
+            (folder / "0000.csv").write_text("\n".join(lines[:index - 2]) + "\n")
+        if index == 7:
+            job.status, job.is_finished = "done", True
+
+    def run(job_id, followed=None) -> list:
+        polls: list[str] = []
+
+        def find_and_step(job_id, request):
+            step(polls)
+            polls.append(job_id)
+            return find(job_id, request)
+
+        follow = live.follow_stream(SimpleNamespace(find=find_and_step), followed)
+
+        async def collect():
+            return [value async for value in follow(job_id, SimpleNamespace(session_hash="page"))]
+        return asyncio.run(collect())
+
+    shown = run("mine")
+    assert shown[0] == gr_update(visible=True) and shown[-1] == gr_update(visible=False)
+    assert shown[1:-1] == [str(folder / "0000-00000.ts"), str(folder / "0000-00001.ts")]  # never one being written
+    for name in ("0000.csv", "0000-00000.ts", "0000-00001.ts", "0000-00002.ts"):
+        (folder / name).unlink()
+    job.status, job.is_finished = "queued", False
+    assert run("someone else's") == [gr_update(visible=False)]  # a job this user may not see: nothing
+    job.status = "running"
+    assert run("mine", followed=lambda request, job_id: False) == [gr_update(visible=False)]  # a newer job
+
+
+def gr_update(**props) -> dict:
+    import gradio as gr
+
+    return gr.update(**props)
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stream app")
@@ -262,3 +320,6 @@ def test_the_page_plays_the_stream_before_the_job_is_done(request, tmp_path, sig
                 assert not any("/api/jobs/" in url for url in fetched), fetched
         finally:
             browser.close()
+    assert server.client.get(stream_url(job_id)).text.rstrip().endswith("#EXT-X-ENDLIST")  # REST as before
+    if signed_in:  # ... with the REST credentials only
+        assert server.client.get(stream_url(job_id), auth=("dana", "wrong")).status_code == 401

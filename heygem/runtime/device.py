@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from heygem.errors import HeygemError
+from heygem.runtime import timeline
 
 logger = logging.getLogger("heygem")
 
@@ -64,9 +65,12 @@ def pick_device(name: str = "auto"):
 def configure_backends(deterministic: bool = False, cudnn: bool = True, device=None) -> None:
     """Set the process-wide cuDNN and matmul flags.
 
-    Fast (default): cuDNN autotunes a kernel per input shape, which pays off
-    because the networks run fixed-size batches (see FixedBatchRunner); on Ampere
-    and newer GPUs fp32 matmuls and convolutions use TF32 tensor cores.
+    Fast (default): cuDNN picks each convolution's kernel by its heuristics, without
+    timing the candidates: autotuning (``cudnn.benchmark``) cost 3-4 s at the start
+    of a cold process on an H200 for the generator alone, and again for every new
+    shape of the blend's blurs, far more than the kernels it finds save on a job
+    (docs/benchmarks.md, "Streaming and start-up latency"); on Ampere and newer GPUs
+    fp32 matmuls and convolutions use TF32 tensor cores.
     Deterministic: the same input gives the same bits on every run, at some speed cost.
     ``cudnn=False`` switches cuDNN off, only to measure what it buys; when cuDNN is
     asked for but does not work (see cudnn_problem) it is switched off with one warning.
@@ -83,7 +87,7 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True, device=N
         backend.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
-        backend.benchmark = True
+        backend.benchmark = False
         backend.deterministic = False
         if torch.are_deterministic_algorithms_enabled():  # the call imports torch's compiler: ~1 s, so only when needed
             torch.use_deterministic_algorithms(False)
@@ -254,11 +258,12 @@ class FixedBatchRunner:
 
     On CUDA the last batch is padded by repeating its last item, and the padding
     is dropped from the result, so the network only ever sees one input shape:
-    cuDNN's autotuner searches once, and the forward pass can be captured once
+    cuDNN picks its kernels once, and the forward pass can be captured once
     as a CUDA graph (static input and output buffers) and replayed for every
-    batch. On the CPU, where one shape buys nothing, the last batch runs at its
-    own size (``pad_last_batch`` chooses either way). When the device runs out of memory the batch size is
-    halved (a new graph is captured) and the batch retried, down to 1.
+    batch; ``warm_up`` does that before the first batch arrives. On the CPU, where one
+    shape buys nothing, the last batch runs at its own size (``pad_last_batch`` chooses
+    either way). When the device runs out of memory the batch size is halved (a new
+    graph is captured) and the batch retried, down to 1.
 
     The runner takes the module over: it is put in eval mode, its weights are
     converted to the compute precision on CUDA (on the CPU autocast is used
@@ -336,6 +341,35 @@ class FixedBatchRunner:
                                self.name, failed_size, self.batch_size)
         return results
 
+    def warm_up(self, *item_layouts: tuple[tuple[int, ...], object]) -> None:
+        """Ready the batch buffers, cuDNN's kernels and (on CUDA) the graph for inputs of these layouts, one
+        (shape of one item, dtype) per input, before the first batch: the loading thread calls it while the
+        first frames are decoded and tracked, so the first batch is a plain replay. Does nothing on the CPU;
+        running out of memory here leaves it to the first batch (which halves the batch size)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return
+        examples = [torch.empty((1, *shape), dtype=dtype, device=self.device) for shape, dtype in item_layouts]
+        with timeline.span(f"{self.name} warm-up"), torch.cuda.device(self.device):
+            try:
+                with torch.inference_mode():
+                    batch = self._batch_for(examples)
+                    if self.use_cuda_graph:
+                        self._capture(batch)
+                    else:
+                        with inference_context(self.device, "fp32" if self.cast_weights else self.precision):
+                            self.module(*batch.inputs)
+                torch.cuda.synchronize(self.device)
+            except Exception as error:  # noqa: BLE001 - anything but an out-of-memory is re-raised
+                if not is_out_of_memory(error):
+                    raise
+            else:
+                return
+        self._batch = None  # outside the except block: the traceback no longer holds the buffers
+        release_cached_memory()
+        logger.debug("%s: out of memory while warming up batches of %d", self.name, self.batch_size)
+
     def _check_inputs(self, inputs) -> int:
         if not inputs:
             raise ValueError("FixedBatchRunner needs at least one input tensor")
@@ -392,7 +426,7 @@ class FixedBatchRunner:
         """Capture the forward pass on ``batch``'s buffers as a CUDA graph, or fall back to running it op by op.
 
         Warm-up runs on a side stream first, as CUDA graph capture wants: they let
-        cuDNN autotune and the allocator settle before anything is recorded.
+        cuDNN choose its kernels and the allocator settle before anything is recorded.
         """
         import torch
 
@@ -458,3 +492,51 @@ def worker_devices() -> list[str | None]:
         return [None]
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [f"cuda:{index}" for index in range(count)] if count > 1 else [None]
+
+
+def _flag_value(arguments: Sequence[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag VALUE`` or ``--flag=VALUE``; the last one wins), or None."""
+    value = None
+    for position, argument in enumerate(arguments):
+        if argument == flag and position + 1 < len(arguments):
+            value = arguments[position + 1]
+        elif argument.startswith(flag + "="):
+            value = argument[len(flag) + 1:]
+    return value
+
+
+def start_cuda_in_background(arguments: Sequence[str]) -> threading.Thread | None:
+    """For a ``generate`` command line that will run its networks on a GPU: import torch, start CUDA and load
+    cuDNN in a daemon thread now, while the main thread parses the options, probes the inputs and starts the
+    decoders, the tracking processes and x264 (on an H200 importing torch alone takes over 3 s, and the
+    engine's loading thread would otherwise begin it only once the engine is chosen). The engine's loading
+    thread then finds torch imported, or waits for the import in progress. Nothing starts on a machine
+    without an NVIDIA device, or for ``--device cpu`` or ``--engine landmark`` (which never import torch)."""
+    words = [argument for argument in arguments if not argument.startswith("-")]
+    if not words or words[0] != "generate":
+        return None
+    if not sys.platform.startswith("linux") or not glob.glob("/dev/nvidia[0-9]*"):
+        return None
+    device = (_flag_value(arguments, "--device") or "auto").strip().lower()
+    if device == "cpu" or _flag_value(arguments, "--engine") == "landmark":
+        return None
+    thread = threading.Thread(target=_start_cuda, args=(device,), name="heygem-cuda-start", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_cuda(device: str) -> None:
+    try:
+        with timeline.span("import torch"):
+            import torch
+        if not torch.cuda.is_available():
+            return
+        index = device.partition(":")[2]
+        target = torch.device("cuda", int(index)) if index.isdigit() else torch.device("cuda")
+        with timeline.span("CUDA and cuDNN started"):
+            probe = torch.ones(1, 1, 4, 4, device=target, dtype=torch.float16)  # (1, 1, 4, 4); the device's context
+            # loads cuDNN (the engine's check, configure_backends, runs one more); its flags are left alone
+            torch.nn.functional.conv2d(probe, torch.ones(1, 1, 3, 3, device=target, dtype=torch.float16))
+            torch.cuda.synchronize(target)
+    except Exception as error:  # noqa: BLE001 - only a head start: the engine's loading reports any problem
+        logger.debug("starting CUDA early failed: %s", error)

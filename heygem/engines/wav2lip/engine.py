@@ -109,6 +109,9 @@ class Wav2LipEngine:
             model, self.device, batch_size, precision=config.precision,
             channels_last=True,  # NHWC: what tensor-core convolutions want, and 20-25 % faster on a 2-core CPU too
             use_cuda_graph=on_gpu and config.cuda_graph, name="wav2lip generator")
+        # in the loading thread, while the first frames are tracked: the first batch is then a graph replay
+        self.runner.warm_up(((1, 80, Wav2Lip.mel_window_frames), torch.float32),
+                            ((6, FACE_SIZE, FACE_SIZE), torch.float32))
         self.model = model
         logger.info("wav2lip engine on %s, batches of %d, %s%s%s", self.device, batch_size,
                     str(self.runner.compute_dtype or torch.float32).removeprefix("torch."),

@@ -7,11 +7,11 @@
     python bench/bench_cold_start.py --compare RUNS SECONDS CHECK_SECONDS TREE... [-- generate options]
 
 Runs the generate command in this process exactly as ``python -m heygem generate`` does (same
-parser, same entry point, torch and CUDA started in the background from the start), with marks
+parser, same entry point), with marks
 (heygem.runtime.timeline) added from outside around the steps of a cold start that live below
 the pipeline: loading the generator, the CUDA graph capture, the generator's first batch,
 importing mediapipe and building its graphs, spawning the tracking and rendering processes. The
-product's own marks (torch imported, CUDA and cuDNN started, the generator's warm-up, probe,
+product's own marks (torch imported, CUDA started, the generator's warm-up, probe,
 speech, engine chosen, x264 started, each stage's first batch) come with it.
 Prints the timeline, one mark a line, in seconds since the process started; "first encode batch"
 is the first frames handed to x264.
@@ -54,7 +54,7 @@ def _wrap(owner, attribute: str, label: str) -> None:
 
 def install_marks() -> None:
     """Marks around the cold-start steps below the pipeline (only what is installed is wrapped). Nothing
-    here imports torch: the run imports it where a plain run does (heygem.runtime.device marks that, and
+    here imports torch: the run imports it where a plain run does (the engine's loading marks that, and
     CUDA's start and the generator's warm-up)."""
     from heygem.face import detect
 
@@ -270,9 +270,6 @@ def main() -> None:
 
         warm_worker(Path(arguments[1]), Path(arguments[2]), json.loads(arguments[3]), int(arguments[4]))
         return
-    from heygem.runtime.device import start_cuda_in_background
-
-    start_cuda_in_background(["generate", *arguments])  # as python -m heygem does
     install_marks()
     timeline.mark("marks installed")
     from heygem.cli import main as heygem_main

@@ -31,9 +31,6 @@ def run() -> None:
     from heygem.runtime import timeline
 
     timeline.mark("python started heygem")
-    from heygem.runtime.device import start_cuda_in_background
-
-    start_cuda_in_background(sys.argv[1:])  # a GPU run: torch and CUDA start while the command line is read
     # imported after the exit handler is registered: the handlers the command registers run before it
     from heygem.cli import main
 

@@ -273,33 +273,3 @@ def test_warm_up_captures_the_graph_before_the_first_batch_and_changes_no_result
     assert len(net.batch_sizes) == calls  # the batches were replays of the graph captured before
     assert torch.equal(result, expected)
 
-
-@pytest.mark.parametrize("arguments, starts", [
-    (["generate", "--face", "f.mp4", "--audio", "a.wav"], True),
-    (["-v", "generate", "--device", "cuda:0"], True),
-    (["generate", "--device", "cpu"], False),
-    (["generate", "--device=CPU"], False),
-    (["generate", "--engine", "landmark"], False),
-    (["jobs", "--device", "cuda"], False),
-    ([], False),
-])
-def test_cuda_starts_in_the_background_only_for_a_generate_run_on_a_gpu(monkeypatch, arguments, starts):
-    started = []
-    monkeypatch.setattr(device_module.glob, "glob", lambda pattern: ["/dev/nvidia0"])
-    monkeypatch.setattr(device_module.sys, "platform", "linux")
-    monkeypatch.setattr(device_module, "_start_cuda", lambda device: started.append(device))
-    thread = device_module.start_cuda_in_background(arguments)
-    if thread is not None:
-        thread.join()
-    assert (thread is not None) == starts and len(started) == int(starts)
-    monkeypatch.setattr(device_module.glob, "glob", lambda pattern: [])  # no NVIDIA device: nothing starts
-    assert device_module.start_cuda_in_background(arguments) is None
-
-
-def test_starting_cuda_early_without_a_gpu_only_imports_torch(monkeypatch):
-    from heygem.runtime import timeline
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    timeline.clear()
-    device_module._start_cuda("auto")
-    assert [name for name, _ in timeline.marks()] == ["import torch", "import torch done"]

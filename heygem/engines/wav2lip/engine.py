@@ -22,6 +22,7 @@ import torch
 
 from heygem.config import EngineConfig
 from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
+from heygem.runtime import timeline
 from heygem.runtime.device import FixedBatchRunner, configure_backends, pick_device
 from heygem.types import Box, EngineBatch, FacePatch
 from heygem.weights import load_state_dict_strict
@@ -93,8 +94,9 @@ class Wav2LipEngine:
     name = "wav2lip"
 
     def __init__(self, checkpoint_path: Path, config: EngineConfig):
-        self.device = pick_device(config.device)
-        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
+        with timeline.span("CUDA start and cuDNN check"):  # on the CPU: the flags alone
+            self.device = pick_device(config.device)
+            configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
         batch_size = config.batch_size
         if self.device.type == "cpu":
             batch_size = min(batch_size, CPU_BATCH_SIZE)

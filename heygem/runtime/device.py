@@ -66,11 +66,11 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True, device=N
     """Set the process-wide cuDNN and matmul flags.
 
     Fast (default): cuDNN picks each convolution's kernel by its heuristics, without
-    timing the candidates: autotuning (``cudnn.benchmark``) cost 3-4 s at the start
-    of a cold process on an H200 for the generator alone, and again for every new
-    shape of the blend's blurs, far more than the kernels it finds save on a job
-    (docs/benchmarks.md, "Streaming and start-up latency"); on Ampere and newer GPUs
-    fp32 matmuls and convolutions use TF32 tensor cores.
+    timing the candidates: autotuning (``cudnn.benchmark``) added 3.5 s to the wav2lip
+    generator's start on an H200 and found kernels no faster (docs/benchmarks.md,
+    "Streaming and start-up latency"), and it searches again for every new input
+    shape (the blend's blurs change shape with the face box); on Ampere and newer
+    GPUs fp32 matmuls and convolutions use TF32 tensor cores.
     Deterministic: the same input gives the same bits on every run, at some speed cost.
     ``cudnn=False`` switches cuDNN off, only to measure what it buys; when cuDNN is
     asked for but does not work (see cudnn_problem) it is switched off with one warning.

@@ -167,12 +167,12 @@ def test_configure_backends_sets_the_flags_of_each_mode(restore_backend_flags):
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert torch.backends.cuda.matmul.fp32_precision == "ieee"
 
-    configure_backends()
-    assert (cudnn.benchmark, cudnn.deterministic, cudnn.enabled) == (True, False, True)
+    configure_backends()  # fast: cuDNN's heuristics pick the kernels, no autotuning at the start
+    assert (cudnn.benchmark, cudnn.deterministic, cudnn.enabled) == (False, False, True)
     assert not torch.are_deterministic_algorithms_enabled()
 
     configure_backends(cudnn=False)
-    assert (cudnn.benchmark, cudnn.enabled) == (True, False)
+    assert (cudnn.benchmark, cudnn.enabled) == (False, False)
     configure_backends(cudnn=True)
     assert cudnn.enabled
 
@@ -249,3 +249,27 @@ def test_channels_last_runner_takes_networks_with_five_dimensional_weights():
     assert network.conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert network.style.modulated_conv.weight.dim() == 5
     torch.testing.assert_close(produced, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_warm_up_does_nothing_on_the_cpu():
+    net = RecordingNet()
+    runner = FixedBatchRunner(net, CPU, batch_size=4)
+    runner.warm_up(((3, 8, 8), torch.float32), ((4,), torch.float32))
+    assert net.batch_sizes == [] and runner._batch is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_warm_up_captures_the_graph_before_the_first_batch_and_changes_no_result():
+    cuda = torch.device("cuda")
+    images, codes = random_items(6)
+    expected = FixedBatchRunner(RecordingNet().to(cuda), cuda, batch_size=4, precision="fp32")(
+        images.to(cuda), codes.to(cuda))  # op by op
+    net = RecordingNet().to(cuda)
+    runner = FixedBatchRunner(net, cuda, batch_size=4, precision="fp32", use_cuda_graph=True)
+    runner.warm_up(((3, 8, 8), torch.float32), ((4,), torch.float32))
+    assert runner._batch is not None and runner._batch.graph is not None
+    calls = len(net.batch_sizes)  # the warm-up's passes and the capture
+    result = runner(images.to(cuda), codes.to(cuda))
+    assert len(net.batch_sizes) == calls  # the batches were replays of the graph captured before
+    assert torch.equal(result, expected)
+

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from heygem.errors import HeygemError
+from heygem.runtime import timeline
 
 logger = logging.getLogger("heygem")
 
@@ -64,9 +65,12 @@ def pick_device(name: str = "auto"):
 def configure_backends(deterministic: bool = False, cudnn: bool = True, device=None) -> None:
     """Set the process-wide cuDNN and matmul flags.
 
-    Fast (default): cuDNN autotunes a kernel per input shape, which pays off
-    because the networks run fixed-size batches (see FixedBatchRunner); on Ampere
-    and newer GPUs fp32 matmuls and convolutions use TF32 tensor cores.
+    Fast (default): cuDNN picks each convolution's kernel by its heuristics, without
+    timing the candidates: autotuning (``cudnn.benchmark``) added 3.5 s to the wav2lip
+    generator's start on an H200 and found kernels no faster (docs/benchmarks.md,
+    "Streaming and start-up latency"), and it searches again for every new input
+    shape (the blend's blurs change shape with the face box); on Ampere and newer
+    GPUs fp32 matmuls and convolutions use TF32 tensor cores.
     Deterministic: the same input gives the same bits on every run, at some speed cost.
     ``cudnn=False`` switches cuDNN off, only to measure what it buys; when cuDNN is
     asked for but does not work (see cudnn_problem) it is switched off with one warning.
@@ -83,7 +87,7 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True, device=N
         backend.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
-        backend.benchmark = True
+        backend.benchmark = False
         backend.deterministic = False
         if torch.are_deterministic_algorithms_enabled():  # the call imports torch's compiler: ~1 s, so only when needed
             torch.use_deterministic_algorithms(False)
@@ -254,11 +258,12 @@ class FixedBatchRunner:
 
     On CUDA the last batch is padded by repeating its last item, and the padding
     is dropped from the result, so the network only ever sees one input shape:
-    cuDNN's autotuner searches once, and the forward pass can be captured once
+    cuDNN picks its kernels once, and the forward pass can be captured once
     as a CUDA graph (static input and output buffers) and replayed for every
-    batch. On the CPU, where one shape buys nothing, the last batch runs at its
-    own size (``pad_last_batch`` chooses either way). When the device runs out of memory the batch size is
-    halved (a new graph is captured) and the batch retried, down to 1.
+    batch; ``warm_up`` does that before the first batch arrives. On the CPU, where one
+    shape buys nothing, the last batch runs at its own size (``pad_last_batch`` chooses
+    either way). When the device runs out of memory the batch size is halved (a new
+    graph is captured) and the batch retried, down to 1.
 
     The runner takes the module over: it is put in eval mode, its weights are
     converted to the compute precision on CUDA (on the CPU autocast is used
@@ -336,6 +341,35 @@ class FixedBatchRunner:
                                self.name, failed_size, self.batch_size)
         return results
 
+    def warm_up(self, *item_layouts: tuple[tuple[int, ...], object]) -> None:
+        """Ready the batch buffers, cuDNN's kernels and (on CUDA) the graph for inputs of these layouts, one
+        (shape of one item, dtype) per input, before the first batch: the loading thread calls it while the
+        first frames are decoded and tracked, so the first batch is a plain replay. Does nothing on the CPU;
+        running out of memory here leaves it to the first batch (which halves the batch size)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return
+        examples = [torch.empty((1, *shape), dtype=dtype, device=self.device) for shape, dtype in item_layouts]
+        with timeline.span(f"{self.name} warm-up"), torch.cuda.device(self.device):
+            try:
+                with torch.inference_mode():
+                    batch = self._batch_for(examples)
+                    if self.use_cuda_graph:
+                        self._capture(batch)
+                    else:
+                        with inference_context(self.device, "fp32" if self.cast_weights else self.precision):
+                            self.module(*batch.inputs)
+                torch.cuda.synchronize(self.device)
+            except Exception as error:  # noqa: BLE001 - anything but an out-of-memory is re-raised
+                if not is_out_of_memory(error):
+                    raise
+            else:
+                return
+        self._batch = None  # outside the except block: the traceback no longer holds the buffers
+        release_cached_memory()
+        logger.debug("%s: out of memory while warming up batches of %d", self.name, self.batch_size)
+
     def _check_inputs(self, inputs) -> int:
         if not inputs:
             raise ValueError("FixedBatchRunner needs at least one input tensor")
@@ -392,7 +426,7 @@ class FixedBatchRunner:
         """Capture the forward pass on ``batch``'s buffers as a CUDA graph, or fall back to running it op by op.
 
         Warm-up runs on a side stream first, as CUDA graph capture wants: they let
-        cuDNN autotune and the allocator settle before anything is recorded.
+        cuDNN choose its kernels and the allocator settle before anything is recorded.
         """
         import torch
 
@@ -458,3 +492,4 @@ def worker_devices() -> list[str | None]:
         return [None]
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [f"cuda:{index}" for index in range(count)] if count > 1 else [None]
+

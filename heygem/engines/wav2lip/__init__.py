@@ -38,7 +38,10 @@ class Wav2LipKind(EngineKind):
         """The generator loaded for ``owner``'s previous job if the file and the options are unchanged,
         else a new one, kept for its next job (importing torch, starting CUDA and loading the weights
         take 10-15 s, longer than a minute of 1080p takes to render; an engine serves one thread)."""
-        from heygem.engines.wav2lip.engine import Wav2LipEngine
+        from heygem.runtime import timeline
+
+        with timeline.span("import torch and the wav2lip engine"):
+            from heygem.engines.wav2lip.engine import Wav2LipEngine
 
         options = config.engine
         key = (file_identity(weights), options.device, options.batch_size, options.precision, options.cuda_graph,

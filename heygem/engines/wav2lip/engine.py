@@ -22,6 +22,7 @@ import torch
 
 from heygem.config import EngineConfig
 from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
+from heygem.runtime import timeline
 from heygem.runtime.device import FixedBatchRunner, configure_backends, pick_device
 from heygem.types import Box, EngineBatch, FacePatch
 from heygem.weights import load_state_dict_strict
@@ -93,8 +94,9 @@ class Wav2LipEngine:
     name = "wav2lip"
 
     def __init__(self, checkpoint_path: Path, config: EngineConfig):
-        self.device = pick_device(config.device)
-        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
+        with timeline.span("CUDA start and cuDNN check"):  # on the CPU: the flags alone
+            self.device = pick_device(config.device)
+            configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
         batch_size = config.batch_size
         if self.device.type == "cpu":
             batch_size = min(batch_size, CPU_BATCH_SIZE)
@@ -109,6 +111,9 @@ class Wav2LipEngine:
             model, self.device, batch_size, precision=config.precision,
             channels_last=True,  # NHWC: what tensor-core convolutions want, and 20-25 % faster on a 2-core CPU too
             use_cuda_graph=on_gpu and config.cuda_graph, name="wav2lip generator")
+        # in the loading thread, while the first frames are tracked: the first batch is then a graph replay
+        self.runner.warm_up(((1, 80, Wav2Lip.mel_window_frames), torch.float32),
+                            ((6, FACE_SIZE, FACE_SIZE), torch.float32))
         self.model = model
         logger.info("wav2lip engine on %s, batches of %d, %s%s%s", self.device, batch_size,
                     str(self.runner.compute_dtype or torch.float32).removeprefix("torch."),

@@ -913,14 +913,14 @@ def page_rows(plain: dict, rooted: dict, video_name: str, generate_errors: list[
     followers = [dependency for _, _, dependency in events
                  if on_generate and dependency.get("trigger_after") == on_generate[0]["id"]]
     cancelling = [dependency["id"] for _, _, dependency in events if dependency.get("cancels")]
-    watch_mode = followers[0].get("trigger_mode") if followers else "missing"
+    modes = sorted({str(dependency.get("trigger_mode")) for dependency in followers}) or ["missing"]
     rows.append(Row("12. two 422s (/gradio_api/cancel and /reset with a null event id) on every Generate",
-                    "Generate starts one event and its watch (the newest replaces the last), no event cancels "
-                    f"another; drawn, no failed request: {BROWSER}test_upload_generate_watch_and_download",
-                    f"{len(on_generate)} event on Generate, its watch {watch_mode}"
+                    "Generate starts one event, then its watch and its live stream (the newest replaces the last), "
+                    "no event cancels another; drawn, no failed request: "
+                    f"{BROWSER}test_upload_generate_watch_and_download",
+                    f"{len(on_generate)} event on Generate, {len(followers)} after it ({', '.join(modes)})"
                     f"; {len(cancelling)} events with cancels",
-                    len(on_generate) == 1 and len(followers) == 1 and followers[0].get("trigger_mode") == "always_last"
-                    and not cancelling))
+                    len(on_generate) == 1 and bool(followers) and modes == ["always_last"] and not cancelling))
     logged = [message for message in generate_errors if f"refused: {message}" in generate_log]
     tracebacks = generate_log.count("Traceback")
     rows.append(Row("12. a traceback in the server log for every ordinary user error on /generate",

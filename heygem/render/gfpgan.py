@@ -364,7 +364,8 @@ def load_restorer(checkpoint: Path, config: EngineConfig) -> GfpganRestorer:
     device = pick_device(config.device)
 
     def load() -> GfpganRestorer:
-        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=device)
+        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=device,
+                           autotune=config.cudnn_benchmark)
         restorer = GfpganRestorer(load_gfpgan(checkpoint, device), device, precision=config.precision,
                                   cuda_graph=config.cuda_graph)
         logger.info("GFPGAN restorer on %s, batches of %d", device, restorer.batch_size)

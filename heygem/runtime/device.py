@@ -62,15 +62,18 @@ def pick_device(name: str = "auto"):
     raise HeygemError(f"--device {name!r} is not valid: use auto, cpu, cuda or cuda:N")
 
 
-def configure_backends(deterministic: bool = False, cudnn: bool = True, device=None) -> None:
+def configure_backends(deterministic: bool = False, cudnn: bool = True, device=None, autotune: bool = False) -> None:
     """Set the process-wide cuDNN and matmul flags.
 
     Fast (default): cuDNN picks each convolution's kernel by its heuristics, without
     timing the candidates: autotuning (``cudnn.benchmark``) added 3.5 s to the wav2lip
     generator's start on an H200 and found kernels no faster (docs/benchmarks.md,
     "Streaming and start-up latency"), and it searches again for every new input
-    shape (the blend's blurs change shape with the face box); on Ampere and newer
-    GPUs fp32 matmuls and convolutions use TF32 tensor cores.
+    shape (the blend's blurs change shape with the face box). ``autotune`` (benchmark
+    mode) times the candidates once per shape: for networks that only see fixed-size
+    batches (FixedBatchRunner) and run long enough to pay the search back, as MuseTalk's
+    step, whose speeds were measured so. On Ampere and newer GPUs fp32 matmuls and
+    convolutions use TF32 tensor cores.
     Deterministic: the same input gives the same bits on every run, at some speed cost.
     ``cudnn=False`` switches cuDNN off, only to measure what it buys; when cuDNN is
     asked for but does not work (see cudnn_problem) it is switched off with one warning.
@@ -87,7 +90,7 @@ def configure_backends(deterministic: bool = False, cudnn: bool = True, device=N
         backend.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
-        backend.benchmark = False
+        backend.benchmark = autotune
         backend.deterministic = False
         if torch.are_deterministic_algorithms_enabled():  # the call imports torch's compiler: ~1 s, so only when needed
             torch.use_deterministic_algorithms(False)

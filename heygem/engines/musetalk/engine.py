@@ -52,7 +52,8 @@ class MuseTalkEngine:
         started = time.perf_counter()
         self.files = files
         self.device = pick_device(config.device)
-        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
+        configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device,
+                           autotune=True)  # fixed-size batches, long steps: as its speeds were measured
         self.dtype = autocast_dtype(self.device, config.precision) or torch.float32
         self.extra_margin = config.musetalk_margin if files.version == "v15" else 0  # 1.0 has no margin
         self.parsing_mode = resolve_parsing_mode(config.musetalk_parsing, files)

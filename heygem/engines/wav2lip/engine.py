@@ -96,7 +96,8 @@ class Wav2LipEngine:
     def __init__(self, checkpoint_path: Path, config: EngineConfig):
         with timeline.span("CUDA start and cuDNN check"):  # on the CPU: the flags alone
             self.device = pick_device(config.device)
-            configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device)
+            configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device,
+                               autotune=config.cudnn_benchmark)
         batch_size = config.batch_size
         if self.device.type == "cpu":
             batch_size = min(batch_size, CPU_BATCH_SIZE)

@@ -57,7 +57,7 @@ class MuseTalkDeviceRender(RegionRender):
         return self._audio_windows[torch.from_numpy(np.asarray(rows))]
 
     def _render(self, batch: FrameBatch) -> Downloading:
-        from heygem.engines.musetalk import crop
+        import heygem.engines.musetalk.crop as crop
         from heygem.render import gpu_blend
 
         engine = self.prepared.engine

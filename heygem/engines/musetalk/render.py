@@ -6,7 +6,10 @@ travels and is pasted on the device.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -79,13 +82,21 @@ class MuseTalkDeviceRender(RegionRender):
         regions = self._cut(batch, rows, origins, canvas.height, canvas.width, engine.device)
         planes = regions.pinned.to(engine.device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
         boxes_on_regions = boxes_host - np.concatenate([origins, origins], axis=1)  # (F, 4)
-        crops_bgr = np.stack([crop.crop_256(yuv420_to_bgr(region, canvas.width, canvas.height), box)
-                              for region, box in zip(regions.host, boxes_on_regions)])  # (F, 256, 256, 3)
+        pool = host_pool()
+
+        def crop_region(index: int) -> np.ndarray:
+            bgr = yuv420_to_bgr(regions.host[index], canvas.width, canvas.height)
+            return crop.crop_256(bgr, boxes_on_regions[index])
+
+        crops = [pool.submit(crop_region, index) for index in range(len(rows))]  # first: the networks wait
+        feather = self.config.blend.feather
+        masks = [pool.submit(paste_mask, batch.faces[row], box, feather) for row, box in zip(rows, boxes_host)]
+        crops_bgr = np.stack([future.result() for future in crops])  # (F, 256, 256, 3)
         latents = engine.unet_input_latents(crops_bgr)  # (F, 8, 32, 32), from the avatar cache where stored
         generated = engine.generate_faces(latents, self.audio_windows(batch.output_indices[rows]))
         # the CPU path's rounding to 8 bits, and RGB to BGR: (F, 3, 256, 256) in [0, 1]
         faces_bgr = (generated.float() * 255.0).round_().clamp_(0.0, 255.0).div_(255.0).flip(1)
-        masks = paste_masks([batch.faces[row] for row in rows], boxes_host, self.config.blend.feather)
+        masks = [mask.result() for mask in masks]  # made on the host while the device works
         paste_faces(planes, boxes_on_regions, faces_bgr, masks, self.config.blend.color_match)
         return self._download(batch, regions, planes)
 
@@ -108,16 +119,29 @@ class MuseTalkDeviceRender(RegionRender):
         return Downloading(batch)
 
 
-def paste_masks(faces: list, boxes: np.ndarray, feather: float) -> list[np.ndarray]:
-    """Each face's (h, w) float32 paste mask over its box: the CPU path's own (blend.lower_face_mask kept
+HOST_THREADS = 8  # threads for each face's host work (OpenCV and hashlib let go of the interpreter lock)
+_HOST_POOL: list = []
+_HOST_POOL_LOCK = threading.Lock()
+
+
+def host_pool():
+    """The threads shared by every device render path for the faces' host work (crops and masks)."""
+    with _HOST_POOL_LOCK:
+        if not _HOST_POOL:
+            _HOST_POOL.append(ThreadPoolExecutor(min(HOST_THREADS, os.cpu_count() or 1),
+                                                 thread_name_prefix="musetalk-host"))
+        return _HOST_POOL[0]
+
+
+def paste_mask(face, box, feather: float) -> np.ndarray:
+    """A face's (h, w) float32 paste mask over its box: the CPU path's own (blend.lower_face_mask kept
     below the box's middle, engine.lower_half_only), made on the host from the landmarks."""
     from heygem.engines.musetalk.engine import lower_half_only
     from heygem.render.blend import lower_face_mask
     from heygem.types import FacePatch
 
-    return [lower_half_only(lower_face_mask(FacePatch(box=tuple(int(v) for v in box), image_bgr=None, mask=None,
-                                                      face=face), feather))
-            for face, box in zip(faces, boxes)]
+    patch = FacePatch(box=tuple(int(v) for v in box), image_bgr=None, mask=None, face=face)
+    return lower_half_only(lower_face_mask(patch, feather))
 
 
 def bilinear_matrices(source_size: int, lengths: np.ndarray, offsets: np.ndarray, target_size: int,

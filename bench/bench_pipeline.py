@@ -14,7 +14,9 @@ CPU seconds each kind of process used (the main process with all its threads, th
 encoders, the ffmpeg decoders, rendering and tracking processes):
 their sum over the wall time is how many cores the run kept busy. The wav2lip engine runs a
 random-init checkpoint in the official layout
-(the same speed as trained weights) unless --weights names a folder with real ones.
+(the same speed as trained weights) unless --weights names a folder with real ones; the musetalk
+engine random-init files in MuseTalk's layout (heygem.engines.musetalk.random_files; full size
+by default, --musetalk-size reduced for a quick CPU run of the same command).
 
 Configurations (--configs picks some, run in the order given: "cold cache" clears the avatar
 cache first, "warm cache" reuses what the run before it stored):
@@ -61,6 +63,13 @@ CONFIGURATIONS: dict[str, tuple[str, dict, bool]] = {
     "landmark torch render, second job": ("landmark", {"run.render": "torch"}, False),
     "landmark numpy render, second job": ("landmark", {"run.render": "numpy"}, False),
     "landmark tracked, second job": ("landmark", {"run.avatar_cache": False}, False),
+    # MuseTalk 1.5 from random-init files in the official layout (--musetalk-size): "cold cache" tracks
+    # every frame and encodes every crop (and stores both), "warm cache" reuses the tracking and the crops'
+    # latents, "tracked" tracks every frame (and encodes every crop: no avatar cache at all)
+    "musetalk cold cache": ("musetalk", {}, True),
+    "musetalk warm cache": ("musetalk", {}, False),
+    "musetalk warm cache, second job": ("musetalk", {}, False),
+    "musetalk tracked, second job": ("musetalk", {"run.avatar_cache": False}, False),
 }
 
 
@@ -287,6 +296,8 @@ def main() -> None:
     parser.add_argument("--gfpgan", action="store_true",
                         help="also put a random-init GFPGANv1.4.pth (official layout) into the weights, so that "
                              "the wav2lip engine restores with GFPGAN (restore.method auto)")
+    parser.add_argument("--musetalk-size", choices=("full", "reduced"), default="full",
+                        help="the random-init MuseTalk files' size (reduced: the same classes, small, for the CPU)")
     parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("OPTION", "VALUE"),
                         help="an option for every configuration, e.g. --set media.preset ultrafast "
                              "(VALUE is read as YAML: 3, true, fp16)")
@@ -312,6 +323,10 @@ def main() -> None:
             weights = folder / "weights"
             weights.mkdir()
             torch.save({"state_dict": Wav2Lip().state_dict()}, weights / "wav2lip.pth")
+            if any(CONFIGURATIONS[name][0] == "musetalk" for name in args.configs):
+                from heygem.engines.musetalk.random_files import write_random_files
+
+                write_random_files(weights / "musetalk", size=args.musetalk_size)
             if args.gfpgan:
                 from heygem.models.gfpgan import GFPGANClean
 

@@ -25,6 +25,7 @@ from heygem.engines.musetalk import audio_features as features
 from heygem.engines.musetalk import crop
 from heygem.engines.musetalk.files import find_musetalk_files, missing_files
 from heygem.engines.musetalk.random_files import write_random_files
+from heygem.engines.musetalk.render import MuseTalkRender
 from heygem.errors import HeygemError
 from heygem.types import Face
 
@@ -291,3 +292,57 @@ def test_the_1_0_files_are_used_without_the_1_5_ones_with_no_margin(tmp_path):
     assert files.version == "v1" and files.unet.name == "pytorch_model.bin"
     engine = MuseTalkEngine(files, EngineConfig(device="cpu"), use_cache=False)
     assert engine.extra_margin == 0 and engine.parsing_mode == "landmarks"
+
+
+def test_the_device_render_path_matches_the_cpu_path_on_the_portrait(musetalk_weights, speech_wav, tmp_path,
+                                                                     monkeypatch):
+    """The GPU render path (run here by torch on the CPU) against the CPU path, one batch of the portrait: the
+    same crops (so the same latents and faces) and masks, nothing outside the face box changed, the pasted
+    mouth within a few levels (float matrices where cv2 resizes and converts in fixed point)."""
+    from types import SimpleNamespace
+
+    from heygem.config import Config, FaceConfig
+    from heygem.engines.musetalk.engine import MuseTalkEngine
+    from heygem.engines.musetalk.render import MuseTalkDeviceRender
+    from heygem.face.finder import FaceFinder
+    from heygem.media.frames import bgr_batch_to_i420, i420_batch_to_bgr
+    from heygem.render.restore import Restoration
+    from heygem.speech.audio import load_audio_16k
+    from heygem.types import FrameBatch
+
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path))
+    photo = cv2.imread(str(ASSETS / "astronaut.jpg"))[:510, :510]  # even sides, as I420 needs
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
+        landmarks = finder.find(photo)
+    face = Face(box=tuple(int(v) for v in (*landmarks.min(axis=0), *landmarks.max(axis=0))), landmarks=landmarks)
+    engine = MuseTalkEngine(find_musetalk_files(musetalk_weights / "musetalk"), EngineConfig(device="cpu"))
+    samples = load_audio_16k(speech_wav)[:16000]
+    prepared = SimpleNamespace(engine=engine, samples_16k=samples, fps=25.0, frame_count=25,
+                               restoration=Restoration("none", 0.0))
+    frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 3, axis=0))
+    batch = FrameBatch(output_indices=np.array([3, 4, 5]), source_indices=np.zeros(3, np.int64),
+                       frames_i420=frames_i420.copy(), faces=[face, None, face])
+    config = Config()
+    render = MuseTalkDeviceRender(prepared, config)
+    (done,) = list(render.paste(render.render([batch])))
+    ours = i420_batch_to_bgr(done.frames_i420).astype(np.int16)
+
+    cpu = MuseTalkRender(prepared, config)  # the CPU path's three stages on the same batch
+    reference_batch = FrameBatch(output_indices=batch.output_indices, source_indices=batch.source_indices,
+                                 frames_i420=frames_i420.copy(), faces=batch.faces)
+    (reference_batch,) = list(cpu.blend(cpu.restore(cpu.generate([reference_batch]))))
+    reference = i420_batch_to_bgr(reference_batch.frames_i420).astype(np.int16)
+    source = i420_batch_to_bgr(frames_i420).astype(np.int16)
+
+    assert np.array_equal(ours[1], source[1]) and np.array_equal(reference[1], source[1])  # no face: untouched
+    box = crop.musetalk_box(face, *photo.shape[:2], engine.extra_margin)
+    x1, y1, x2, y2 = box
+    outside = np.ones(photo.shape[:2], bool)
+    outside[y1:y2, x1:x2] = False
+    assert np.array_equal(ours[0][outside], source[0][outside])  # only the box's bytes change
+    changed = np.abs(reference[0] - source[0]).max(axis=2) > 8  # what the CPU path pasted
+    assert changed[y1:(y1 + y2) // 2].sum() == 0 and changed.sum() > 500
+    difference = np.abs(ours - reference)[[0, 2]]  # (2, H, W, 3)
+    assert np.abs(ours[0] - source[0])[changed].mean() > 8  # the device path pasted a mouth there too
+    in_box = difference[:, y1:y2, x1:x2]  # measured: mean 0.17, 99.9th percentile 3, max 4 levels
+    assert in_box.mean() < 0.4 and in_box.max() <= 6, (in_box.mean(), in_box.max())

@@ -76,9 +76,15 @@ class MuseTalkKind(EngineKind):
                            owner=owner)
 
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
-        """The CPU render path with MuseTalk's audio features; the networks run on the engine's device."""
-        from heygem.engines.musetalk.render import MuseTalkRender
+        """On a GPU (or with --render torch) each face's region goes to the device, where the face is
+        pasted (heygem.engines.musetalk.render.MuseTalkDeviceRender); else the CPU render path. Both
+        take MuseTalk's audio features; the networks run on the engine's device."""
+        from heygem.engines.musetalk.render import MuseTalkDeviceRender, MuseTalkRender
+        from heygem.runtime.device import gpu_present
 
+        wanted = config.run.render
+        if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_present()):
+            return MuseTalkDeviceRender(prepared, config)
         return MuseTalkRender(prepared, config)
 
     def after_job(self, engine: LipSyncEngine, owner: int, ended_well: bool) -> None:

@@ -1,16 +1,22 @@
-"""Step 6 for the MuseTalk engine: the CPU render path (heygem.render.cpu) with MuseTalk's own
-audio features. The networks run on the engine's device; the frames, the blend and the restorer
-stay on the CPU.
+"""Step 6 for the MuseTalk engine, with MuseTalk's own audio features: the CPU render path
+(heygem.render.cpu; the networks on the engine's device, the frames, the blend and the restorer on
+the CPU), or on a GPU the device path (heygem.render.regions), where only each face's region
+travels and is pasted on the device.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
-from heygem.media.frames import i420_batch_to_bgr
+from heygem.media.frames import i420_batch_to_bgr, yuv420_to_bgr
 from heygem.render.cpu import CpuRender
+from heygem.render.regions import Downloading, RegionRender
 from heygem.types import FrameBatch
 
 
@@ -29,3 +35,161 @@ class MuseTalkRender(CpuRender):
             rows = torch.from_numpy(batch.output_indices)
             batch.patches = engine.patches(batch.frames_bgr, batch.faces, audio_windows[rows])
             yield batch
+
+
+class MuseTalkDeviceRender(RegionRender):
+    """Step 6 on the GPU for the musetalk engine (heygem.render.regions' two stages). "render", per
+    batch: cut each face's region around its MuseTalk box out of the I420 frames into a page-locked
+    buffer and upload it; on the host, the region's 256x256 crop (the same bytes as the CPU path's,
+    so the avatar cache's latents serve both); the UNet and the decoder on the device; the
+    generated faces pasted into the regions there (heygem.render.gpu_blend: scaled to the box,
+    colour-matched, with the feathered lower-face mask kept below the box's middle as MuseTalk
+    pastes), and the copy back queued. "paste": put the regions back into the frames. With a
+    restorer or with face parsing (BiSeNet's masks), a batch takes the CPU path's steps instead.
+    """
+
+    def __init__(self, prepared, config):
+        super().__init__(prepared, config)
+        self._audio_windows = None  # (frames, 50, 384), made when the first batch arrives
+
+    def audio_windows(self, rows: np.ndarray) -> torch.Tensor:
+        """The Whisper windows of output frames ``rows`` (computed once per job)."""
+        if self._audio_windows is None:
+            self._audio_windows = self.prepared.engine.audio_features(
+                self.prepared.samples_16k, self.prepared.fps, self.prepared.frame_count)
+        return self._audio_windows[torch.from_numpy(np.asarray(rows))]
+
+    def _render(self, batch: FrameBatch) -> Downloading:
+        import heygem.engines.musetalk.crop as crop
+        from heygem.render import gpu_blend
+
+        engine = self.prepared.engine
+        if engine.parser is not None or self.prepared.restoration.name != "none":
+            return self._render_on_cpu(batch)
+        frame_height, frame_width = batch.frames_i420.shape[1] * 2 // 3, batch.frames_i420.shape[2]
+        rows, boxes = [], []
+        for row, face in enumerate(batch.faces):
+            box = (crop.musetalk_box(face, frame_height, frame_width, engine.extra_margin)
+                   if face is not None else None)
+            if box is not None:
+                rows.append(row)
+                boxes.append(box)
+        if not rows:
+            return Downloading(batch)
+        boxes_host = np.array(boxes, dtype=np.int64)  # (F, 4) in the frames
+        canvas = gpu_blend.face_canvas(np.array(rows), boxes_host, frame_height, frame_width, "cpu")
+        origins = canvas.origin.numpy()  # (F, 2) even x, y
+        regions = self._cut(batch, rows, origins, canvas.height, canvas.width, engine.device)
+        planes = regions.pinned.to(engine.device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+        boxes_on_regions = boxes_host - np.concatenate([origins, origins], axis=1)  # (F, 4)
+        pool = host_pool()
+
+        def crop_region(index: int) -> np.ndarray:
+            bgr = yuv420_to_bgr(regions.host[index], canvas.width, canvas.height)
+            return crop.crop_256(bgr, boxes_on_regions[index])
+
+        crops = [pool.submit(crop_region, index) for index in range(len(rows))]  # first: the networks wait
+        feather = self.config.blend.feather
+        masks = [pool.submit(paste_mask, batch.faces[row], box, feather) for row, box in zip(rows, boxes_host)]
+        crops_bgr = np.stack([future.result() for future in crops])  # (F, 256, 256, 3)
+        latents = engine.unet_input_latents(crops_bgr)  # (F, 8, 32, 32), from the avatar cache where stored
+        generated = engine.generate_faces(latents, self.audio_windows(batch.output_indices[rows]))
+        # the CPU path's rounding to 8 bits, and RGB to BGR: (F, 3, 256, 256) in [0, 1]
+        faces_bgr = (generated.float() * 255.0).round_().clamp_(0.0, 255.0).div_(255.0).flip(1)
+        masks = [mask.result() for mask in masks]  # made on the host while the device works
+        paste_faces(planes, boxes_on_regions, faces_bgr, masks, self.config.blend.color_match)
+        return self._download(batch, regions, planes)
+
+    def _render_on_cpu(self, batch: FrameBatch) -> Downloading:
+        """The CPU path's steps for one batch (face parsing's masks or a restorer): patches, restored
+        and blended into the BGR frames, written back into the I420 frames."""
+        from heygem.media.frames import write_region_i420
+        from heygem.render.blend import blend_patch
+        from heygem.render.restore import restore_patches
+
+        engine = self.prepared.engine
+        frames_bgr = i420_batch_to_bgr(batch.frames_i420)
+        patches = engine.patches(frames_bgr, batch.faces, self.audio_windows(batch.output_indices))
+        if self.prepared.restoration.name != "none":
+            patches = restore_patches(patches, frames_bgr, self.prepared.restoration)
+        for index, patch in enumerate(patches):
+            if patch is not None:
+                blend_patch(frames_bgr[index], patch, self.config.blend)
+                write_region_i420(batch.frames_i420[index], frames_bgr[index], patch.box)
+        return Downloading(batch)
+
+
+HOST_THREADS = 8  # threads for each face's host work (OpenCV and hashlib let go of the interpreter lock)
+_HOST_POOL: list = []
+_HOST_POOL_LOCK = threading.Lock()
+
+
+def host_pool():
+    """The threads shared by every device render path for the faces' host work (crops and masks)."""
+    with _HOST_POOL_LOCK:
+        if not _HOST_POOL:
+            _HOST_POOL.append(ThreadPoolExecutor(min(HOST_THREADS, os.cpu_count() or 1),
+                                                 thread_name_prefix="musetalk-host"))
+        return _HOST_POOL[0]
+
+
+def paste_mask(face, box, feather: float) -> np.ndarray:
+    """A face's (h, w) float32 paste mask over its box: the CPU path's own (blend.lower_face_mask kept
+    below the box's middle, engine.lower_half_only), made on the host from the landmarks."""
+    from heygem.engines.musetalk.engine import lower_half_only
+    from heygem.render.blend import lower_face_mask
+    from heygem.types import FacePatch
+
+    patch = FacePatch(box=tuple(int(v) for v in box), image_bgr=None, mask=None, face=face)
+    return lower_half_only(lower_face_mask(patch, feather))
+
+
+def bilinear_matrices(source_size: int, lengths: np.ndarray, offsets: np.ndarray, target_size: int,
+                      device) -> torch.Tensor:
+    """(F, target_size, source_size) float32: each face's resize of one axis as cv2.resize's default
+    (INTER_LINEAR, pixel centres aligned, the border pixel repeated) from ``source_size`` samples to
+    ``lengths[f]`` samples at ``offsets[f]`` of a ``target_size`` axis; zero rows elsewhere."""
+    lengths = torch.as_tensor(lengths, dtype=torch.float64, device=device)[:, None]  # (F, 1)
+    target = torch.arange(target_size, dtype=torch.float64, device=device) - torch.as_tensor(
+        offsets, dtype=torch.float64, device=device)[:, None]  # (F, T)
+    inside = (target >= 0) & (target < lengths)
+    centre = ((target + 0.5) * (source_size / lengths) - 0.5).clamp_(min=0.0)  # (F, T)
+    start = torch.floor(centre)
+    fraction = centre - start
+    first = start.clamp(max=source_size - 1).long()
+    second = (start + 1).clamp(max=source_size - 1).long()
+    matrix = torch.zeros((len(lengths), target_size, source_size), dtype=torch.float64, device=device)
+    matrix.scatter_add_(2, first[..., None], ((1 - fraction) * inside)[..., None])
+    matrix.scatter_add_(2, second[..., None], (fraction * inside)[..., None])
+    return matrix.to(torch.float32)
+
+
+def paste_faces(planes: torch.Tensor, boxes: np.ndarray, faces_bgr: torch.Tensor, masks: list[np.ndarray],
+                color_match: bool) -> None:
+    """Blend each generated face into its region of ``planes`` ((F, Hc * 3/2, Wc) I420, one face a
+    region), in place, as the CPU path does: the (F, 3, S, S) BGR faces in [0, 1] resized to their
+    boxes ((F, 4) on the regions) bilinearly and rounded, shifted to the frame's mean colour over the
+    mask's soft edge (``color_match``), alpha-blended with ``masks`` ((h, w) each, over its box) and
+    converted back to I420 as OpenCV does (each 2x2 block's top-left pixel for U and V)."""
+    from heygem.render import gpu_blend
+
+    height, width = planes.shape[1] * 2 // 3, planes.shape[2]
+    frame_index = np.arange(len(boxes))
+    host = gpu_blend.face_canvas(frame_index, boxes, height, width, "cpu")
+    canvas = gpu_blend.face_canvas(frame_index, boxes, height, width, planes.device)
+    offsets = boxes[:, :2] - host.origin.numpy()  # (F, 2) x, y of each box on its canvas
+    sizes = boxes[:, 2:] - boxes[:, :2]  # (F, 2) width, height
+    mask_canvas = np.zeros((len(boxes), 1, host.height, host.width), np.float32)
+    for index, ((x, y), (w, h), mask) in enumerate(zip(offsets, sizes, masks)):
+        mask_canvas[index, 0, y:y + h, x:x + w] = mask
+    mask_canvas = gpu_blend.to_device(mask_canvas, planes.device)
+    y, u, v = gpu_blend.gather_canvas(planes, canvas)
+    regions = gpu_blend.i420_to_bgr(y, u, v)  # (F, 3, Hc, Wc) BGR in 0..255
+    size = faces_bgr.shape[-1]
+    rows = bilinear_matrices(size, sizes[:, 1], offsets[:, 1], host.height, planes.device)  # (F, Hc, S)
+    columns = bilinear_matrices(size, sizes[:, 0], offsets[:, 0], host.width, planes.device)  # (F, Wc, S)
+    scaled = (rows[:, None] @ (faces_bgr.float() * 255.0) @ columns[:, None].transpose(2, 3)).round_().clamp_(0, 255)
+    if color_match:
+        band = (mask_canvas > 0.02) & (mask_canvas < 0.7)  # (F, 1, Hc, Wc)
+        scaled += gpu_blend.colour_shift(regions, scaled, band)[:, :, None, None]
+    gpu_blend.blend_canvas(planes, canvas, regions, scaled, mask_canvas, chroma="top_left")

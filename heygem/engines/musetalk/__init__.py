@@ -76,14 +76,13 @@ class MuseTalkKind(EngineKind):
                            owner=owner)
 
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
-        """On a GPU (or with --render torch) each face's region goes to the device, where the face is
-        pasted (heygem.engines.musetalk.render.MuseTalkDeviceRender); else the CPU render path. Both
-        take MuseTalk's audio features; the networks run on the engine's device."""
+        """With --render torch each face's region goes to the engine's device, where the face is pasted
+        (heygem.engines.musetalk.render.MuseTalkDeviceRender); else (auto too, until that path has been
+        measured on a GPU) the CPU render path. Both take MuseTalk's audio features; the networks run on
+        the engine's device."""
         from heygem.engines.musetalk.render import MuseTalkDeviceRender, MuseTalkRender
-        from heygem.runtime.device import gpu_present
 
-        wanted = config.run.render
-        if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_present()):
+        if config.run.render == "torch":
             return MuseTalkDeviceRender(prepared, config)
         return MuseTalkRender(prepared, config)
 

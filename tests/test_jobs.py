@@ -483,3 +483,51 @@ def test_an_upload_that_meets_a_full_disk_is_refused_with_507_and_leaves_nothing
     assert store.list() == [] and not [path for path in store.outputs_dir.iterdir() if path.is_dir()]
     monkeypatch.setattr(files, "open", real_open, raising=False)
     assert store.create_job(face_photo, speech_wav)  # the same upload is taken once there is room
+
+
+def test_an_outcome_the_store_cannot_write_yet_is_recorded_once_it_can(tmp_path, media, monkeypatch, caplog):
+    """A full disk can stop SQLite's commit after the job has run: the worker tries again (one line each
+    time) and the job ends recorded, not left running until the server restarts."""
+
+    from heygem.jobs import worker as worker_module
+
+    store = JobStore(tmp_path / "outputs")
+    job_id = store.create_job(media["face"], media["speech"], {"media.output_height": 256})
+    real_finish = JobStore.finish
+    tries = []
+
+    def finish_on_the_third_try(self, *args, **kwargs):
+        tries.append(args[2])
+        if len(tries) < 3:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobStore, "finish", finish_on_the_third_try)
+    monkeypatch.setattr(worker_module, "FINISH_RETRY_SECONDS", (0.01, 0.01, 0.01))
+    owner = process_owner("worker-9")
+    job = store.claim_next(owner)
+    with caplog.at_level("WARNING", logger="heygem"):
+        status = worker_module.run_job(store, job, owner)
+    assert status == DONE and tries == [DONE, DONE, DONE]
+    assert store.get(job_id).status == DONE
+    refusals = [record.getMessage() for record in caplog.records if "cannot record" in record.getMessage()]
+    assert len(refusals) == 2 and all("database or disk is full" in line for line in refusals)
+    assert not any(record.exc_info for record in caplog.records)
+
+
+def test_an_outcome_the_store_never_takes_is_raised_after_the_last_try(tmp_path, media, monkeypatch):
+
+    from heygem.jobs import worker as worker_module
+
+    store = JobStore(tmp_path / "outputs")
+    store.create_job(media["face"], media["speech"], {"media.output_height": 256})
+
+    def never(self, *args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(JobStore, "finish", never)
+    monkeypatch.setattr(worker_module, "FINISH_RETRY_SECONDS", (0.01,))
+    owner = process_owner("worker-9")
+    job = store.claim_next(owner)
+    with pytest.raises(sqlite3.OperationalError):
+        worker_module.run_job(store, job, owner)

@@ -45,6 +45,23 @@ class _JobLogHandler(logging.FileHandler):
         self.addFilter(lambda record: record.thread == thread_id)
 
 
+FINISH_RETRY_SECONDS = (1.0, 2.0, 4.0, 8.0)  # waits between tries to record an outcome the store could not take
+
+
+def finish_when_the_store_can(store: JobStore, job_id: str, owner: str, status: str, **outcome) -> bool:
+    """``store.finish``, tried again while the database cannot write (a full disk, a locked file): the job
+    a worker ran is recorded once room is made, instead of showing as running until the server restarts.
+    One line per failed try; the last failure is raised (the worker logs it, the next start recovers the job)."""
+    for wait in FINISH_RETRY_SECONDS:
+        try:
+            return store.finish(job_id, owner, status, **outcome)
+        except sqlite3.OperationalError as problem:
+            logger.warning("job %s: the job store cannot record it %s yet (%s); trying again in %.0f s",
+                           job_id, status, problem, wait)
+            time.sleep(wait)
+    return store.finish(job_id, owner, status, **outcome)
+
+
 def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             generate: Callable | None = None) -> str:
     """Run one claimed job to its end and record the outcome; return the final status.
@@ -124,7 +141,7 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             else:
                 status, error, engine = FAILED, "the pipeline finished without writing result.mp4; see job.log", None
                 logger.error("job %s: %s", job.id, error)
-        if not store.finish(job.id, owner, status, error=error, engine=engine):
+        if not finish_when_the_store_can(store, job.id, owner, status, error=error, engine=engine):
             logger.warning("job %s was cancelled, deleted or taken over while running; its outcome is dropped",
                            job.id)
             current = store.find(job.id)

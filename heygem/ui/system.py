@@ -10,6 +10,7 @@ import pandas as pd
 
 from heygem.doctor import benchmark_markdown, format_markdown, run_checks
 from heygem.runtime.benchmark import run_benchmark
+from heygem.runtime.device import gpu_present
 from heygem.ui.access import PageAccess
 from heygem.weights import weights_dir
 
@@ -37,15 +38,6 @@ def benchmark_markdown_now() -> str:
     return benchmark_markdown(run_benchmark(separate_process=True))
 
 
-def has_cuda_gpu() -> bool:
-    """Whether torch sees a CUDA GPU here (the benchmark has nothing to measure otherwise)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
 def system_tab(access: PageAccess | None = None) -> None:
     """What `python -m heygem doctor` reports, checked when the tab opens; the GPU benchmark on request."""
 
@@ -70,7 +62,7 @@ def system_tab(access: PageAccess | None = None) -> None:
                                elem_id="system-weights", elem_classes=["heygem-table"], wrap=True,
                                column_widths=["12%", "14%", "9%", "25%", "40%"])
         system_refresh = gr.Button("Check again")
-        gpu = has_cuda_gpu()
+        gpu = gpu_present()  # the benchmark has nothing to measure otherwise
         gr.Markdown("The GPU benchmark runs the Wav2Lip generator for a few seconds with cuDNN on and off "
                     "(jobs running on the same GPU slow it down)." if gpu else
                     "No CUDA GPU here, so there is no GPU benchmark to run.", elem_id="benchmark-note")

@@ -307,24 +307,11 @@ def validate(config: Config) -> None:
         raise HeygemError("--pads takes four numbers: top bottom left right")
     if face.box is not None and (len(face.box) != 4 or face.box[2] <= face.box[0] or face.box[3] <= face.box[1]):
         raise HeygemError("--box takes four numbers x1 y1 x2 y2 with x2 > x1 and y2 > y1")
-    if face.smooth_window < 1 or face.redetect_every < 1:
-        raise HeygemError("--smooth-window and --redetect-every must be at least 1")
+    # the other ranges are the options' own (option(minimum=..., maximum=...)), checked in the loop above
     if not 0 < media.fps <= 120:
         raise HeygemError("--fps must be between 0 and 120")
     if media.output_height is not None and not 16 <= media.output_height <= 4320:
         raise HeygemError("--output-height must be between 16 and 4320")
-    if not 0 <= config.engine.musetalk_margin <= 200 or not 0 <= config.engine.musetalk_cheek_width <= 256:
-        raise HeygemError("--musetalk-margin must be between 0 and 200 and --musetalk-cheek-width between 0 and 256")
-    if media.batch_frames < 1 or config.engine.batch_size < 1:
-        raise HeygemError("batch sizes must be at least 1")
-    if config.run.face_workers < 0 or config.run.encoders < 0 or config.run.decoders < 0:
-        raise HeygemError("--face-workers, --decoders and --encoders must be 0 (automatic) or more")
-    if not 0 <= media.crf <= 51:
-        raise HeygemError("--crf must be between 0 and 51")
-    if not 0 <= config.restore.strength <= 2:
-        raise HeygemError("--restore-strength must be between 0 and 2")
-    if config.text.max_characters < 0:
-        raise HeygemError("--max-text-chars must be 0 (no limit) or more")
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:

@@ -68,7 +68,7 @@ class MuseTalkKind(EngineKind):
             raise HeygemError(self.missing_weights())
         options = config.engine
         use_cache = config.run.avatar_cache
-        key = (files.identity, options.device, options.batch_size, options.precision, options.cuda_graph,
+        key = (*files.identity, options.device, options.batch_size, options.precision, options.cuda_graph,
                options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
                options.musetalk_cheek_width, use_cache, config.blend.feather)
         feather = config.blend.feather

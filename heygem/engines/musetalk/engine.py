@@ -31,6 +31,7 @@ from heygem.engines.musetalk.model_step import MouthModelStep, encode_faces
 from heygem.face import avatar_cache
 from heygem.render.blend import lower_face_mask
 from heygem.runtime.device import autocast_dtype, configure_backends, pick_device
+from heygem.runtime.kept import file_identity
 from heygem.types import Box, Face, FacePatch
 
 logger = logging.getLogger("heygem")
@@ -70,7 +71,7 @@ class MuseTalkEngine:
 
             self.parser = FaceParser(files, self.device, self.parsing_mode, config.musetalk_cheek_width)
         # the avatar cache's namespace: the VAE's files (their content, named by path, size and time)
-        identity = repr(files.identity[2:4]).encode()
+        identity = repr((file_identity(files.vae_config), file_identity(files.vae))).encode()
         namespace = hashlib.sha256(b"musetalk-vae-latents-v1" + identity).hexdigest()
         self.latents_namespace = namespace if use_cache else None
         self.remembered: OrderedDict[str, np.ndarray] = OrderedDict()

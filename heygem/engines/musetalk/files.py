@@ -18,6 +18,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from heygem.runtime.kept import file_identity
 from heygem.weights import weights_dir
 
 FOLDER_NAME = "musetalk"
@@ -51,11 +52,11 @@ class MuseTalkFiles:
     @property
     def identity(self) -> tuple:
         """What must stay equal for an engine loaded from these files to be reused: every path, size
-        and modification time."""
+        and modification time (heygem.runtime.kept.file_identity), the UNet's first, so that an engine
+        of an earlier UNet file is dropped as stale when a new one is kept."""
         paths = [self.unet, self.unet_config, self.vae_config, self.vae, self.whisper_config, self.whisper,
                  self.whisper_preprocessor, self.parsing, self.parsing_backbone]
-        return tuple((str(path), path.stat().st_size, path.stat().st_mtime_ns) if path is not None else None
-                     for path in paths)
+        return tuple(file_identity(path) if path is not None else None for path in paths)
 
 
 def musetalk_folder() -> Path:

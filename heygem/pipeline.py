@@ -183,8 +183,6 @@ def generate(
     except BaseException:
         if encoder is not None:
             encoder.abort()
-        if config.media.stream:  # a job that did not finish keeps no stream: its segments could fill a full disk
-            shutil.rmtree(stream_folder(output_path), ignore_errors=True)
         raise
     finally:
         if source is not None:

@@ -405,9 +405,12 @@ class VideoEncoder:
         return self.output_path
 
     def abort(self) -> None:
-        """Stop ffmpeg and remove the partial file."""
+        """Stop ffmpeg and remove the partial file and the stream (on a full disk its segments would keep
+        the room a failed job needs to be recorded)."""
         self._feed.kill()
         self.partial_path.unlink(missing_ok=True)
+        if self.stream is not None:
+            shutil.rmtree(self.stream.folder, ignore_errors=True)
 
 
 class SegmentedEncoder:
@@ -562,8 +565,10 @@ class SegmentedEncoder:
             process.kill()
 
     def abort(self) -> None:
-        """Stop every ffmpeg and remove every segment and partial file."""
+        """Stop every ffmpeg and remove every segment and partial file, and the stream."""
         self._stop()
+        if self.stream_dir is not None:
+            shutil.rmtree(self.stream_dir, ignore_errors=True)
 
     def _stop(self) -> None:
         with self._changed:

@@ -201,8 +201,8 @@ def submit(app, speech: Path, options: dict) -> str:
 
 
 def test_rest_stream_404_before_the_first_segment_then_event_then_endlist(app, tmp_path):
-    speech = tmp_path / "speech.wav"
-    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "2.4", str(speech))
+    speech = tmp_path / "speech.wav"  # all 7.4 s: a job long enough that the polls below meet it while it runs
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), str(speech))
     job_id = submit(app, speech, OPTIONS)
     seen = []
     deadline = time.monotonic() + 120

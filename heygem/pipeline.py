@@ -127,7 +127,8 @@ def generate(
 
     # 3. choose: the engine, the restorer and the face detector now; the networks load in the background
     engine = choose_engine(config.engine)
-    restorer = choose_restorer(config.restore, engine.name, engine.kind.synthesises_pixels)
+    restorer = choose_restorer(config.restore, engine.name, engine.kind.synthesises_pixels,
+                               face_size=engine.kind.sharp_face_size)
     detector_checkpoint = require_s3fd_checkpoint() if config.face.detector == "s3fd" else None
     engine_future = _BACKGROUND.submit(_timed_call, engine.kind.load, engine.weights, config, fps, owner)
     restoration_future = _BACKGROUND.submit(_timed_call, create_restoration, restorer, config)

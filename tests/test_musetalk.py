@@ -346,3 +346,69 @@ def test_the_device_render_path_matches_the_cpu_path_on_the_portrait(musetalk_we
     assert np.abs(ours[0] - source[0])[changed].mean() > 8  # the device path pasted a mouth there too
     in_box = difference[:, y1:y2, x1:x2]  # measured: mean 0.17, 99.9th percentile 3, max 4 levels
     assert in_box.mean() < 0.4 and in_box.max() <= 6, (in_box.mean(), in_box.max())
+
+
+@pytest.mark.parametrize("path", ["cpu", "device"])
+def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(musetalk_weights, speech_wav, tmp_path,
+                                                                          monkeypatch, path):
+    """A batch of 1080p frames holds a few frames; the networks run a fixed batch. Both render paths
+    hand the engine groups of consecutive batches that fill its batch, every frame still comes out once
+    in order, and the frames are those of one batch at a time (the same crops, faces and pastes)."""
+    from types import SimpleNamespace
+
+    from heygem.config import Config, FaceConfig
+    from heygem.engines.musetalk.engine import MuseTalkEngine
+    from heygem.engines.musetalk.render import MuseTalkDeviceRender
+    from heygem.face.finder import FaceFinder
+    from heygem.media.frames import bgr_batch_to_i420, i420_batch_to_bgr
+    from heygem.render.restore import Restoration
+    from heygem.speech.audio import load_audio_16k
+    from heygem.types import FrameBatch
+
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path))
+    photo = cv2.imread(str(ASSETS / "astronaut.jpg"))[:510, :510]
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
+        landmarks = finder.find(photo)
+    face = Face(box=tuple(int(v) for v in (*landmarks.min(axis=0), *landmarks.max(axis=0))), landmarks=landmarks)
+    engine = MuseTalkEngine(find_musetalk_files(musetalk_weights / "musetalk"), EngineConfig(device="cpu"))
+    assert engine.batch_size == 4  # CPU_BATCH_SIZE
+    prepared = SimpleNamespace(engine=engine, samples_16k=load_audio_16k(speech_wav)[:16000], fps=25.0,
+                               frame_count=25, restoration=Restoration("none", 0.0))
+    frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 2, axis=0))
+    faces_of = [[face, face], [face, None], [face, face], [face, face], [None, None], [face, face]]
+
+    def batches():
+        for number, faces in enumerate(faces_of):
+            yield FrameBatch(output_indices=np.array([2 * number, 2 * number + 1]), source_indices=np.zeros(2, np.int64),
+                             frames_i420=frames_i420.copy(), faces=faces)
+
+    seen = []
+    generate_faces = engine.generate_faces
+
+    def counting(latents, audio):
+        seen.append(len(latents))
+        return generate_faces(latents, audio)
+
+    monkeypatch.setattr(engine, "generate_faces", counting)
+    config = Config()
+
+    def run(stream):
+        if path == "device":
+            render = MuseTalkDeviceRender(prepared, config)
+            return list(render.paste(render.render(stream)))
+        render = MuseTalkRender(prepared, config)
+        return list(render.blend(render.restore(render.generate(stream))))
+
+    gathered = run(batches())
+    assert seen == [3, 4, 2]  # faces 2+1 (the next 2 would overflow 4), 2+2, then the empty batch and 2
+    assert [list(batch.output_indices) for batch in gathered] == [[2 * n, 2 * n + 1] for n in range(6)]
+    seen.clear()
+    one_at_a_time = [run(iter([batch]))[0] for batch in batches()]
+    assert seen == [2, 1, 2, 2, 2]
+    difference = np.stack([np.abs(i420_batch_to_bgr(ours.frames_i420).astype(np.int16)
+                                  - i420_batch_to_bgr(alone.frames_i420)) for ours, alone in zip(gathered, one_at_a_time)])
+    # other batch sizes round the networks' sums otherwise, which random weights amplify to a level or two
+    assert difference.max() <= 3 and difference.mean() < 0.02, (difference.max(), difference.mean())
+    source = i420_batch_to_bgr(frames_i420).astype(np.int16)
+    assert np.array_equal(i420_batch_to_bgr(gathered[4].frames_i420), source)  # no face: untouched
+    assert np.abs(i420_batch_to_bgr(gathered[0].frames_i420).astype(np.int16) - source).max() > 8

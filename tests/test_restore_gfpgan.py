@@ -265,6 +265,9 @@ def test_the_restorer_choice(tmp_path):
     assert choose_restorer(auto, "wav2lip", True, installed).name == "gfpgan"
     assert choose_restorer(auto, "wav2lip", True, empty).name == "sharpen"
     assert choose_restorer(auto, "landmark", False, installed).name == "none"
+    musetalk = choose_restorer(auto, "musetalk", True, installed, face_size=256)  # its faces are made at 256 px
+    assert musetalk.name == "none" and "256 px" in musetalk.reason
+    assert choose_restorer(RestoreConfig(method="gfpgan"), "musetalk", True, installed, face_size=256).name == "gfpgan"
     assert choose_restorer(RestoreConfig(method="sharpen"), "landmark", False, installed).name == "sharpen"
     assert choose_restorer(RestoreConfig(enabled=False, method="gfpgan"), "wav2lip", True, installed).name == "none"
     assert choose_restorer(RestoreConfig(method="none"), "wav2lip", True, installed).name == "none"

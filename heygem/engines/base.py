@@ -73,6 +73,7 @@ class EngineKind(ABC):
 
     name: str  # what --engine calls it
     synthesises_pixels: bool  # its mouths are made pixels (a restorer helps), else the frame's own, moved
+    sharp_face_size: int | None = None  # the side of faces made sharp enough that auto restores nothing
     needs_weights: bool = True  # whether it runs on a checkpoint the user brings
     weights_label: str = ""  # what its weights are called in messages: "Wav2Lip checkpoint"
 

@@ -46,12 +46,13 @@ class Restoration:
 
 
 def choose_restorer(config: RestoreConfig, engine_name: str, synthesises_pixels: bool,
-                    folder: Path | None = None) -> RestorerChoice:
-    """The restorer for the engine ``engine_name``, which makes its mouths' pixels (wav2lip) or moves the
-    frame's own (landmark).
+                    folder: Path | None = None, face_size: int | None = None) -> RestorerChoice:
+    """The restorer for the engine ``engine_name``, which makes its mouths' pixels (wav2lip, musetalk) or
+    moves the frame's own (landmark); ``face_size``: the side of the faces it makes, where a restorer
+    adds nothing by default (MuseTalk's 256), None for faces that need one (Wav2Lip's 96).
 
     auto: gfpgan when GFPGANv1.4.pth is in the weights folder and the engine synthesises
-    pixels, else sharpen for such an engine and none for the others. Quick: nothing loads.
+    low-resolution pixels, else sharpen for such an engine and none for the others. Quick: nothing loads.
     Raises HeygemError for gfpgan without its file. ``folder``: the weights folder (default: heygem.weights).
     """
     folder = Path(folder) if folder is not None else weights_dir()
@@ -66,6 +67,8 @@ def choose_restorer(config: RestoreConfig, engine_name: str, synthesises_pixels:
         return RestorerChoice("sharpen", None, "chosen with --restorer")
     if not synthesises_pixels:
         return RestorerChoice("none", None, f"auto: the {engine_name} engine moves real pixels")
+    if face_size is not None:
+        return RestorerChoice("none", None, f"auto: the {engine_name} engine makes its faces at {face_size} px")
     checkpoint = find_gfpgan_checkpoint(folder)
     if checkpoint is not None:
         return RestorerChoice("gfpgan", checkpoint, f"auto: found {checkpoint.name}")

@@ -30,6 +30,7 @@ MUSETALK_ENGINE = KeptKind("musetalk engine", most=2, per_owner=True)
 class MuseTalkKind(EngineKind):
     name = "musetalk"
     synthesises_pixels = True  # its mouths are decoded pixels
+    sharp_face_size = 256  # decoded at 256x256: auto adds no restorer (MuseTalk itself restores nothing)
     weights_label = "complete MuseTalk files (with the musetalk extra installed)"
 
     def find_weights(self, config: EngineConfig) -> Path | None:
@@ -76,13 +77,15 @@ class MuseTalkKind(EngineKind):
                            owner=owner)
 
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
-        """With --render torch each face's region goes to the engine's device, where the face is pasted
-        (heygem.engines.musetalk.render.MuseTalkDeviceRender); else (auto too, until that path has been
-        measured on a GPU) the CPU render path. Both take MuseTalk's audio features; the networks run on
-        the engine's device."""
+        """On a GPU (or with --render torch) each face's region goes to the engine's device, where the
+        face is pasted (heygem.engines.musetalk.render.MuseTalkDeviceRender: 2.5x the CPU path's frames/s
+        on an H200, docs/benchmarks.md); else the CPU render path. Both take MuseTalk's audio features;
+        the networks run on the engine's device."""
         from heygem.engines.musetalk.render import MuseTalkDeviceRender, MuseTalkRender
+        from heygem.runtime.device import gpu_present
 
-        if config.run.render == "torch":
+        wanted = config.run.render
+        if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_present()):
             return MuseTalkDeviceRender(prepared, config)
         return MuseTalkRender(prepared, config)
 

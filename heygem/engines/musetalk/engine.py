@@ -125,11 +125,12 @@ class MuseTalkEngine:
         """(B, 8, 32, 32) latents and (B, 50, 384) audio features -> (B, 3, 256, 256) float RGB in [0, 1]."""
         return self.step(unet_input_latents.to(self.device), audio_windows.to(self.device))
 
-    def patches(self, frames_bgr: np.ndarray, faces: list[Face | None], audio_windows: torch.Tensor
+    def patches(self, frames_bgr, faces: list[Face | None], audio_windows: torch.Tensor
                 ) -> list[FacePatch | None]:
-        """One patch per frame of ``frames_bgr`` (N, H, W, 3) uint8 BGR, None where there is no face;
-        ``audio_windows`` (N, 50, 384) are those frames' audio features."""
-        frame_count, frame_height, frame_width = frames_bgr.shape[:3]
+        """One patch per frame of ``frames_bgr`` ((N, H, W, 3) uint8 BGR, or a list of N such frames),
+        None where there is no face; ``audio_windows`` (N, 50, 384) are those frames' audio features."""
+        frame_count = len(frames_bgr)
+        frame_height, frame_width = frames_bgr[0].shape[:2] if frame_count else (0, 0)
         if not len(faces) == len(audio_windows) == frame_count:
             raise ValueError(f"{frame_count} frames, {len(faces)} faces and {len(audio_windows)} audio windows")
         patches: list[FacePatch | None] = [None] * frame_count

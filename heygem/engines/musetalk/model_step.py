@@ -37,6 +37,7 @@ PIXELS_PER_LATENT = 8  # the decoder upsamples three times
 # faces per decoder call in the fast step: less activation memory, and, channels-last, diffusers' upsampler
 # turns a batch of 64 or more back to channels-first, slower for every convolution after it
 DECODE_CHUNK = 32
+ENCODE_CHUNK = 16  # faces per VAE encoder pass (its activations at 256x256 are what fills the GPU)
 
 
 def scaling_factor(vae) -> float:
@@ -280,10 +281,14 @@ def encode_faces(vae, faces_rgb, sample: bool = False, generator=None):
     import torch
 
     parameter = next(vae.parameters())
+    channels_last = parameter.dim() == 4 and parameter.is_contiguous(memory_format=torch.channels_last)
+    chunks = []
     with torch.inference_mode():
-        faces = faces_rgb.to(parameter.device, parameter.dtype)
-        if parameter.dim() == 4 and parameter.is_contiguous(memory_format=torch.channels_last):
-            faces = faces.contiguous(memory_format=torch.channels_last)
-        distribution = vae.encode(faces).latent_dist
-        latents = distribution.sample(generator) if sample else distribution.mode()
-        return (latents * scaling_factor(vae)).float()  # (B, 4, 32, 32)
+        for start in range(0, len(faces_rgb), ENCODE_CHUNK):  # bounded: 64 faces at once peaked at 25 GiB
+            faces = faces_rgb[start:start + ENCODE_CHUNK].to(parameter.device, parameter.dtype)
+            if channels_last:
+                faces = faces.contiguous(memory_format=torch.channels_last)
+            distribution = vae.encode(faces).latent_dist
+            latents = distribution.sample(generator) if sample else distribution.mode()
+            chunks.append((latents * scaling_factor(vae)).float())  # (b, 4, 32, 32)
+        return torch.cat(chunks) if chunks else torch.zeros((0, 4, 32, 32))

@@ -22,29 +22,61 @@ from heygem.types import FrameBatch
 
 class MuseTalkRender(CpuRender):
     """The CPU render path whose generate stage asks the engine for patches with each frame's
-    Whisper window (computed once per job, when the first batch arrives)."""
+    Whisper window (computed once per job, when the first batch arrives), for several batches at
+    once (:func:`model_groups`): the networks run on full batches of faces, not on the few frames a
+    batch of big frames holds."""
 
     def generate(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         audio_windows = None
-        for batch in batches:
+        for group in model_groups(batches, lambda: self.prepared.engine.batch_size):
             engine = self.prepared.engine
             if audio_windows is None:
                 audio_windows = engine.audio_features(self.prepared.samples_16k, self.prepared.fps,
                                                       self.prepared.frame_count)  # (frames, 50, 384)
-            batch.frames_bgr = i420_batch_to_bgr(batch.frames_i420)
-            rows = torch.from_numpy(batch.output_indices)
-            batch.patches = engine.patches(batch.frames_bgr, batch.faces, audio_windows[rows])
-            yield batch
+            for batch in group:
+                batch.frames_bgr = i420_batch_to_bgr(batch.frames_i420)
+            frames = [frame for batch in group for frame in batch.frames_bgr]
+            faces = [face for batch in group for face in batch.faces]
+            rows = torch.from_numpy(np.concatenate([batch.output_indices for batch in group]))
+            patches = engine.patches(frames, faces, audio_windows[rows])
+            start = 0
+            for batch in group:
+                batch.patches = patches[start:start + len(batch.faces)]
+                start += len(batch.faces)
+                yield batch
+
+
+def model_groups(batches: Iterator[FrameBatch], faces_wanted) -> Iterator[list[FrameBatch]]:
+    """Consecutive batches, gathered while their faces fit in one model batch (``faces_wanted()``
+    faces, asked as each group starts: an out-of-memory retry makes it smaller). A batch of 1080p
+    frames holds 5 to 10 frames, and the UNet and the decoder run a fixed batch (64 by default)
+    whatever it holds. A group is handed on as soon as the next batch would overflow it, or the
+    input ends."""
+    group: list[FrameBatch] = []
+    count = 0
+    wanted = 1
+    for batch in batches:
+        if not group:
+            wanted = max(1, int(faces_wanted()))
+        faces = sum(face is not None for face in batch.faces)
+        if group and count + faces > wanted:
+            yield group
+            group, count = [], 0
+        group.append(batch)
+        count += faces
+    if group:
+        yield group
 
 
 class MuseTalkDeviceRender(RegionRender):
     """Step 6 on the GPU for the musetalk engine (heygem.render.regions' two stages). "render", per
-    batch: cut each face's region around its MuseTalk box out of the I420 frames into a page-locked
+    group of batches that fills one model batch (:func:`model_groups`): cut each face's region around its MuseTalk box out of the I420 frames into a page-locked
     buffer and upload it; on the host, the region's 256x256 crop (the same bytes as the CPU path's,
     so the avatar cache's latents serve both); the UNet and the decoder on the device; the
     generated faces pasted into the regions there (heygem.render.gpu_blend: scaled to the box,
     colour-matched, with the feathered lower-face mask kept below the box's middle as MuseTalk
-    pastes), and the copy back queued. "paste": put the regions back into the frames. With a
+    pastes), and the copy back queued; the next group's host work runs while the device works on
+    this one's. "paste": put the regions back into the frames. With a
     restorer or with face parsing (BiSeNet's masks), a batch takes the CPU path's steps instead.
     """
 
@@ -59,46 +91,92 @@ class MuseTalkDeviceRender(RegionRender):
                 self.prepared.samples_16k, self.prepared.fps, self.prepared.frame_count)
         return self._audio_windows[torch.from_numpy(np.asarray(rows))]
 
-    def _render(self, batch: FrameBatch) -> Downloading:
+    def render(self, batches: Iterator[FrameBatch]) -> Iterator[Downloading]:
+        """Each group of batches (:func:`model_groups`) through one pass of the networks, the next
+        group's regions cut out, uploaded and cropped on the host while the device runs this one's."""
+        ahead = None
+        for group in model_groups(batches, lambda: self.prepared.engine.batch_size):
+            with torch.inference_mode():
+                cut = self._cut_group(group)
+                if ahead is not None:
+                    downloads = self._render_group(*ahead)
+            if ahead is not None:
+                yield from downloads
+            ahead = (group, cut)
+        if ahead is not None:
+            with torch.inference_mode():
+                downloads = self._render_group(*ahead)
+            yield from downloads
+
+    def _cut_group(self, group: list[FrameBatch]):
+        """The host's part of a group, started: per batch its faces' rows, regions (cut out and
+        uploaded), boxes on the regions and mask futures (None for a batch without a face), and every
+        face's crop future. None for a group that takes the CPU path's steps."""
         import heygem.engines.musetalk.crop as crop
         from heygem.render import gpu_blend
 
         engine = self.prepared.engine
         if engine.parser is not None or self.prepared.restoration.name != "none":
-            return self._render_on_cpu(batch)
-        frame_height, frame_width = batch.frames_i420.shape[1] * 2 // 3, batch.frames_i420.shape[2]
-        rows, boxes = [], []
-        for row, face in enumerate(batch.faces):
-            box = (crop.musetalk_box(face, frame_height, frame_width, engine.extra_margin)
-                   if face is not None else None)
-            if box is not None:
-                rows.append(row)
-                boxes.append(box)
-        if not rows:
-            return Downloading(batch)
-        boxes_host = np.array(boxes, dtype=np.int64)  # (F, 4) in the frames
-        canvas = gpu_blend.face_canvas(np.array(rows), boxes_host, frame_height, frame_width, "cpu")
-        origins = canvas.origin.numpy()  # (F, 2) even x, y
-        regions = self._cut(batch, rows, origins, canvas.height, canvas.width, engine.device)
-        planes = regions.pinned.to(engine.device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
-        boxes_on_regions = boxes_host - np.concatenate([origins, origins], axis=1)  # (F, 4)
+            return None
         pool = host_pool()
-
-        def crop_region(index: int) -> np.ndarray:
-            bgr = yuv420_to_bgr(regions.host[index], canvas.width, canvas.height)
-            return crop.crop_256(bgr, boxes_on_regions[index])
-
-        crops = [pool.submit(crop_region, index) for index in range(len(rows))]  # first: the networks wait
         feather = self.config.blend.feather
-        masks = [pool.submit(paste_mask, batch.faces[row], box, feather) for row, box in zip(rows, boxes_host)]
+        cuts = []  # per batch: (rows, regions, planes, boxes on the regions, mask futures), or None
+        crops = []  # every face's crop future, in the group's order
+        for batch in group:
+            frame_height, frame_width = batch.frames_i420.shape[1] * 2 // 3, batch.frames_i420.shape[2]
+            rows, boxes = [], []
+            for row, face in enumerate(batch.faces):
+                box = (crop.musetalk_box(face, frame_height, frame_width, engine.extra_margin)
+                       if face is not None else None)
+                if box is not None:
+                    rows.append(row)
+                    boxes.append(box)
+            if not rows:
+                cuts.append(None)
+                continue
+            boxes_host = np.array(boxes, dtype=np.int64)  # (F, 4) in the frames
+            canvas = gpu_blend.face_canvas(np.array(rows), boxes_host, frame_height, frame_width, "cpu")
+            origins = canvas.origin.numpy()  # (F, 2) even x, y
+            regions = self._cut(batch, rows, origins, canvas.height, canvas.width, engine.device)
+            planes = regions.pinned.to(engine.device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
+            boxes_on_regions = boxes_host - np.concatenate([origins, origins], axis=1)  # (F, 4)
+
+            def crop_region(index: int, host=regions.host, width=canvas.width, height=canvas.height,
+                            boxes_here=boxes_on_regions) -> np.ndarray:
+                bgr = yuv420_to_bgr(host[index], width, height)
+                return crop.crop_256(bgr, boxes_here[index])
+
+            crops += [pool.submit(crop_region, index) for index in range(len(rows))]  # first: the networks wait
+            masks = [pool.submit(paste_mask, batch.faces[row], box, feather) for row, box in zip(rows, boxes_host)]
+            cuts.append((rows, regions, planes, boxes_on_regions, masks))
+        return cuts, crops
+
+    def _render_group(self, group: list[FrameBatch], cut) -> list[Downloading]:
+        """The networks and the paste for a group whose host part :meth:`_cut_group` started."""
+        if cut is None:
+            return [self._render_on_cpu(batch) for batch in group]
+        cuts, crops = cut
+        engine = self.prepared.engine
+        if not crops:
+            return [Downloading(batch) for batch in group]
         crops_bgr = np.stack([future.result() for future in crops])  # (F, 256, 256, 3)
         latents = engine.unet_input_latents(crops_bgr)  # (F, 8, 32, 32), from the avatar cache where stored
-        generated = engine.generate_faces(latents, self.audio_windows(batch.output_indices[rows]))
+        frames = np.concatenate([batch.output_indices[cut[0]] for batch, cut in zip(group, cuts) if cut is not None])
+        generated = engine.generate_faces(latents, self.audio_windows(frames))
         # the CPU path's rounding to 8 bits, and RGB to BGR: (F, 3, 256, 256) in [0, 1]
         faces_bgr = (generated.float() * 255.0).round_().clamp_(0.0, 255.0).div_(255.0).flip(1)
-        masks = [mask.result() for mask in masks]  # made on the host while the device works
-        paste_faces(planes, boxes_on_regions, faces_bgr, masks, self.config.blend.color_match)
-        return self._download(batch, regions, planes)
+        downloads, start = [], 0
+        for batch, cut in zip(group, cuts):
+            if cut is None:
+                downloads.append(Downloading(batch))
+                continue
+            rows, regions, planes, boxes_on_regions, masks = cut
+            masks = [mask.result() for mask in masks]  # made on the host while the device works
+            paste_faces(planes, boxes_on_regions, faces_bgr[start:start + len(rows)], masks,
+                        self.config.blend.color_match)
+            start += len(rows)
+            downloads.append(self._download(batch, regions, planes))
+        return downloads
 
     def _render_on_cpu(self, batch: FrameBatch) -> Downloading:
         """The CPU path's steps for one batch (face parsing's masks or a restorer): patches, restored

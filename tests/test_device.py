@@ -273,3 +273,46 @@ def test_warm_up_captures_the_graph_before_the_first_batch_and_changes_no_result
     assert len(net.batch_sizes) == calls  # the batches were replays of the graph captured before
     assert torch.equal(result, expected)
 
+
+
+def test_choosing_a_render_path_imports_no_torch(tmp_path):
+    """A cold start must not wait seconds for torch's import before it decodes and tracks: the render
+    path's GPU guess looks at NVIDIA's device files and torch's presence only, and every engine's
+    choice of render path then follows that guess."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    probe = ("import sys; from heygem.runtime.device import gpu_expected; from heygem.engines import ENGINES; "
+             "from heygem.config import load_config; import types; expected = gpu_expected(); "
+             "paths = [type(ENGINES[name].render(types.SimpleNamespace(), "
+             "load_config(overrides={'engine.name': name}), 'none')).__name__ for name in ('wav2lip', 'landmark')]; "
+             "print(expected, 'torch' in sys.modules, paths)")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected, imported, paths = result.stdout.split(" ", 2)
+    assert imported == "False", result.stdout
+    assert expected == str(bool(__import__("glob").glob("/dev/nvidia[0-9]*")))
+    assert ("Wav2LipDeviceRender" in paths) == (expected == "True"), paths
+
+
+def test_each_engine_takes_its_device_render_path_where_a_gpu_is_expected(monkeypatch):
+    from types import SimpleNamespace
+
+    from heygem.config import load_config
+    from heygem.engines import ENGINES
+    from heygem.engines.musetalk.render import MuseTalkDeviceRender, MuseTalkRender
+    from heygem.engines.wav2lip.device import Wav2LipDeviceRender
+    from heygem.render.cpu import CpuRender
+
+    prepared = SimpleNamespace()
+    for expected, wav2lip_path, musetalk_path in ((False, CpuRender, MuseTalkRender),
+                                                  (True, Wav2LipDeviceRender, MuseTalkDeviceRender)):
+        monkeypatch.setattr(device_module, "gpu_expected", lambda expected=expected: expected)
+        for name, path in (("wav2lip", wav2lip_path), ("musetalk", musetalk_path)):
+            config = load_config(overrides={"engine.name": name})
+            assert type(ENGINES[name].render(prepared, config, "none")) is path, (name, expected)
+            on_cpu = load_config(overrides={"engine.name": name, "engine.device": "cpu"})
+            assert not isinstance(ENGINES[name].render(prepared, on_cpu, "none"), (Wav2LipDeviceRender,
+                                                                                    MuseTalkDeviceRender))

@@ -249,9 +249,9 @@ def test_render_choice_for_the_landmark_engine(monkeypatch):
 
     prepared = prepared_for(LandmarkEngine(EngineConfig(), FPS), 1)
     auto = load_config(overrides={"engine.name": "landmark", "run.render": "auto"})
-    monkeypatch.setattr(heygem.runtime.device, "gpu_present", lambda: False)
+    monkeypatch.setattr(heygem.runtime.device, "gpu_expected", lambda: False)
     assert isinstance(ENGINES["landmark"].render(prepared, auto, "none"), CpuRender)  # no GPU: the CPU processes
-    monkeypatch.setattr(heygem.runtime.device, "gpu_present", lambda: True)
+    monkeypatch.setattr(heygem.runtime.device, "gpu_expected", lambda: True)
     assert isinstance(ENGINES["landmark"].render(prepared, auto, "none"), LandmarkDeviceRender)  # measured faster there
     assert isinstance(ENGINES["landmark"].render(prepared, auto, "gfpgan"), CpuRender)
     on_cpu = load_config(overrides={"engine.name": "landmark", "run.render": "auto", "engine.device": "cpu"})

@@ -474,6 +474,18 @@ def _no_cyclic_collection():
             gc.enable()
 
 
+def gpu_expected() -> bool:
+    """Whether a job here will find a CUDA GPU, judged without importing torch (seconds, which a cold
+    start would wait for): on Linux, NVIDIA's device files and an installed torch; elsewhere torch's
+    own answer (:func:`gpu_present`). Where the guess is wrong (a driver torch cannot use), the engine
+    runs on the CPU and a device render path chosen on it runs there too, correctly, only slower."""
+    if not sys.platform.startswith("linux"):
+        return gpu_present()
+    import importlib.util
+
+    return bool(glob.glob("/dev/nvidia[0-9]*")) and importlib.util.find_spec("torch") is not None
+
+
 def gpu_present() -> bool:
     """Whether torch sees a CUDA GPU; cheap on a machine without NVIDIA devices (torch is not imported)."""
     if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):

@@ -49,13 +49,13 @@ class LandmarkKind(EngineKind):
         """With torch (--render torch, or on a GPU without a restorer) the mouths are drawn on the device
         (heygem.engines.landmark.device); else on the CPU, where without a restorer the engine blends
         I420 windows itself."""
-        from heygem.runtime.device import gpu_present
+        from heygem.runtime.device import gpu_expected
 
         wanted = config.run.render
         if wanted == "torch" and restorer != "none":
             raise HeygemError(f"--render torch draws the landmark engine's mouths without a restorer, not with "
                               f"--restorer {restorer}: use --restorer none or --render numpy")
-        auto_on_gpu = wanted == "auto" and config.engine.device != "cpu" and gpu_present()
+        auto_on_gpu = wanted == "auto" and config.engine.device != "cpu" and gpu_expected()
         if wanted == "torch" or (auto_on_gpu and restorer == "none"):
             from heygem.engines.landmark.device import LandmarkDeviceRender
 

@@ -51,10 +51,10 @@ class Wav2LipKind(EngineKind):
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
         """On a GPU (or with --render torch) each face's region goes to the device for the whole of step 6
         (heygem.engines.wav2lip.device); else the CPU path."""
-        from heygem.runtime.device import gpu_present
+        from heygem.runtime.device import gpu_expected
 
         wanted = config.run.render
-        if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_present()):
+        if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_expected()):
             from heygem.engines.wav2lip.device import Wav2LipDeviceRender
 
             return Wav2LipDeviceRender(prepared, config)

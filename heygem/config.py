@@ -125,7 +125,7 @@ class RunConfig:
                            minimum=0, maximum=1024)
     encoders: int = option(0, "--encoders", "x264 encoders working on consecutive segments of the output; 0 picks from the cores",
                            minimum=0, maximum=1024)
-    render: str = option("auto", "--render", "where cropping, drawing, restoring and blending run: auto picks torch when the wav2lip engine is on a GPU, else numpy (musetalk: numpy unless torch is asked for); torch also draws the landmark engine (without a restorer) and runs on the CPU",
+    render: str = option("auto", "--render", "where cropping, drawing, restoring and blending run: auto picks torch when the wav2lip or musetalk engine is on a GPU, else numpy; torch also draws the landmark engine (without a restorer) and runs on the CPU",
                          ("auto", "numpy", "torch"))
     avatar_cache: bool = option(True, "--avatar-cache", "keep the face tracking of a face video under outputs/avatar-cache and reuse it when the same video comes with other audio")
 

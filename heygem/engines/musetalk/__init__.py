@@ -82,10 +82,10 @@ class MuseTalkKind(EngineKind):
         on an H200, docs/benchmarks.md); else the CPU render path. Both take MuseTalk's audio features;
         the networks run on the engine's device."""
         from heygem.engines.musetalk.render import MuseTalkDeviceRender, MuseTalkRender
-        from heygem.runtime.device import gpu_present
+        from heygem.runtime.device import gpu_expected
 
         wanted = config.run.render
-        if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_present()):
+        if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_expected()):
             return MuseTalkDeviceRender(prepared, config)
         return MuseTalkRender(prepared, config)
 

@@ -379,8 +379,8 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
 
     def batches():
         for number, faces in enumerate(faces_of):
-            yield FrameBatch(output_indices=np.array([2 * number, 2 * number + 1]), source_indices=np.zeros(2, np.int64),
-                             frames_i420=frames_i420.copy(), faces=faces)
+            yield FrameBatch(output_indices=np.array([2 * number, 2 * number + 1]),
+                             source_indices=np.zeros(2, np.int64), frames_i420=frames_i420.copy(), faces=faces)
 
     seen = []
     generate_faces = engine.generate_faces
@@ -406,7 +406,8 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
     one_at_a_time = [run(iter([batch]))[0] for batch in batches()]
     assert seen == [2, 1, 2, 2, 2]
     difference = np.stack([np.abs(i420_batch_to_bgr(ours.frames_i420).astype(np.int16)
-                                  - i420_batch_to_bgr(alone.frames_i420)) for ours, alone in zip(gathered, one_at_a_time)])
+                                  - i420_batch_to_bgr(alone.frames_i420))
+                           for ours, alone in zip(gathered, one_at_a_time)])
     # other batch sizes round the networks' sums otherwise, which random weights amplify to a level or two
     assert difference.max() <= 3 and difference.mean() < 0.02, (difference.max(), difference.mean())
     source = i420_batch_to_bgr(frames_i420).astype(np.int16)

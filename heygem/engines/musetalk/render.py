@@ -70,14 +70,15 @@ def model_groups(batches: Iterator[FrameBatch], faces_wanted) -> Iterator[list[F
 
 class MuseTalkDeviceRender(RegionRender):
     """Step 6 on the GPU for the musetalk engine (heygem.render.regions' two stages). "render", per
-    group of batches that fills one model batch (:func:`model_groups`): cut each face's region around its MuseTalk box out of the I420 frames into a page-locked
-    buffer and upload it; on the host, the region's 256x256 crop (the same bytes as the CPU path's,
-    so the avatar cache's latents serve both); the UNet and the decoder on the device; the
-    generated faces pasted into the regions there (heygem.render.gpu_blend: scaled to the box,
-    colour-matched, with the feathered lower-face mask kept below the box's middle as MuseTalk
-    pastes), and the copy back queued; the next group's host work runs while the device works on
-    this one's. "paste": put the regions back into the frames. With a
-    restorer or with face parsing (BiSeNet's masks), a batch takes the CPU path's steps instead.
+    group of batches that fills one model batch (:func:`model_groups`): cut each face's region
+    around its MuseTalk box out of the I420 frames into a page-locked buffer and upload it; on the
+    host, the region's 256x256 crop (the same bytes as the CPU path's, so the avatar cache's
+    latents serve both); the UNet and the decoder on the device; the generated faces pasted into
+    the regions there (heygem.render.gpu_blend: scaled to the box, colour-matched, with the
+    feathered lower-face mask kept below the box's middle as MuseTalk pastes), and the copy back
+    queued; the next group's host work runs while the device works on this one's. "paste": put the
+    regions back into the frames. With a restorer or with face parsing (BiSeNet's masks), a batch
+    takes the CPU path's steps instead.
     """
 
     def __init__(self, prepared, config):

@@ -37,7 +37,7 @@ from heygem.media import encode
 from heygem.media.decode import decoder_count
 from heygem.media.probing import check_written, fps_to_fraction, probe_inputs, working_geometry
 from heygem.media.source import SourceFrames, frames_per_batch
-from heygem.media.stream import stream_folder
+from heygem.media.stream import StreamContinuation, stream_folder
 from heygem.render.prepared import Prepared
 from heygem.render.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator, timeline
@@ -83,6 +83,7 @@ def generate(
     overrides: dict | None = None,
     progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
+    part: StreamContinuation | None = None,
 ) -> GenerationSummary:
     """Make a lip-synced MP4 of the face in ``face_path`` speaking ``audio_path``.
 
@@ -93,11 +94,15 @@ def generate(
     is called as work advances; ``should_stop()`` is polled between batches and
     aborts with :class:`GenerationCancelled`. Writes ``output_path`` and
     ``output_path`` with suffix .json (the summary) and returns the summary.
+    ``part``: this call renders a part of a longer output (heygem.spoken: speech that comes sentence
+    by sentence), its frames from ``part.first_frame`` of the whole: the face video goes on from there
+    and the stream (``media.stream``, written to ``part``'s numbers) goes on from the parts before.
 
     Raises :class:`HeygemError` with a message for the user when an input or
     option is unusable.
     """
     started = time.perf_counter()
+    part = part or StreamContinuation()
     timeline.mark("generate called")
     allocator.tune()  # on machines of many cores: freed frames go back to the kernel, not to an arena
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
@@ -144,16 +149,20 @@ def generate(
     try:
         # 4. decode and 5. faces: the face input in bounded batches, each with its faces (the face
         #    video's track from the avatar cache, or tracked as the frames stream past)
-        source = SourceFrames.open(face_info, geometry, frame_count, audio_seconds, work_dir,
+        source = SourceFrames.open(face_info, geometry, part.first_frame + frame_count,
+                                   part.first_frame / fps + audio_seconds, work_dir,
                                    decoder_count(config.run.decoders, geometry))
-        face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir, detector_checkpoint)
+        face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir, detector_checkpoint,
+                               first_frame=part.first_frame)
 
         # 6. render, 7. encode: the engine's render stages, then x264
         encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
                                       crf=config.media.crf, preset=config.media.preset,
                                       audio_bitrate=config.media.audio_bitrate, frame_count=frame_count,
                                       encoders=config.run.encoders,
-                                      stream_dir=stream_folder(output_path) if config.media.stream else None)
+                                      stream_dir=(part.folder or stream_folder(output_path)) if config.media.stream
+                                      else None,
+                                      continuing=part)
         timeline.mark("x264 started")
         prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, samples_16k)
         render = engine.kind.render(prepared, config, restorer.name)
@@ -168,13 +177,14 @@ def generate(
                 yield batch
 
         batch_frames = frames_per_batch(geometry, config.media.batch_frames, render.bytes_per_pixel)
-        run_stages(source.output_batches(frame_count, batch_frames),
+        run_stages(source.output_batches(frame_count, batch_frames, part.first_frame),
                    [Stage("faces", face_stage.run), *render.stages(), Stage("encode", encode_frames)],
                    concurrent=config.run.concurrent, should_stop=should_stop, clock=clock)
         report("finish", 0.0)
 
         # 8. finish: the file closed and checked, the summary written
         with _timed(clock, "encode"):
+            stream_processes = encoder.stream_processes if config.media.stream else 0
             encoder.close()
             encoder = None
         check_written(output_path, frame_count, fps)
@@ -199,7 +209,7 @@ def generate(
         seconds_per_stage={stage: round(value, 3) for stage, value in clock.seconds.items()},
         cpu_seconds_per_stage={stage: round(value, 3) for stage, value in clock.cpu_seconds.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
-        avatar_cache=face_stage.cache_outcome, detector=config.face.detector,
+        avatar_cache=face_stage.cache_outcome, detector=config.face.detector, stream_processes=stream_processes,
     )
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")

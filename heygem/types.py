@@ -148,6 +148,8 @@ class GenerationSummary:
     detector: str = "mediapipe"  # the face detector that found the faces: mediapipe or s3fd
     restorer: str = "none"  # the restoration that ran: "gfpgan", "sharpen" or "none"
     restorer_reason: str = ""
+    parts: int = 1  # consecutive renders the output was made in (speech that came sentence by sentence)
+    stream_processes: int = 0  # x264 processes that wrote the HLS stream (0: not streamed)
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

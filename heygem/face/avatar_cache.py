@@ -217,8 +217,10 @@ def _read_entry(directory_fd: int, key: str) -> tuple[dict, CachedTrack]:
                              whole_video=whole_video)
 
 
-def load_track(key: str, frames_needed: int) -> CachedTrack | None:
+def load_track(key: str, frames_needed: int, continuing_from: int = 0) -> CachedTrack | None:
     """The cached raw track for ``key`` if it covers ``frames_needed`` frames or the whole video.
+    ``continuing_from``: a part of a longer output that starts at that frame (heygem.spoken) also
+    takes a track of the frames before it, which the parts before stored, and tracks on from its end.
 
     A missing entry, or one that covers too few frames, is a miss (None). An entry
     that cannot be read or fails a check is logged, deleted and also a miss. The
@@ -245,7 +247,8 @@ def load_track(key: str, frames_needed: int) -> CachedTrack | None:
         return None
     finally:
         os.close(directory_fd)
-    if not cached.whole_video and cached.track.frame_count < frames_needed:
+    partial_use = 0 < continuing_from <= cached.track.frame_count
+    if not cached.whole_video and cached.track.frame_count < frames_needed and not partial_use:
         logger.info("avatar cache: entry %s covers %d frames, %d are needed", key[:16],
                     cached.track.frame_count, frames_needed)
         return None

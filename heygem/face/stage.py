@@ -42,7 +42,7 @@ class FaceStage:
     """
 
     def __init__(self, source: SourceFrames, config: Config, geometry: FrameGeometry, fps_fraction: str,
-                 work_dir: Path, detector_checkpoint: Path | None = None):
+                 work_dir: Path, detector_checkpoint: Path | None = None, first_frame: int = 0):
         if config.face.detector == "s3fd" and detector_checkpoint is None:
             raise ValueError("--detector s3fd needs its checkpoint (heygem.face.s3fd.require_s3fd_checkpoint)")
         self.source = source
@@ -56,14 +56,17 @@ class FaceStage:
             from heygem.face import avatar_cache
 
             self.cache_key = avatar_cache.avatar_key(source.info.path, config.face, geometry, fps_fraction)
-            cached = avatar_cache.load_track(self.cache_key, source.tracking_capacity)
+            cached = avatar_cache.load_track(self.cache_key, source.tracking_capacity, continuing_from=first_frame)
             self.cache_outcome = "hit" if cached is not None else "miss"
         self.builder = TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
                                           work_dir / "landmarks.npy", track=cached.track if cached else None)
         self._pool: FinderPool | None = None
-        if cached is not None:
+        if cached is not None and (cached.whole_video or cached.track.frame_count >= source.tracking_capacity):
             self.builder.end()
             logger.info("faces: %d frames from the avatar cache", self.builder.tracked)
+        elif cached is not None:  # the parts before this one tracked its first frames (heygem.spoken)
+            self.cache_outcome = "continued"
+            logger.info("faces: %d frames from the parts before, the rest tracked", self.builder.tracked)
 
     def run(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         builder = self.builder
@@ -82,7 +85,8 @@ class FaceStage:
             # one batch waiting beyond the workers' (not one per worker): a 1080p batch is tens of MiB, and
             # tracking is not what limits the pipeline (24 s 1080p, 8 trackers, 2 cores, batches of 21 frames:
             # same speed, 0.46 GiB less)
-            for batch, start, landmarks in ordered_map(self._track, self._new_runs(batches), self.workers, ahead=1):
+            runs = self._new_runs(batches, builder.tracked)
+            for batch, start, landmarks in ordered_map(self._track, runs, self.workers, ahead=1):
                 if landmarks is not None:
                     builder.add(start, landmarks)
                 elif not builder.ended:  # the first batch shown again: the video has ended
@@ -102,9 +106,9 @@ class FaceStage:
                 self._pool.close()
 
     @staticmethod
-    def _new_runs(batches: Iterator[FrameBatch]) -> Iterator[tuple[FrameBatch, int | None]]:
-        """(batch, its first source frame when it brings new ones, else None), in order."""
-        tracked_until = 0
+    def _new_runs(batches: Iterator[FrameBatch], tracked_until: int = 0) -> Iterator[tuple[FrameBatch, int | None]]:
+        """(batch, its first source frame when it brings new ones, else None), in order; the frames
+        before ``tracked_until`` are tracked already."""
         for batch in batches:
             if int(batch.source_indices.max()) >= tracked_until:
                 yield batch, tracked_until
@@ -125,6 +129,9 @@ class FaceStage:
         batch, start = item
         if start is None:
             return batch, None, None
+        if start < int(batch.source_indices.min()) and not self.source.is_still:
+            raise ValueError(f"tracking must go on from frame {start}, the batch starts at "
+                             f"{int(batch.source_indices.min())}: a later part needs the track of the parts before")
         new_frames = batch.frames_i420[batch.source_indices >= start]
         if self.source.is_still:
             new_frames = new_frames[:1]

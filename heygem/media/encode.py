@@ -61,6 +61,7 @@ from heygem.media.ffmpeg import enlarge_pipe, ffmpeg_binary, ffmpeg_message
 from heygem.media.frames import bgr_to_yuv420
 from heygem.media.stream import (
     STREAM_AUDIO_BITRATE,
+    StreamContinuation,
     StreamPart,
     key_frame_expression,
     mark_complete,
@@ -140,14 +141,17 @@ def encode_args(
     preset: str = "veryfast",
     audio_bitrate: str = "192k",
     stream: StreamPart | None = None,
+    key_frame_offset: int = 0,
 ) -> list[str]:
     """ffmpeg arguments that read raw I420 frames on stdin and write an H.264/AAC MP4 with the audio;
-    with ``stream``, the same packets also go to its HLS segments (ffmpeg runs in its folder)."""
+    with ``stream``, the same packets also go to its HLS segments (ffmpeg runs in its folder).
+    ``key_frame_offset``: the frame of a longer whole this file starts at (key frames fall where that
+    whole has them)."""
     import ffmpeg
 
     sound = ffmpeg.input(str(Path(audio_path).resolve() if stream is not None else audio_path))["a:0"]
     video = {"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf,
-             "force_key_frames": key_frame_expression(_fps(fps_fraction))}
+             "force_key_frames": key_frame_expression(_fps(fps_fraction), key_frame_offset)}
     if stream is None:
         target, muxer = str(output_path), {"movflags": "+faststart", "f": "mp4"}
     else:  # the tee muxer cannot tell x264 to put its headers out of band, as the MP4 muxer does
@@ -174,19 +178,23 @@ def encoder_threads(encoders: int, cpu_count: int | None = None) -> int:
 
 def segment_args(geometry: FrameGeometry, fps_fraction: str, segment_path: Path, *,
                  crf: int = 18, preset: str = "veryfast", threads: int = 0, first_frame: int = 0,
-                 stream: StreamPart | None = None, audio_path: Path | None = None) -> list[str]:
+                 stream: StreamPart | None = None, audio_path: Path | None = None,
+                 key_frame_offset: int | None = None) -> list[str]:
     """ffmpeg arguments that read raw I420 frames on stdin and write one video-only H.264 MP4 segment
     (``threads`` x264 threads; 0: x264's default) that starts at the output's frame ``first_frame``.
 
     With ``stream`` the same packets also go to HLS segments, with the part of ``audio_path`` they
     cover encoded to AAC for them alone (the MP4 gets the whole audio when the segments are joined).
+    ``key_frame_offset``: the frame of a longer whole that ``first_frame`` 0 is (key frames fall
+    where that whole has them); default ``first_frame``.
     """
     import ffmpeg
 
     options = {"threads": threads} if threads else {}
     fps = _fps(fps_fraction)
     video = {"c:v": "libx264", "pix_fmt": "yuv420p", "preset": preset, "crf": crf,
-             "force_key_frames": key_frame_expression(fps, first_frame)}
+             "force_key_frames": key_frame_expression(fps, first_frame if key_frame_offset is None
+                                                      else key_frame_offset)}
     frames = _raw_frames_input(geometry, fps_fraction)
     if stream is None or audio_path is None:
         output = ffmpeg.output(frames, str(segment_path), **video, an=None, f="mp4", **options)
@@ -322,6 +330,12 @@ class _FfmpegFeed:
             self._stderr.close()
 
 
+def run_ffmpeg_to_end(args: list[str]) -> str | None:
+    """Run one ffmpeg (``args`` without the binary) to the end; None when it succeeded, else its last
+    stderr line."""
+    return _run_ffmpeg(args, lambda process: None)
+
+
 def _run_ffmpeg(args: list[str], register: Callable[[subprocess.Popen], None]) -> str | None:
     """Run one ffmpeg to the end; None when it succeeded, else its last stderr line."""
     with tempfile.TemporaryFile() as stderr_file:
@@ -356,12 +370,14 @@ class VideoEncoder:
     """
 
     def __init__(self, args: list[str], partial_path: Path, output_path: Path, queue_depth: int = 2,
-                 frame_count: int | None = None, stream: StreamPart | None = None):
+                 frame_count: int | None = None, stream: StreamPart | None = None, stream_last: bool = True):
         self.output_path = Path(output_path)
         self.partial_path = Path(partial_path)  # ``args`` write here; renamed to output_path on close
         self.frame_count = frame_count  # frames expected, checked on close when given
         self.frames_written = 0
         self.stream = stream  # the HLS segments ``args`` also write, or None
+        self.stream_last = stream_last  # whether closing completes the stream (else a later part goes on)
+        self.stream_processes = 1  # the stream's process numbers this encoder used
         self._feed = _FfmpegFeed(args, "heygem-encoder", queue_depth=queue_depth,
                                  cwd=stream.folder if stream is not None else None)
 
@@ -401,7 +417,8 @@ class VideoEncoder:
         os.replace(self.partial_path, self.output_path)
         if self.stream is not None:
             self.stream.done_path.touch()
-            mark_complete(self.stream.folder)
+            if self.stream_last:
+                mark_complete(self.stream.folder)
         return self.output_path
 
     def abort(self) -> None:
@@ -426,7 +443,8 @@ class SegmentedEncoder:
 
     def __init__(self, geometry: FrameGeometry, fps_fraction: str, audio_path: Path, audio_info: MediaInfo,
                  output_path: Path, lengths: list[int], *, encoders: int, crf: int, preset: str,
-                 audio_bitrate: str, stream_dir: Path | None = None):
+                 audio_bitrate: str, stream_dir: Path | None = None,
+                 continuing: StreamContinuation | None = None):
         self.output_path = Path(output_path)
         self.work_dir = self.output_path.with_name(f".{self.output_path.stem}.{uuid.uuid4().hex}.parts")
         self.work_dir.mkdir(parents=True)
@@ -439,6 +457,8 @@ class SegmentedEncoder:
         self._ends = np.cumsum(lengths).tolist()  # first frame after each segment
         self._lengths = list(lengths)
         self.stream_dir = stream_dir  # each segment's ffmpeg also writes HLS segments here, when given
+        self.continuing = continuing or StreamContinuation()  # this output's place in a longer stream
+        self.stream_processes = len(lengths)  # the stream's process numbers this encoder uses
         self._max_buffered = encoders * max(lengths)
         self._segments: list[_FfmpegFeed] = []
         self._join_process: subprocess.Popen | None = None
@@ -500,11 +520,14 @@ class SegmentedEncoder:
         self._raise_failure()
         first = self._ends[index] - self._lengths[index]
         stream = None
+        place = self.continuing
         if self.stream_dir is not None:
-            stream = StreamPart(self.stream_dir, index, first, self._lengths[index], _fps(self._fps_fraction))
+            stream = StreamPart(self.stream_dir, place.first_index + index, place.first_frame + first,
+                                self._lengths[index], _fps(self._fps_fraction))
         args = segment_args(self._geometry, self._fps_fraction, self.segment_path(index),
                             crf=self._crf, preset=self._preset, threads=encoder_threads(self._encoders),
-                            first_frame=first, stream=stream, audio_path=self._audio_path)
+                            first_frame=first, stream=stream, audio_path=self._audio_path,
+                            key_frame_offset=place.first_frame + first)
         feed: list[_FfmpegFeed] = []
 
         def finished() -> None:
@@ -552,7 +575,7 @@ class SegmentedEncoder:
                 raise HeygemError(f"encoding the output failed: the file has {written} frames "
                                   f"instead of {self.frames_written}")
             os.replace(joined_path, self.output_path)
-            if self.stream_dir is not None:
+            if self.stream_dir is not None and self.continuing.last:
                 mark_complete(self.stream_dir)
             logger.info("encoded %d frames in %d segments", self.frames_written, len(self._segments))
             return self.output_path
@@ -584,15 +607,19 @@ class SegmentedEncoder:
 
 def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, audio_info: MediaInfo,
                  output_path: Path, *, crf: int, preset: str, audio_bitrate: str, frame_count: int,
-                 encoders: int = 1, stream_dir: Path | None = None) -> VideoEncoder | SegmentedEncoder:
+                 encoders: int = 1, stream_dir: Path | None = None,
+                 continuing: StreamContinuation | None = None) -> VideoEncoder | SegmentedEncoder:
     """Start encoding ``frame_count`` frames into ``output_path`` with the audio of ``audio_path``.
 
     ``encoders``: x264 processes working on consecutive segments (0: from the
     cores, see :func:`encoder_count`); with one, a single ffmpeg writes the file.
     ``stream_dir``: also publish the frames there as HLS while they are encoded
-    (heygem.media.stream); the MP4 is the same either way.
+    (heygem.media.stream); the MP4 is the same either way. ``continuing``: this output is a part of a
+    longer stream (numbers, key frames and completion as that says); encoders report how many of the
+    stream's process numbers they used (``stream_processes``).
     """
-    if stream_dir is not None:
+    continuing = continuing or StreamContinuation()
+    if stream_dir is not None and continuing.first_index == 0:
         start_stream(Path(stream_dir))
     from fractions import Fraction
 
@@ -606,9 +633,12 @@ def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, a
         logger.info("encoding with %d x264 processes over %d segments", count, len(lengths))
         return SegmentedEncoder(geometry, fps_fraction, audio_path, audio_info, output_path, lengths,
                                 encoders=count, crf=crf, preset=preset, audio_bitrate=audio_bitrate,
-                                stream_dir=stream_dir)
+                                stream_dir=stream_dir, continuing=continuing)
     partial_path = output_path.with_name(f".{output_path.stem}.{uuid.uuid4().hex}.partial.mp4")
-    stream = StreamPart(Path(stream_dir), 0, 0, frame_count, fps) if stream_dir is not None else None
-    args = encode_args(geometry, fps_fraction, audio_path, audio_info, partial_path,
-                       crf=crf, preset=preset, audio_bitrate=audio_bitrate, stream=stream)
-    return VideoEncoder(args, partial_path, output_path, frame_count=frame_count, stream=stream)
+    stream = None
+    if stream_dir is not None:
+        stream = StreamPart(Path(stream_dir), continuing.first_index, continuing.first_frame, frame_count, fps)
+    args = encode_args(geometry, fps_fraction, audio_path, audio_info, partial_path, crf=crf, preset=preset,
+                       audio_bitrate=audio_bitrate, stream=stream, key_frame_offset=continuing.first_frame)
+    return VideoEncoder(args, partial_path, output_path, frame_count=frame_count, stream=stream,
+                        stream_last=continuing.last)

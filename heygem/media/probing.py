@@ -139,14 +139,18 @@ def probe(path: str | Path, role: str | None = None) -> MediaInfo:
         )
 
 
-def probe_inputs(face_path: Path, audio_path: Path | None) -> tuple[MediaInfo, MediaInfo]:
+def probe_inputs(face_path: Path, audio_path: Path | None, picture_only: bool = False
+                 ) -> tuple[MediaInfo, MediaInfo | None]:
     """Probe a face and its speech and refuse what cannot work; returns (face info, audio info).
 
-    ``audio_path`` None (or the face's own path) means the face video's own sound.
+    ``audio_path`` None (or the face's own path) means the face video's own sound. ``picture_only``:
+    the speech is not there yet (words spoken later, heygem.jobs.speech): the face alone, audio info None.
     """
     face_info = probe(face_path, role="face")
     if face_info.kind == "audio":
         raise HeygemError(f"{Path(face_path).name} has no picture: the face must be a video or an image")
+    if picture_only:
+        return face_info, None
     if audio_path is None or Path(audio_path) == Path(face_path):
         if not face_info.has_audio:
             raise HeygemError(f"{Path(face_path).name} has no sound of its own: add an audio file")

@@ -84,31 +84,40 @@ class SourceFrames:
         """Source frames the face track may need: the video's (probing can undercount a little)."""
         return 1 if self.is_still else min(self.info.frame_count + 64, self.frames_needed)
 
-    def output_batches(self, frame_count: int, batch_frames: int) -> Iterator[FrameBatch]:
-        """Yield the output's frames in order, ``batch_frames`` at a time, as I420 batches."""
+    def output_batches(self, frame_count: int, batch_frames: int, first_frame: int = 0) -> Iterator[FrameBatch]:
+        """Yield the output's frames in order, ``batch_frames`` at a time, as I420 batches.
+
+        ``first_frame``: this output continues a longer one whose first ``first_frame`` frames another
+        call made (speech rendered in consecutive parts): the face goes on from where that part left
+        it (the frames before are decoded and passed over). Output indices count from 0 all the same.
+        """
         if self.is_still:
             for output_indices in _batch_ranges(frame_count, batch_frames):
                 frames = np.repeat(self.still_i420[None], len(output_indices), axis=0)
                 yield FrameBatch(output_indices, np.zeros_like(output_indices), frames)
             return
-        produced = 0
+        wanted = first_frame + frame_count  # frames of the whole output up to this part's end
+        decoded = 0
         for frames in iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
-            frames = frames[: frame_count - produced]
+            frames = frames[: wanted - decoded]
             if self.frame_file is not None:
                 self.frame_file.append(frames)
-            indices = np.arange(produced, produced + len(frames))
-            produced += len(frames)
-            yield FrameBatch(indices, indices, frames)
-            if produced >= frame_count:
+            kept = frames[max(0, first_frame - decoded):]  # (n, H * 3/2, W): this part's
+            start = max(decoded, first_frame)
+            decoded += len(frames)
+            if len(kept):
+                sources = np.arange(start, start + len(kept))
+                yield FrameBatch(sources - first_frame, sources, kept)
+            if decoded >= wanted:
                 return
-        if produced == 0:
+        if decoded == 0:
             raise HeygemError(f"{self.info.path.name}: no video frames could be decoded")
-        self.frame_count = produced
+        self.frame_count = decoded
         if self.frame_file is None:  # shorter than probing said: keep it for playing backward
             self._fill_frame_file(batch_frames)
-        for output_indices in _batch_ranges(frame_count, batch_frames, start=produced):
-            source_indices = pingpong_indices(output_indices, produced)
-            yield FrameBatch(output_indices, source_indices, self.frame_file.read(source_indices))
+        for whole_indices in _batch_ranges(wanted, batch_frames, start=max(decoded, first_frame)):
+            source_indices = pingpong_indices(whole_indices, decoded)
+            yield FrameBatch(whole_indices - first_frame, source_indices, self.frame_file.read(source_indices))
 
     def close(self) -> None:
         if self.frame_file is not None:

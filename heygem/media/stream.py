@@ -110,6 +110,20 @@ class StreamPart:
             f"{self.index:04d}-%05d.ts"
 
 
+@dataclass(frozen=True)
+class StreamContinuation:
+    """Where an encoder's part of a longer stream goes, when the output is made in consecutive parts
+    (speech synthesised sentence by sentence, heygem.spoken): its x264 processes are numbered from
+    ``first_index`` and its frames from ``first_frame`` of the whole; only the ``last`` part marks the
+    stream complete, and only the first starts it afresh. ``folder``: the whole's stream folder
+    (None: the one beside the output being written)."""
+
+    first_index: int = 0
+    first_frame: int = 0
+    last: bool = True
+    folder: Path | None = None
+
+
 def start_stream(folder: Path) -> Path:
     """An empty stream folder (what an earlier attempt left is removed)."""
     shutil.rmtree(folder, ignore_errors=True)

@@ -142,11 +142,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def generate_from_text(args: argparse.Namespace, config, progress):
-    """Speak --text (or --text-file) into OUT.wav, make the video with that speech, write its cues to
-    OUT.srt and give the video its subtitles as text.subtitles says (soft track, burned in, or none)."""
-    from heygem.pipeline import generate
+    """Speak --text (or --text-file) into OUT.wav while the video is made in parts as the speech comes
+    (heygem.spoken), write its cues to OUT.srt and give the video its subtitles as text.subtitles says
+    (soft track, burned in, or none)."""
     from heygem.speech.subtitles import add_subtitles, write_srt
-    from heygem.speech.tts import synthesize, write_wav
+    from heygem.spoken import generate_spoken
     from heygem.weights import weights_dir
 
     if args.text_file is not None:
@@ -156,17 +156,14 @@ def generate_from_text(args: argparse.Namespace, config, progress):
             raise HeygemError(f"cannot read {args.text_file}: {error}") from None
     else:
         text = args.text
-    speech = synthesize(text, voice=args.voice, speed=args.speed, weights_dir=weights_dir(),
-                            max_characters=config.text.max_characters)
+    output_path = Path(args.output)
+    summary, speech = generate_spoken(args.face, text, output_path, config, voice=args.voice, speed=args.speed,
+                                      weights_folder=weights_dir(), progress=progress)
     if speech.voice_note:
         print(f"note: {speech.voice_note}", file=sys.stderr)
-    output_path = Path(args.output)
-    # kept beside the video: the summary's audio_path names it, and it can be listened to or reused
-    speech_path = write_wav(speech, output_path.with_suffix(".wav"))
-    summary = generate(args.face, speech_path, output_path, config, progress=progress)
     subtitles = write_srt(speech.cues, output_path.with_suffix(".srt"))
     add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
-                        preset=config.media.preset)
+                  preset=config.media.preset)
     return summary
 
 

@@ -526,6 +526,13 @@ def check_text(text: str, max_characters: int | None = MAX_TEXT_CHARACTERS) -> N
                           f"at once: split it into shorter parts")
 
 
+def check_length(seconds: float, max_seconds: float | None) -> None:
+    """HeygemError once speech of ``seconds`` is longer than a server takes (``max_seconds``, None: any)."""
+    if max_seconds is not None and seconds > max_seconds:
+        raise HeygemError(f"the speech lasts more than {max_seconds:g} s; this server takes at most "
+                          f"{max_seconds:g} s per job: give a shorter text")
+
+
 def _check_options(speed: float, sentence_pause: float) -> None:
     low, high = SPEED_RANGE
     if not low <= speed <= high:

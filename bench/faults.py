@@ -125,7 +125,7 @@ class Server:
 
     def __init__(self, outputs: Path, log_path: Path, port: int | None = None, extra_args: tuple[str, ...] = (),
                  file_size_limit: int | None = None, env: dict | None = None, drop_env: tuple[str, ...] = (),
-                 auth: tuple[str, str] | None = None):
+                 auth: tuple[str, str] | None = None, cwd: Path | None = None):
         self.outputs, self.log_path = outputs, log_path
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -139,7 +139,7 @@ class Server:
         with open(log_path, "ab") as log:  # preexec_fn only for the file size limit, started with no threads about
             self.process = subprocess.Popen(
                 [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(self.port), "--outputs", str(outputs),
-                 *extra_args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
+                 *extra_args], cwd=cwd or REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=limit_file_size if file_size_limit else None)
         self.client = httpx.Client(base_url=self.url, timeout=60, auth=auth)  # auth: a user of --users
 

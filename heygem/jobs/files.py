@@ -33,10 +33,11 @@ DATABASE_NAME = "jobs.db"
 
 RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME = "result.mp4", "result.json", "options.json", "job.log"
 SPEECH_NAME, SUBTITLES_NAME = "speech.wav", "speech.srt"  # a job made from text: its speech and the cues
+TEXT_NAME = "speech.json"  # a job made from text: its words, voice and speed, until its worker speaks them
 RESULT_SUBTITLES_NAME = "result.srt"
 RESULT_STREAM_NAME = "result.hls"  # the folder of the stream published while the job is encoded
 RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME, SPEECH_NAME, SUBTITLES_NAME,
-                  RESULT_SUBTITLES_NAME, RESULT_STREAM_NAME}
+                  TEXT_NAME, RESULT_SUBTITLES_NAME, RESULT_STREAM_NAME}
 MAX_NAME_BYTES = 120  # longest sanitised input file name, in UTF-8 bytes
 
 

@@ -37,8 +37,6 @@ from heygem.jobs.files import (
     LOG_NAME,
     OPTIONS_NAME,
     RESULT_NAME,
-    SPEECH_NAME,
-    SUBTITLES_NAME,
     SUMMARY_NAME,
     Upload,
     append_log,
@@ -477,19 +475,16 @@ class JobStore:
             if audio is not None:
                 audio_name = store_input(audio, directory, "audio", {face_name}, self.max_upload_bytes)
             elif text is not None:
-                from heygem.speech.subtitles import write_srt
-                from heygem.speech.tts import synthesize, write_wav
-                from heygem.weights import weights_dir
+                from heygem.jobs import speech
 
                 max_characters = self.limits.max_text_characters
                 if max_characters is None:
                     max_characters = config.text.max_characters
-                speech = synthesize(text, voice=voice or None, speed=speed, weights_dir=weights_dir(),
-                                        max_characters=max_characters)
-                audio_name = write_wav(speech, directory / SPEECH_NAME).name
-                write_srt(speech.cues, directory / SUBTITLES_NAME)
-            face_info, audio_info = probe_inputs(directory / face_name,
-                                                 None if audio_name is None else directory / audio_name)
+                audio_name = speech.keep_text(directory, text, voice, speed, max_characters,
+                                              self.limits.max_audio_seconds)
+            spoken_later = audio_name is not None and not (directory / audio_name).is_file()
+            face_info, audio_info = probe_inputs(directory / face_name, None if audio_name is None or spoken_later
+                                                 else directory / audio_name, picture_only=spoken_later)
             self._check_size(face_info, audio_info, config)
             (directory / OPTIONS_NAME).write_text(
                 json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
@@ -539,7 +534,7 @@ class JobStore:
     def _check_size(self, face_info, audio_info, config: Config) -> None:
         """Refuse speech longer, or frames taller, than the limits allow."""
         limits = self.limits
-        seconds = audio_info.audio_duration or audio_info.duration
+        seconds = 0.0 if audio_info is None else audio_info.audio_duration or audio_info.duration
         if limits.max_audio_seconds is not None and seconds > limits.max_audio_seconds:
             raise HeygemError(f"the speech lasts {seconds:.1f} s; this server takes at most "
                               f"{limits.max_audio_seconds:g} s per job")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
+from heygem.jobs.speech import keep_speech, kept_text, speak_whole
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
 from heygem.media.stream import stream_folder
 from heygem.runtime import timeline
@@ -72,6 +73,7 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
     other exception is logged with its traceback and recorded as well, so the
     worker can go on with the next job.
     """
+    local = generate is None  # the pipeline in this process (else a renderer such as a Ray node's)
     if generate is None:
         from heygem.pipeline import generate
 
@@ -84,7 +86,8 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
         run_on = job_device(job.options, device)
         logger.info("job %s: attempt %d started by %s on %s", job.id, job.attempts, owner, run_on)
         # left by an interrupted attempt
-        for stale in (job.result_path, job.summary_path, job.directory / RESULT_SUBTITLES_NAME):
+        for stale in (job.result_path, job.summary_path, job.directory / RESULT_SUBTITLES_NAME,
+                      job.result_path.with_suffix(".wav")):
             stale.unlink(missing_ok=True)
         shutil.rmtree(stream_folder(job.result_path), ignore_errors=True)
         overrides = dict(job.options)
@@ -110,8 +113,22 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             return last_check["stop"]
 
         try:
-            summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
-                               progress=report, should_stop=should_stop)
+            kept = kept_text(job.directory)
+            if kept is not None and local:  # spoken sentence by sentence while the video is made
+                from heygem.spoken import generate_spoken
+                from heygem.weights import weights_dir
+
+                summary, speech = generate_spoken(
+                    job.face_path, kept["text"], job.result_path, voice=kept["voice"], speed=kept["speed"],
+                    max_characters=kept["max_characters"], max_seconds=kept.get("max_seconds"),
+                    weights_folder=weights_dir(), overrides=overrides,
+                    progress=report, should_stop=should_stop)
+                keep_speech(job.directory, speech, wav_path=job.result_path.with_suffix(".wav"))
+            else:
+                if kept is not None:
+                    speak_whole(job.directory)
+                summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
+                                   progress=report, should_stop=should_stop)
         except GenerationCancelled:
             logger.info("job %s cancelled after %.1f s", job.id, time.monotonic() - started)
             status, error, engine = CANCELLED, None, None

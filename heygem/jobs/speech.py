@@ -1,0 +1,70 @@
+"""A job made from text: its words kept with the job when it is queued and spoken by the worker that
+runs it, sentence by sentence while the video is made (heygem.spoken), so that its stream plays before
+the whole script is spoken. A server's --max-audio-seconds stops the speaking (and fails the job) as
+soon as the speech is longer; the text's length is checked at the door. Where a Ray node renders the
+job, the whole text is spoken first instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from heygem.errors import HeygemError
+from heygem.jobs.files import SPEECH_NAME, SUBTITLES_NAME, TEXT_NAME
+
+
+def keep_text(directory: Path, text: str, voice: str | None, speed: float, max_characters: int | None,
+              max_seconds: float | None = None) -> str:
+    """Check the words and the voice now (one line for the user, before anything is queued) and keep
+    them in the job's folder for its worker; returns the name the job's speech will have."""
+    from heygem.speech.tts import check_text, choose_voice
+    from heygem.weights import weights_dir
+
+    check_text(text, max_characters)
+    choose_voice(text, voice or None, weights_dir())  # an unknown voice is refused here
+    description = {"text": text, "voice": voice or None, "speed": speed, "max_characters": max_characters,
+                   "max_seconds": max_seconds}
+    (directory / TEXT_NAME).write_text(json.dumps(description, ensure_ascii=False), encoding="utf-8")
+    return SPEECH_NAME
+
+
+def kept_text(directory: Path) -> dict | None:
+    """The words a job keeps for its worker to speak, or None once they are spoken (or for other jobs)."""
+    if (directory / SPEECH_NAME).is_file():
+        return None  # spoken by an earlier attempt, or before it was queued: the same speech again
+    try:
+        return json.loads((directory / TEXT_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as problem:
+        raise HeygemError(f"the job's text cannot be read: {problem}") from None
+
+
+def speak_whole(directory: Path) -> None:
+    """Speak the kept words into the job's speech.wav and speech.srt at once (for a renderer that takes
+    a finished speech file)."""
+    from heygem.speech.tts import check_length, synthesize
+    from heygem.weights import weights_dir
+
+    kept = kept_text(directory)
+    if kept is None:
+        return
+    speech = synthesize(kept["text"], voice=kept["voice"], speed=kept["speed"], weights_dir=weights_dir(),
+                        max_characters=kept["max_characters"])
+    check_length(speech.duration, kept.get("max_seconds"))  # from the store's limits
+    keep_speech(directory, speech)
+
+
+def keep_speech(directory: Path, speech, wav_path: Path | None = None) -> None:
+    """The job's speech.wav (moved from ``wav_path`` where it was written already) and speech.srt."""
+    from heygem.speech.subtitles import write_srt
+    from heygem.speech.tts import write_wav
+
+    write_srt(speech.cues, directory / SUBTITLES_NAME)
+    if wav_path is not None:
+        os.replace(wav_path, directory / SPEECH_NAME)
+    else:
+        write_wav(speech, directory / SPEECH_NAME)
+

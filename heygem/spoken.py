@@ -44,6 +44,7 @@ from heygem.types import GenerationSummary
 logger = logging.getLogger("heygem")
 
 FIRST_PART_SECONDS = 2.0  # speech in the first part: short, so the first frame comes soon
+PART_GROWTH = 4  # each next part waits for this many times more speech than the one before (or the end)
 _END = object()  # the speaker's last item
 
 
@@ -93,7 +94,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     ended = False
     try:
         while not ended:
-            minimum = FIRST_PART_SECONDS * 2 ** len(summaries)  # parts that grow: few renders, each started once
+            minimum = FIRST_PART_SECONDS * PART_GROWTH ** len(summaries)  # parts that grow: few renders
             ended = _take(sentences, spoken, cues, rate, cut_sample, minimum, wait_for_all=not in_parts)
             check_length(sum(len(samples) for samples in spoken) / rate, max_seconds)
             whole = np.concatenate(spoken) if spoken else np.zeros(0, np.float32)  # (N,) float32

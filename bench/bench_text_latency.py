@@ -28,22 +28,14 @@ PARAGRAPH = ("Welcome to the weekly update. Our team shipped the new streaming p
 
 
 def one_job(server, text: str, height: int) -> dict:
+    from bench_latency import follow
+
     files = {"face": (FACE.name, FACE.read_bytes())}
     options = {"engine.name": "landmark", "media.output_height": height}
     started = time.perf_counter()
     response = server.client.post("/api/jobs", files=files, data={"text": text, "options": json.dumps(options)})
     response.raise_for_status()
-    accepted = time.perf_counter() - started
-    job_id, first = response.json()["id"], None
-    while True:
-        if first is None and server.client.get(f"/api/jobs/{job_id}/stream.m3u8").status_code == 200:
-            first = time.perf_counter() - started
-        job = server.client.get(f"/api/jobs/{job_id}").json()
-        if job["status"] in ("done", "failed", "cancelled"):
-            if job["status"] != "done":
-                raise RuntimeError(f"job {job_id} {job['status']}: {job['error']}")
-            return {"accepted": accepted, "first": first, "done": time.perf_counter() - started}
-        time.sleep(0.01)
+    return follow(server, response.json()["id"], started, time.perf_counter() - started)
 
 
 def main() -> None:

@@ -141,5 +141,16 @@ def silent_frames(audio_path: Path, fps: float, threshold: float = 0.004) -> np.
     return np.flatnonzero(rms < threshold)
 
 
+@pytest.fixture(scope="module")
+def served_app(tmp_path_factory):
+    """`python app.py` on a free port with a fresh outputs folder, shared by a module's tests (bench/faults.py)."""
+    from faults import Server
+
+    folder = tmp_path_factory.mktemp("served app")
+    server = Server(folder / "outputs", folder / "app.log").wait_ready()
+    yield server
+    server.stop()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives Debian's chromium through playwright")

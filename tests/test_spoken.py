@@ -14,7 +14,6 @@ import av
 import numpy as np
 import pytest
 from conftest import ASSETS, REPO, assert_playable_mp4, decode_frames
-from faults import Server
 
 from heygem.jobs.stream import stream_url
 from heygem.media.probing import probe
@@ -96,11 +95,8 @@ def test_bad_words_are_refused_with_one_line_before_anything_renders(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("spoken app")
-    server = Server(folder / "outputs", folder / "app.log").wait_ready()
-    yield server
-    server.stop()
+def app(served_app):
+    return served_app
 
 
 def test_a_text_job_is_queued_at_once_and_streams_before_its_whole_speech_is_spoken(app):

@@ -183,11 +183,8 @@ def gr_update(**props) -> dict:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("stream app")
-    server = Server(folder / "outputs", folder / "app.log").wait_ready()
-    yield server
-    server.stop()
+def app(served_app):
+    return served_app
 
 
 def submit(app, speech: Path, options: dict) -> str:

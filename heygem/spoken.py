@@ -91,6 +91,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     done_frames = 0  # frames rendered by the parts so far
     cut_sample = 0  # where the next part's samples start in the whole speech
     stream_index = 0
+    shown = [0.0]  # the progress shown so far: it never goes back when the foreseen length changes
     ended = False
     try:
         while not ended:
@@ -112,8 +113,12 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
             part_speech = Speech(samples=whole[cut_sample:end_sample], sample_rate=rate, cues=[], voice=choice.voice)
             part_audio = write_wav(part_speech, part_path.with_suffix(".wav"))
             place = StreamContinuation(first_index=stream_index, first_frame=done_frames, last=False, folder=stream_dir)
+            # the whole's length foreseen from the characters spoken so far (exact once the last is spoken)
+            said = sum(len(cue.text) for cue in cues)
+            foreseen = end_frame if ended else max(end_frame, round(end_frame * len(text.strip()) / max(said, 1)))
             summary = generate(face_path, part_audio, part_path, config, part=place, should_stop=should_stop,
-                               progress=_part_progress(progress, done_frames, end_frame, len(summaries), ended))
+                               progress=_part_progress(progress, done_frames, end_frame, foreseen, len(summaries),
+                                                       ended, shown))
             summaries.append(summary)
             stream_index += summary.stream_processes
             done_frames += summary.frames
@@ -176,9 +181,10 @@ def _take(sentences: queue.Queue, spoken: list, cues: list, rate: int, cut_sampl
         waited_one = True
 
 
-def _part_progress(progress, first: int, end: int, number: int, last: bool):
+def _part_progress(progress, first: int, end: int, whole: int, number: int, last: bool, shown: list[float]):
     """A part's progress (heygem.pipeline's overall fractions) as the whole's: its prepare shown for the
-    first part only, its frames counted among the ``end`` known so far, its finish for the last only."""
+    first part only, its frames ``first`` to ``end`` counted among the ``whole``'s foreseen, its finish
+    for the last only; never below what was ``shown`` before."""
     if progress is None:
         return None
     from heygem.pipeline import PROGRESS_SPANS
@@ -190,7 +196,8 @@ def _part_progress(progress, first: int, end: int, number: int, last: bool):
             return
         if phase == "generate":
             in_part = (overall - low) / (high - low)
-            overall = low + (high - low) * min(1.0, (first + in_part * (end - first)) / max(end, 1))
+            overall = low + (high - low) * min(1.0, (first + in_part * (end - first)) / max(whole, 1))
+        shown[0] = overall = max(overall, shown[0])
         progress(phase, overall)
 
     return report

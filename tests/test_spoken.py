@@ -36,7 +36,11 @@ def test_parts_give_the_frames_of_one_render_of_the_whole_speech_but_where_they_
     monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path / "cache"))
     face_path = ASSETS / "astronaut.jpg" if face == "photo" else face_video
     output = tmp_path / "spoken.mp4"
-    summary, speech = generate_spoken(face_path, TEXT, output, overrides={**LOSSLESS, "media.stream": True})
+    shown = []
+    summary, speech = generate_spoken(face_path, TEXT, output, overrides={**LOSSLESS, "media.stream": True},
+                                      progress=lambda phase, fraction: shown.append(fraction))
+    # one progress over the parts, as the script's length is foreseen from the characters spoken so far
+    assert shown == sorted(shown) and shown[-1] == 1.0 and len(shown) > 10
     assert summary.parts >= 2 and summary.stream_processes >= 2  # the first part is ~2 s of speech
     assert summary.frames_without_face == 0
     fps = summary.fps

@@ -320,3 +320,41 @@ def test_the_page_plays_the_stream_before_the_job_is_done(request, tmp_path, sig
     assert server.client.get(stream_url(job_id)).text.rstrip().endswith("#EXT-X-ENDLIST")  # REST as before
     if signed_in:  # ... with the REST credentials only
         assert server.client.get(stream_url(job_id), auth=("dana", "wrong")).status_code == 401
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_typed_text_plays_in_the_page_before_the_whole_script_is_spoken(app, tmp_path):
+    """A job made from text: the page plays its stream while its worker is still speaking the script
+    (the job's speech.wav is written once every sentence is spoken), then shows the final MP4."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    from test_browser import CHROMIUM_ARGS, opened_page
+
+    paragraph = ("Welcome to the weekly update. Our team shipped the new streaming player this week. "
+                 "It starts playing as soon as the first second of video is ready. ")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            with opened_page(browser, app.url, None) as page:
+                page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
+                page.wait_for_selector("#face-input :text('astronaut')")
+                page.locator("#text-accordion").click()
+                page.locator("#text-input textarea").fill(paragraph * 12)  # about 100 s of speech
+                page.locator("#options-accordion").click()
+                page.locator("#output-height input").fill("256 px")
+                page.locator("#output-height input").press("Enter")
+                page.click("#generate-button")
+                page.wait_for_selector("#job-card .job-id")
+                job_id = page.inner_text("#job-card .job-id").split()[1]
+                page.wait_for_function(PLAYING, arg="live-stream", timeout=60_000)
+                speaking = not (app.outputs / job_id / "speech.wav").exists()
+                assert_plays_while_running(page, app, "live-stream", job_id)
+                page.screenshot(path=str(tmp_path / "playing.png"), full_page=True)
+                page.wait_for_selector("#job-card [data-status=done]", timeout=240_000)
+                page.wait_for_selector("#result-video video[src]")
+                assert page.problems == [], page.problems
+        finally:
+            browser.close()
+    assert speaking  # it played while the script was still being spoken
+    final = app.client.get(stream_url(job_id)).text
+    assert final.rstrip().endswith("#EXT-X-ENDLIST") and "stream/0001-00000.ts" in final  # more than one part

@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from heygem.jobs.store import Job, JobStore
 from heygem.jobs.users import User, Users, may_see, sees_every_job, submitter_filter
 
 NOBODY = User(name="", admin=False)  # a request without a known user sees no job
+SWEEP_SECONDS = 30.0  # how often the page looks for copies of jobs deleted elsewhere
 
 
 def download_name(job: Job) -> str:
@@ -45,6 +47,7 @@ class PageAccess:
     def __init__(self, store: JobStore, users: Users | None = None):
         self.store, self.users = store, users
         self._delivered: dict[tuple[str, str], Path] = {}  # (job id, file name) -> its copy in Gradio's cache
+        self._swept = 0.0  # when copies of jobs deleted elsewhere (REST, `jobs delete`, clean) were last removed
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ who
@@ -83,6 +86,7 @@ class PageAccess:
 
     def jobs(self, request, status: str | None = None, limit: int | None = None,
              batch: str | None = None) -> list[Job]:
+        self.forget_deleted()
         return self.store.list(status=status, limit=limit, batch=batch,
                                submitter=submitter_filter(self.user(request)))
 
@@ -103,6 +107,7 @@ class PageAccess:
 
     def deliver(self, job: Job) -> str | None:
         """A path Gradio may serve for the job's video, named after its inputs (None until there is one)."""
+        self.forget_deleted()
         return self.deliver_file(job.result_path, download_name(job), job.id)
 
     def deliver_file(self, source: Path, name: str, key_prefix: str = "") -> str | None:
@@ -125,6 +130,19 @@ class PageAccess:
         with self._lock:
             self._delivered[key] = copy
         return str(copy)
+
+    def forget_deleted(self, every_seconds: float = SWEEP_SECONDS) -> None:
+        """Remove the copies of jobs that no longer exist (deleted through REST, `python -m heygem jobs
+        delete` or the store's cleaning, not on this page); at most once every ``every_seconds``."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._swept < every_seconds:
+                return
+            self._swept = now
+            job_ids = {key[0] for key in self._delivered}
+        for job_id in job_ids:
+            if self.store.find(job_id) is None:
+                self.forget(job_id)
 
     def forget(self, job_id: str) -> None:
         """Remove the copies handed out for a job (it was deleted)."""

@@ -81,6 +81,11 @@ def test_submit_poll_download_and_decode(app, speech_clip, tmp_path):
 
     result = app.client.get(f"/api/jobs/{job_id}/result")
     assert result.status_code == 200 and result.headers["content-type"] == "video/mp4"
+    # named after its inputs, as the page names it
+    from urllib.parse import quote
+
+    expected = f"my portrait ü.v2-{Path(job['audio']).stem}.mp4"
+    assert quote(expected) in result.headers["content-disposition"], result.headers
     downloaded = tmp_path / "downloaded.mp4"
     downloaded.write_bytes(result.content)
     assert_playable_mp4(downloaded, probe(speech_clip).duration)

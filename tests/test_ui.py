@@ -74,7 +74,7 @@ def test_the_job_card_says_which_restorer_ran():
 
 
 def test_downloads_are_named_after_their_inputs():
-    from heygem.ui.access import download_name
+    from heygem.jobs.files import download_name
 
     def job(face, audio, label=None):
         return SimpleNamespace(face_name=face, audio_name=audio, label=label)

@@ -41,7 +41,7 @@ from starlette.datastructures import UploadFile
 
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
-from heygem.jobs.files import Upload, UploadTooLarge, human_size
+from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
 from heygem.jobs.stream import add_stream_routes
@@ -240,8 +240,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
         if job.status != DONE or not job.result_path.is_file():
             detail = f": {job.error}" if job.error else (f" ({job.stage} {job.progress:.0%})" if job.stage else "")
             raise ApiError(404, f"job {job_id} has no result yet: it is {job.status}{detail}")
-        name = f"{job.label or job.id}.mp4"
-        return FileResponse(job.result_path, media_type="video/mp4", filename=name)
+        return FileResponse(job.result_path, media_type="video/mp4", filename=download_name(job))
 
     @router.get("/jobs/{job_id}/log")
     def get_log(job_id: str, request: Request):

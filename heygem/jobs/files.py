@@ -141,3 +141,15 @@ def store_input(source: Path | str | Upload, directory: Path, role: str, taken: 
         if close:
             stream.close()
     return name
+
+
+def download_name(job) -> str:
+    """What a job's video (heygem.jobs.store.Job) is called when it is downloaded, from the page or
+    REST: the batch item's name, or the face and the speech it was made from (astronaut-hello.mp4;
+    astronaut.mp4 when the video spoke with its own sound)."""
+    if job.label:
+        return f"{job.label}.mp4"
+    face = Path(job.face_name).stem
+    if not job.audio_name:
+        return f"{face}.mp4"
+    return f"{face}-{Path(job.audio_name).stem}.mp4"

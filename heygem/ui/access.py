@@ -23,22 +23,12 @@ from pathlib import Path
 from gradio.utils import get_upload_folder, is_in_or_equal
 
 from heygem.errors import HeygemError
+from heygem.jobs.files import download_name
 from heygem.jobs.store import Job, JobStore
 from heygem.jobs.users import User, Users, may_see, sees_every_job, submitter_filter
 
 NOBODY = User(name="", admin=False)  # a request without a known user sees no job
 SWEEP_SECONDS = 30.0  # how often the page looks for copies of jobs deleted elsewhere
-
-
-def download_name(job: Job) -> str:
-    """What a job's video is called when it is downloaded: the batch item's name, or the face and the
-    speech it was made from (astronaut-hello.mp4; astronaut.mp4 when the video spoke with its own sound)."""
-    if job.label:
-        return f"{job.label}.mp4"
-    face = Path(job.face_name).stem
-    if not job.audio_name:
-        return f"{face}.mp4"
-    return f"{face}-{Path(job.audio_name).stem}.mp4"
 
 
 class PageAccess:

@@ -348,7 +348,7 @@ def test_the_device_render_path_matches_the_cpu_path_on_the_portrait(musetalk_we
     assert in_box.mean() < 0.4 and in_box.max() <= 6, (in_box.mean(), in_box.max())
 
 
-@pytest.mark.parametrize("path", ["cpu", "device"])
+@pytest.mark.parametrize("path", ["cpu", "device", "device, CPU steps"])
 def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(musetalk_weights, speech_wav, tmp_path,
                                                                           monkeypatch, path):
     """A batch of 1080p frames holds a few frames; the networks run a fixed batch. Both render paths
@@ -372,8 +372,10 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
     face = Face(box=tuple(int(v) for v in (*landmarks.min(axis=0), *landmarks.max(axis=0))), landmarks=landmarks)
     engine = MuseTalkEngine(find_musetalk_files(musetalk_weights / "musetalk"), EngineConfig(device="cpu"))
     assert engine.batch_size == 4  # CPU_BATCH_SIZE
+    # "CPU steps": a restorer (or face parsing) makes the device path take the CPU path's steps
+    restoration = Restoration("sharpen", 0.5) if path.endswith("CPU steps") else Restoration("none", 0.0)
     prepared = SimpleNamespace(engine=engine, samples_16k=load_audio_16k(speech_wav)[:16000], fps=25.0,
-                               frame_count=25, restoration=Restoration("none", 0.0))
+                               frame_count=25, restoration=restoration)
     frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 2, axis=0))
     faces_of = [[face, face], [face, None], [face, face], [face, face], [None, None], [face, face]]
 
@@ -393,7 +395,7 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
     config = Config()
 
     def run(stream):
-        if path == "device":
+        if path.startswith("device"):
             render = MuseTalkDeviceRender(prepared, config)
             return list(render.paste(render.render(stream)))
         render = MuseTalkRender(prepared, config)

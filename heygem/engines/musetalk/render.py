@@ -155,7 +155,7 @@ class MuseTalkDeviceRender(RegionRender):
     def _render_group(self, group: list[FrameBatch], cut) -> list[Downloading]:
         """The networks and the paste for a group whose host part :meth:`_cut_group` started."""
         if cut is None:
-            return [self._render_on_cpu(batch) for batch in group]
+            return self._render_on_cpu(group)
         cuts, crops = cut
         engine = self.prepared.engine
         if not crops:
@@ -179,23 +179,30 @@ class MuseTalkDeviceRender(RegionRender):
             downloads.append(self._download(batch, regions, planes))
         return downloads
 
-    def _render_on_cpu(self, batch: FrameBatch) -> Downloading:
-        """The CPU path's steps for one batch (face parsing's masks or a restorer): patches, restored
-        and blended into the BGR frames, written back into the I420 frames."""
+    def _render_on_cpu(self, group: list[FrameBatch]) -> list[Downloading]:
+        """The CPU path's steps for a group (face parsing's masks or a restorer): patches from one pass of
+        the networks over the group, restored and blended into each batch's BGR frames, written back into
+        its I420 frames."""
         from heygem.media.frames import write_region_i420
         from heygem.render.blend import blend_patch
         from heygem.render.restore import restore_patches
 
         engine = self.prepared.engine
-        frames_bgr = i420_batch_to_bgr(batch.frames_i420)
-        patches = engine.patches(frames_bgr, batch.faces, self.audio_windows(batch.output_indices))
-        if self.prepared.restoration.name != "none":
-            patches = restore_patches(patches, frames_bgr, self.prepared.restoration)
-        for index, patch in enumerate(patches):
-            if patch is not None:
-                blend_patch(frames_bgr[index], patch, self.config.blend)
-                write_region_i420(batch.frames_i420[index], frames_bgr[index], patch.box)
-        return Downloading(batch)
+        frames_bgr = [i420_batch_to_bgr(batch.frames_i420) for batch in group]  # (n, H, W, 3) each
+        rows = np.concatenate([batch.output_indices for batch in group])
+        patches = engine.patches([frame for frames in frames_bgr for frame in frames],
+                                 [face for batch in group for face in batch.faces], self.audio_windows(rows))
+        start = 0
+        for batch, frames in zip(group, frames_bgr):
+            mine = patches[start:start + len(frames)]
+            start += len(frames)
+            if self.prepared.restoration.name != "none":
+                mine = restore_patches(mine, frames, self.prepared.restoration)
+            for index, patch in enumerate(mine):
+                if patch is not None:
+                    blend_patch(frames[index], patch, self.config.blend)
+                    write_region_i420(batch.frames_i420[index], frames[index], patch.box)
+        return [Downloading(batch) for batch in group]
 
 
 HOST_THREADS = 8  # threads for each face's host work (OpenCV and hashlib let go of the interpreter lock)

@@ -259,6 +259,16 @@ PLAYED_ON = """([player, from]) => { const v = document.querySelector(`#${player
                                    return v !== null && !v.paused && v.currentTime > from + 0.5; }"""
 
 
+def generate_in_page(page, output_height: str) -> str:
+    """Set the output height, press Generate and return the id of the job the page then follows."""
+    page.locator("#options-accordion").click()
+    page.locator("#output-height input").fill(output_height)
+    page.locator("#output-height input").press("Enter")
+    page.click("#generate-button")
+    page.wait_for_selector("#job-card .job-id")
+    return page.inner_text("#job-card .job-id").split()[1]
+
+
 def assert_plays_while_running(page, server, player: str, job_id: str) -> None:
     """The player's video plays on (not paused, its time advancing) while the job is still running."""
     page.wait_for_function(PLAYING, arg=player, timeout=60_000)
@@ -291,12 +301,7 @@ def test_the_page_plays_the_stream_before_the_job_is_done(request, tmp_path, sig
                 page.locator("#face-input input[type=file]").set_input_files(str(ASSETS / "astronaut.jpg"))
                 page.locator("#audio-input input[type=file]").set_input_files(str(speech))
                 page.wait_for_selector("#audio-input a[data-testid=download-link]")
-                page.locator("#options-accordion").click()
-                page.locator("#output-height input").fill("360 px")
-                page.locator("#output-height input").press("Enter")
-                page.click("#generate-button")
-                page.wait_for_selector("#job-card .job-id")
-                job_id = page.inner_text("#job-card .job-id").split()[1]
+                job_id = generate_in_page(page, "360 px")
                 assert_plays_while_running(page, server, "live-stream", job_id)
                 page.screenshot(path=str(tmp_path / "playing.png"), full_page=True)
                 if not signed_in:  # the Jobs tab plays the running job picked in its table
@@ -340,12 +345,7 @@ def test_typed_text_plays_in_the_page_before_the_whole_script_is_spoken(app, tmp
                 page.wait_for_selector("#face-input :text('astronaut')")
                 page.locator("#text-accordion").click()
                 page.locator("#text-input textarea").fill(paragraph * 12)  # about 100 s of speech
-                page.locator("#options-accordion").click()
-                page.locator("#output-height input").fill("256 px")
-                page.locator("#output-height input").press("Enter")
-                page.click("#generate-button")
-                page.wait_for_selector("#job-card .job-id")
-                job_id = page.inner_text("#job-card .job-id").split()[1]
+                job_id = generate_in_page(page, "256 px")
                 page.wait_for_function(PLAYING, arg="live-stream", timeout=60_000)
                 speaking = not (app.outputs / job_id / "speech.wav").exists()
                 assert_plays_while_running(page, app, "live-stream", job_id)

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -121,12 +121,11 @@ def generate(
     report("prepare", 0.3)
 
     # 2. speech: decoded now (the output's length follows it); its features are computed in the
-    #    background while the first frames are decoded and tracked
+    #    background while the first frames are decoded and tracked (once the engine is chosen, below)
     with _timed(clock, "audio"):
         samples_16k = audio.load_audio_16k(audio_path)
         audio_seconds = samples_16k.shape[0] / audio.SAMPLE_RATE
         frame_count = audio.output_frame_count(audio_seconds, fps)
-    mel_future = _BACKGROUND.submit(_timed_call, audio.melspectrogram, samples_16k)
     timeline.mark("2 speech decoded")
     report("prepare", 0.7)
 
@@ -136,6 +135,12 @@ def generate(
                                face_size=engine.kind.sharp_face_size)
     detector_checkpoint = require_s3fd_checkpoint() if config.face.detector == "s3fd" else None
     engine_future = _BACKGROUND.submit(_timed_call, engine.kind.load, engine.weights, config, fps, owner)
+    if engine.kind.reads_mel:
+        mel_future = _BACKGROUND.submit(_timed_call, audio.melspectrogram, samples_16k)
+    else:  # the engine's own features instead, made as soon as it has loaded
+        mel_future = Future()
+        mel_future.set_result((None, 0.0))
+    features_future = _once_loaded(engine_future, engine.kind.audio_features, samples_16k, fps, frame_count)
     restoration_future = _BACKGROUND.submit(_timed_call, create_restoration, restorer, config)
     logger.info("engine: %s (%s); restorer: %s (%s); face detector: %s", engine.name, engine.reason, restorer.name,
                 restorer.reason, config.face.detector)
@@ -164,7 +169,8 @@ def generate(
                                       else None,
                                       continuing=part)
         timeline.mark("x264 started")
-        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, samples_16k)
+        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, samples_16k,
+                            features_future)
         render = engine.kind.render(prepared, config, restorer.name)
         written = {"frames": 0, "without_face": 0}
 
@@ -218,6 +224,28 @@ def generate(
 
 
 _BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heygem-background")
+
+
+def _once_loaded(engine_future: Future, function, *args) -> Future:
+    """``function(engine, *args)``, timed, in the background once ``engine_future`` has its engine (chained,
+    not waited for in a pool thread, so that jobs in parallel cannot hold every thread waiting)."""
+    result: Future = Future()
+
+    def start(loaded: Future) -> None:
+        if loaded.exception() is not None:
+            result.set_exception(loaded.exception())
+            return
+
+        def run() -> None:
+            try:
+                result.set_result(_timed_call(function, loaded.result()[0], *args))
+            except BaseException as error:  # noqa: BLE001 - handed to whoever waits for it
+                result.set_exception(error)
+
+        _BACKGROUND.submit(run)
+
+    engine_future.add_done_callback(start)
+    return result
 
 
 def _timed_call(function, *args):

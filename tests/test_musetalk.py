@@ -317,7 +317,7 @@ def test_the_device_render_path_matches_the_cpu_path_on_the_portrait(musetalk_we
     face = Face(box=tuple(int(v) for v in (*landmarks.min(axis=0), *landmarks.max(axis=0))), landmarks=landmarks)
     engine = MuseTalkEngine(find_musetalk_files(musetalk_weights / "musetalk"), EngineConfig(device="cpu"))
     samples = load_audio_16k(speech_wav)[:16000]
-    prepared = SimpleNamespace(engine=engine, samples_16k=samples, fps=25.0, frame_count=25,
+    prepared = SimpleNamespace(engine=engine, engine_audio=engine.audio_features(samples, 25.0, 25),
                                restoration=Restoration("none", 0.0))
     frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 3, axis=0))
     batch = FrameBatch(output_indices=np.array([3, 4, 5]), source_indices=np.zeros(3, np.int64),
@@ -374,8 +374,8 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
     assert engine.batch_size == 4  # CPU_BATCH_SIZE
     # "CPU steps": a restorer (or face parsing) makes the device path take the CPU path's steps
     restoration = Restoration("sharpen", 0.5) if path.endswith("CPU steps") else Restoration("none", 0.0)
-    prepared = SimpleNamespace(engine=engine, samples_16k=load_audio_16k(speech_wav)[:16000], fps=25.0,
-                               frame_count=25, restoration=restoration)
+    audio_windows = engine.audio_features(load_audio_16k(speech_wav)[:16000], 25.0, 25)
+    prepared = SimpleNamespace(engine=engine, engine_audio=audio_windows, restoration=restoration)
     frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 2, axis=0))
     faces_of = [[face, face], [face, None], [face, face], [face, face], [None, None], [face, face]]
 
@@ -415,3 +415,35 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
     source = i420_batch_to_bgr(frames_i420).astype(np.int16)
     assert np.array_equal(i420_batch_to_bgr(gathered[4].frames_i420), source)  # no face: untouched
     assert np.abs(i420_batch_to_bgr(gathered[0].frames_i420).astype(np.int16) - source).max() > 8
+
+
+def test_a_musetalk_job_makes_no_mel_and_its_whisper_windows_in_the_background(musetalk_weights, speech_clip,
+                                                                                 tmp_path, monkeypatch):
+    """The Wav2Lip mel is for the engines that read it; MuseTalk's Whisper windows are made in a background
+    thread as soon as the engine has loaded, not on the render thread when the first frames arrive."""
+    import threading
+
+    from heygem.engines.musetalk import MuseTalkKind
+    from heygem.pipeline import generate
+    from heygem.speech import audio
+
+    monkeypatch.setenv("HEYGEM_WEIGHTS", str(musetalk_weights))
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path / "cache"))
+
+    def no_mel(samples):
+        raise AssertionError("the mel was computed for the musetalk engine")
+
+    threads = []
+    whisper_windows = MuseTalkKind.audio_features
+
+    def recorded(self, engine, samples_16k, fps, frame_count):
+        threads.append(threading.current_thread().name)
+        return whisper_windows(self, engine, samples_16k, fps, frame_count)
+
+    monkeypatch.setattr(audio, "melspectrogram", no_mel)
+    monkeypatch.setattr(MuseTalkKind, "audio_features", recorded)
+    summary = generate(ASSETS / "astronaut.jpg", speech_clip, tmp_path / "out.mp4",
+                       overrides={"engine.name": "musetalk", "restore.enabled": False})
+    assert summary.engine == "musetalk" and summary.frames == 20
+    assert len(threads) == 1 and threads[0].startswith("heygem-background"), threads
+    assert_playable_mp4(tmp_path / "out.mp4", 0.8)

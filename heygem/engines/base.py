@@ -74,6 +74,7 @@ class EngineKind(ABC):
     name: str  # what --engine calls it
     synthesises_pixels: bool  # its mouths are made pixels (a restorer helps), else the frame's own, moved
     sharp_face_size: int | None = None  # the side of faces made sharp enough that auto restores nothing
+    reads_mel: bool = True  # whether it reads the speech's Wav2Lip mel windows (else features of its own)
     needs_weights: bool = True  # whether it runs on a checkpoint the user brings
     weights_label: str = ""  # what its weights are called in messages: "Wav2Lip checkpoint"
 
@@ -95,6 +96,12 @@ class EngineKind(ABC):
     def load(self, weights: Path | None, config: Config, fps: float, owner: int) -> LipSyncEngine:
         """The loaded engine for one job of thread ``owner`` (it may be one kept from that thread's
         earlier job, heygem.runtime.kept). Can take seconds; runs while the first frames are decoded."""
+
+    def audio_features(self, engine: LipSyncEngine, samples_16k, fps: float, frame_count: int):
+        """The engine's own audio features for a job's speech ((S,) float32 at 16 kHz), made in the
+        background as soon as the engine has loaded (heygem.render.prepared); None for an engine that
+        reads the mel windows only."""
+        return None
 
     @abstractmethod
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:

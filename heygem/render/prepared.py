@@ -21,8 +21,10 @@ class Prepared:
     decoding and face tracking."""
 
     def __init__(self, mel_future: Future, engine_future: Future, frame_count: int, fps: float, clock: StageClock,
-                 restoration_future: Future | None = None, samples_16k: np.ndarray | None = None):
-        self._mel_future = mel_future
+                 restoration_future: Future | None = None, samples_16k: np.ndarray | None = None,
+                 features_future: Future | None = None):
+        self._mel_future = mel_future  # its result's mel None for an engine that reads none
+        self._features_future = features_future  # the engine's own audio features (EngineKind.audio_features)
         self.samples_16k = samples_16k  # (S,) float32 the job's audio, for engines with features of their own
         self.frame_count = frame_count
         self._engine_future = engine_future
@@ -32,6 +34,7 @@ class Prepared:
         self._clock = clock
         self._lock = threading.Lock()
         self._mel = self._engine = self._window_starts = self._restoration = None
+        self._features_seconds = None
 
     def _resolve(self) -> None:
         with self._lock:
@@ -45,7 +48,8 @@ class Prepared:
                         self._clock.add("load_restorer", restorer_seconds)
                 self._clock.add("audio", mel_seconds)
                 self._clock.add("load_engine", engine_seconds)
-                self._window_starts = audio.mel_window_starts(self._frame_count, self.fps, mel.shape[1])
+                if mel is not None:
+                    self._window_starts = audio.mel_window_starts(self._frame_count, self.fps, mel.shape[1])
                 self._mel, self._engine, self._restoration = mel, engine, restoration
 
     @property
@@ -57,6 +61,19 @@ class Prepared:
     def restoration(self) -> Restoration:
         self._resolve()
         return self._restoration
+
+    @property
+    def engine_audio(self):
+        """The engine's own audio features for every output frame (made once it had loaded), or None."""
+        self._resolve()
+        if self._features_future is None:
+            return None
+        features, seconds = self._features_future.result()
+        with self._lock:
+            if self._features_seconds is None:
+                self._features_seconds = seconds
+                self._clock.add("audio", seconds)
+        return features
 
     def mel_windows(self, output_indices: np.ndarray) -> np.ndarray:
         """(N, 80, 16) float32 mel windows of these output frames."""

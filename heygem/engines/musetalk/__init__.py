@@ -31,6 +31,7 @@ class MuseTalkKind(EngineKind):
     name = "musetalk"
     synthesises_pixels = True  # its mouths are decoded pixels
     sharp_face_size = 256  # decoded at 256x256: auto adds no restorer (MuseTalk itself restores nothing)
+    reads_mel = False  # its audio features are Whisper's
     weights_label = "complete MuseTalk files (with the musetalk extra installed)"
 
     def find_weights(self, config: EngineConfig) -> Path | None:
@@ -75,6 +76,10 @@ class MuseTalkKind(EngineKind):
         feather = config.blend.feather
         return KEPT.shared(MUSETALK_ENGINE, key, lambda: MuseTalkEngine(files, options, use_cache, feather),
                            owner=owner)
+
+    def audio_features(self, engine: LipSyncEngine, samples_16k, fps: float, frame_count: int):
+        """(frame_count, 50, 384) float32: each output frame's Whisper window with the positional encoding."""
+        return engine.audio_features(samples_16k, fps, frame_count)
 
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
         """On a GPU (or with --render torch) each face's region goes to the engine's device, where the

@@ -22,17 +22,14 @@ from heygem.types import FrameBatch
 
 class MuseTalkRender(CpuRender):
     """The CPU render path whose generate stage asks the engine for patches with each frame's
-    Whisper window (computed once per job, when the first batch arrives), for several batches at
+    Whisper window (computed in the background once the engine has loaded), for several batches at
     once (:func:`model_groups`): the networks run on full batches of faces, not on the few frames a
     batch of big frames holds."""
 
     def generate(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
-        audio_windows = None
         for group in model_groups(batches, lambda: self.prepared.engine.batch_size):
             engine = self.prepared.engine
-            if audio_windows is None:
-                audio_windows = engine.audio_features(self.prepared.samples_16k, self.prepared.fps,
-                                                      self.prepared.frame_count)  # (frames, 50, 384)
+            audio_windows = self.prepared.engine_audio  # (frames, 50, 384), made in the background
             for batch in group:
                 batch.frames_bgr = i420_batch_to_bgr(batch.frames_i420)
             frames = [frame for batch in group for frame in batch.frames_bgr]
@@ -81,16 +78,9 @@ class MuseTalkDeviceRender(RegionRender):
     takes the CPU path's steps instead.
     """
 
-    def __init__(self, prepared, config):
-        super().__init__(prepared, config)
-        self._audio_windows = None  # (frames, 50, 384), made when the first batch arrives
-
     def audio_windows(self, rows: np.ndarray) -> torch.Tensor:
-        """The Whisper windows of output frames ``rows`` (computed once per job)."""
-        if self._audio_windows is None:
-            self._audio_windows = self.prepared.engine.audio_features(
-                self.prepared.samples_16k, self.prepared.fps, self.prepared.frame_count)
-        return self._audio_windows[torch.from_numpy(np.asarray(rows))]
+        """The Whisper windows of output frames ``rows`` (made in the background once per job)."""
+        return self.prepared.engine_audio[torch.from_numpy(np.asarray(rows))]
 
     def render(self, batches: Iterator[FrameBatch]) -> Iterator[Downloading]:
         """Each group of batches (:func:`model_groups`) through one pass of the networks, the next

@@ -136,11 +136,10 @@ def generate(
     detector_checkpoint = require_s3fd_checkpoint() if config.face.detector == "s3fd" else None
     engine_future = _BACKGROUND.submit(_timed_call, engine.kind.load, engine.weights, config, fps, owner)
     if engine.kind.reads_mel:
-        mel_future = _BACKGROUND.submit(_timed_call, audio.melspectrogram, samples_16k)
+        mel_future, features_future = _BACKGROUND.submit(_timed_call, audio.melspectrogram, samples_16k), None
     else:  # the engine's own features instead, made as soon as it has loaded
-        mel_future = Future()
-        mel_future.set_result((None, 0.0))
-    features_future = _once_loaded(engine_future, engine.kind.audio_features, samples_16k, fps, frame_count)
+        mel_future = None
+        features_future = _once_loaded(engine_future, engine.kind.audio_features, samples_16k, fps, frame_count)
     restoration_future = _BACKGROUND.submit(_timed_call, create_restoration, restorer, config)
     logger.info("engine: %s (%s); restorer: %s (%s); face detector: %s", engine.name, engine.reason, restorer.name,
                 restorer.reason, config.face.detector)
@@ -169,8 +168,7 @@ def generate(
                                       else None,
                                       continuing=part)
         timeline.mark("x264 started")
-        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, samples_16k,
-                            features_future)
+        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, features_future)
         render = engine.kind.render(prepared, config, restorer.name)
         written = {"frames": 0, "without_face": 0}
 

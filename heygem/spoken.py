@@ -35,8 +35,9 @@ import numpy as np
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
 from heygem.media.encode import concat_list, join_args, run_ffmpeg_to_end
-from heygem.media.probing import MIN_SPEECH_SECONDS, check_written, probe
+from heygem.media.probing import MIN_SPEECH_SECONDS, check_written, probe, probe_inputs
 from heygem.media.stream import StreamContinuation, mark_complete, stream_folder
+from heygem.pipeline import PROGRESS_SPANS, generate
 from heygem.speech import audio
 from heygem.speech.tts import Speech, check_length, check_text, choose_voice, stream_sentences, write_wav
 from heygem.types import GenerationSummary
@@ -60,17 +61,13 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     ``max_seconds``: the longest speech (None: any), a HeygemError as soon as it is longer.
     Raises HeygemError for unusable text, voice or options, as heygem.pipeline.generate does for the
     rest."""
-    from heygem.pipeline import generate
-
     started = time.perf_counter()
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
     face_path, output_path = Path(face_path), Path(output_path)
     if max_characters is None:
         max_characters = config.text.max_characters
     check_text(text, max_characters)
-    face_info = probe(face_path, role="face")
-    if face_info.kind == "audio":
-        raise HeygemError(f"{face_path.name} has no picture: the face must be a video or an image")
+    face_info, _ = probe_inputs(face_path, None, picture_only=True)  # the speech is not there yet
     choice = choose_voice(text, voice, weights_folder)
     if choice.note:
         logger.info("%s", choice.note)
@@ -100,7 +97,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
             check_length(sum(len(samples) for samples in spoken) / rate, max_seconds)
             whole = np.concatenate(spoken) if spoken else np.zeros(0, np.float32)  # (N,) float32
             if ended and summaries and len(whole) - cut_sample < MIN_SPEECH_SECONDS * rate:
-                break  # under a frame left over: the video ends with the frames before it
+                break  # too little left for a part of its own (what the last whole frame left over)
             if ended:
                 end_frame = done_frames + max(1, audio.output_frame_count(len(whole) / rate, fps) - done_frames)
                 end_sample = len(whole)
@@ -123,7 +120,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
             stream_index += summary.stream_processes
             done_frames += summary.frames
             cut_sample = end_sample
-        speech = Speech(samples=np.concatenate(spoken), sample_rate=rate, cues=cues, voice=choice.voice,
+        speech = Speech(samples=whole, sample_rate=rate, cues=cues, voice=choice.voice,  # every sentence: ended
                         voice_note=choice.note)
         speech_path = write_wav(speech, output_path.with_suffix(".wav"))
         _join([summary.output_path for summary in summaries], speech_path, output_path, config)
@@ -187,8 +184,6 @@ def _part_progress(progress, first: int, end: int, whole: int, number: int, last
     for the last only; never below what was ``shown`` before."""
     if progress is None:
         return None
-    from heygem.pipeline import PROGRESS_SPANS
-
     low, high = PROGRESS_SPANS["generate"]
 
     def report(phase: str, overall: float) -> None:

@@ -69,6 +69,10 @@ class CachedTrack:
     track: FaceTrack
     whole_video: bool
 
+    def covers(self, frames_needed: int) -> bool:
+        """Whether it holds every frame a job needs: the whole video, or at least ``frames_needed``."""
+        return self.whole_video or self.track.frame_count >= frames_needed
+
 
 class _BrokenEntry(Exception):
     """An entry that exists but cannot be trusted."""
@@ -248,7 +252,7 @@ def load_track(key: str, frames_needed: int, continuing_from: int = 0) -> Cached
     finally:
         os.close(directory_fd)
     partial_use = 0 < continuing_from <= cached.track.frame_count
-    if not cached.whole_video and cached.track.frame_count < frames_needed and not partial_use:
+    if not cached.covers(frames_needed) and not partial_use:
         logger.info("avatar cache: entry %s covers %d frames, %d are needed", key[:16],
                     cached.track.frame_count, frames_needed)
         return None

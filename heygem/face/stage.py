@@ -61,7 +61,7 @@ class FaceStage:
         self.builder = TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
                                           work_dir / "landmarks.npy", track=cached.track if cached else None)
         self._pool: FinderPool | None = None
-        if cached is not None and (cached.whole_video or cached.track.frame_count >= source.tracking_capacity):
+        if cached is not None and cached.covers(source.tracking_capacity):
             self.builder.end()
             logger.info("faces: %d frames from the avatar cache", self.builder.tracked)
         elif cached is not None:  # the parts before this one tracked its first frames (heygem.spoken)

@@ -42,15 +42,12 @@ def kept_text(directory: Path) -> dict | None:
         raise HeygemError(f"the job's text cannot be read: {problem}") from None
 
 
-def speak_whole(directory: Path) -> None:
-    """Speak the kept words into the job's speech.wav and speech.srt at once (for a renderer that takes
-    a finished speech file)."""
+def speak_whole(directory: Path, kept: dict) -> None:
+    """Speak the ``kept`` words (:func:`kept_text`) into the job's speech.wav and speech.srt at once (for
+    a renderer that takes a finished speech file)."""
     from heygem.speech.tts import check_length, synthesize
     from heygem.weights import weights_dir
 
-    kept = kept_text(directory)
-    if kept is None:
-        return
     speech = synthesize(kept["text"], voice=kept["voice"], speed=kept["speed"], weights_dir=weights_dir(),
                         max_characters=kept["max_characters"])
     check_length(speech.duration, kept.get("max_seconds"))  # from the store's limits

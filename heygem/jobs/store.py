@@ -482,8 +482,8 @@ class JobStore:
                     max_characters = config.text.max_characters
                 audio_name = speech.keep_text(directory, text, voice, speed, max_characters,
                                               self.limits.max_audio_seconds)
-            spoken_later = audio_name is not None and not (directory / audio_name).is_file()
-            face_info, audio_info = probe_inputs(directory / face_name, None if audio_name is None or spoken_later
+            spoken_later = audio is None and text is not None  # by the worker (heygem.jobs.speech)
+            face_info, audio_info = probe_inputs(directory / face_name, None if audio_name is None
                                                  else directory / audio_name, picture_only=spoken_later)
             self._check_size(face_info, audio_info, config)
             (directory / OPTIONS_NAME).write_text(

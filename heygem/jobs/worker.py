@@ -126,7 +126,7 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
                 keep_speech(job.directory, speech, wav_path=job.result_path.with_suffix(".wav"))
             else:
                 if kept is not None:
-                    speak_whole(job.directory)
+                    speak_whole(job.directory, kept)
                 summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
                                    progress=report, should_stop=should_stop)
         except GenerationCancelled:

@@ -20,13 +20,10 @@ class Prepared:
     stages ask for them when their first batch arrives, so loading the networks overlaps with
     decoding and face tracking."""
 
-    def __init__(self, mel_future: Future, engine_future: Future, frame_count: int, fps: float, clock: StageClock,
-                 restoration_future: Future | None = None, samples_16k: np.ndarray | None = None,
-                 features_future: Future | None = None):
-        self._mel_future = mel_future  # its result's mel None for an engine that reads none
+    def __init__(self, mel_future: Future | None, engine_future: Future, frame_count: int, fps: float,
+                 clock: StageClock, restoration_future: Future | None = None, features_future: Future | None = None):
+        self._mel_future = mel_future  # None for an engine that reads no mel windows
         self._features_future = features_future  # the engine's own audio features (EngineKind.audio_features)
-        self.samples_16k = samples_16k  # (S,) float32 the job's audio, for engines with features of their own
-        self.frame_count = frame_count
         self._engine_future = engine_future
         self._restoration_future = restoration_future  # None: no restoration
         self._frame_count = frame_count
@@ -39,7 +36,7 @@ class Prepared:
     def _resolve(self) -> None:
         with self._lock:
             if self._engine is None:
-                mel, mel_seconds = self._mel_future.result()
+                mel, mel_seconds = self._mel_future.result() if self._mel_future is not None else (None, 0.0)
                 engine, engine_seconds = self._engine_future.result()
                 restoration = Restoration("none", 0.0)
                 if self._restoration_future is not None:

@@ -507,4 +507,3 @@ def worker_devices() -> list[str | None]:
         return [None]
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [f"cuda:{index}" for index in range(count)] if count > 1 else [None]
-

@@ -221,10 +221,9 @@ def _read_entry(directory_fd: int, key: str) -> tuple[dict, CachedTrack]:
                              whole_video=whole_video)
 
 
-def load_track(key: str, frames_needed: int, continuing_from: int = 0) -> CachedTrack | None:
-    """The cached raw track for ``key`` if it covers ``frames_needed`` frames or the whole video.
-    ``continuing_from``: a part of a longer output that starts at that frame (heygem.spoken) also
-    takes a track of the frames before it, which the parts before stored, and tracks on from its end.
+def load_track(key: str, frames_needed: int | None = None) -> CachedTrack | None:
+    """The cached raw track for ``key`` if it covers ``frames_needed`` frames or the whole video;
+    with ``frames_needed`` None, whatever the entry holds (a job tracks on from its end).
 
     A missing entry, or one that covers too few frames, is a miss (None). An entry
     that cannot be read or fails a check is logged, deleted and also a miss. The
@@ -251,8 +250,7 @@ def load_track(key: str, frames_needed: int, continuing_from: int = 0) -> Cached
         return None
     finally:
         os.close(directory_fd)
-    partial_use = 0 < continuing_from <= cached.track.frame_count
-    if not cached.covers(frames_needed) and not partial_use:
+    if frames_needed is not None and not cached.covers(frames_needed):
         logger.info("avatar cache: entry %s covers %d frames, %d are needed", key[:16],
                     cached.track.frame_count, frames_needed)
         return None

@@ -23,7 +23,7 @@ from heygem.face.processes import TrackingProcesses
 from heygem.face.processes import pool_key as processes_pool_key
 from heygem.face.track import TrackBuilder
 from heygem.media.frames import I420Frames
-from heygem.media.source import SourceFrames
+from heygem.media.source import SourceFrames, frames_per_batch
 from heygem.runtime.flow import ordered_map
 from heygem.runtime.kept import FACE_TRACKERS, KEPT
 from heygem.types import FrameBatch, FrameGeometry
@@ -56,17 +56,20 @@ class FaceStage:
             from heygem.face import avatar_cache
 
             self.cache_key = avatar_cache.avatar_key(source.info.path, config.face, geometry, fps_fraction)
-            cached = avatar_cache.load_track(self.cache_key, source.tracking_capacity, continuing_from=first_frame)
+            cached = avatar_cache.load_track(self.cache_key)  # all it holds: tracked on from its end
             self.cache_outcome = "hit" if cached is not None else "miss"
+        complete = cached is not None and cached.covers(source.tracking_capacity)
         self.builder = TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
-                                          work_dir / "landmarks.npy", track=cached.track if cached else None)
+                                    work_dir / "landmarks.npy", track=cached.track if cached else None,
+                                    complete=complete)
+        self.first_frame = first_frame
         self._pool: FinderPool | None = None
-        if cached is not None and cached.covers(source.tracking_capacity):
+        if complete:
             self.builder.end()
             logger.info("faces: %d frames from the avatar cache", self.builder.tracked)
-        elif cached is not None:  # the parts before this one tracked its first frames (heygem.spoken)
+        elif cached is not None:  # an earlier job, or the parts before this one (heygem.spoken), tracked its start
             self.cache_outcome = "continued"
-            logger.info("faces: %d frames from the parts before, the rest tracked", self.builder.tracked)
+            logger.info("faces: %d frames from the avatar cache, the rest tracked", self.builder.tracked)
 
     def run(self, batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
         builder = self.builder
@@ -81,16 +84,21 @@ class FaceStage:
                                    processes=self.workers > 1 and tracks_in_processes(self.config))
         ended_well = False
         try:
+            if not self.source.is_still and builder.tracked < self.first_frame:  # a later part whose frames
+                # before it were not all tracked
+                self._catch_up(self.first_frame)
             waiting: deque[FrameBatch] = deque()
             # one batch waiting beyond the workers' (not one per worker): a 1080p batch is tens of MiB, and
             # tracking is not what limits the pipeline (24 s 1080p, 8 trackers, 2 cores, batches of 21 frames:
             # same speed, 0.46 GiB less)
             runs = self._new_runs(batches, builder.tracked)
+            last_source = -1
             for batch, start, landmarks in ordered_map(self._track, runs, self.workers, ahead=1):
                 if landmarks is not None:
                     builder.add(start, landmarks)
-                elif not builder.ended:  # the first batch shown again: the video has ended
-                    self._end_of_video()
+                elif not builder.ended and int(batch.source_indices[0]) <= last_source:
+                    self._end_of_video()  # the frames go back: the video has ended and plays backward
+                last_source = int(batch.source_indices[-1])
                 waiting.append(batch)
                 while waiting and builder.is_final(int(waiting[0].source_indices.max())):
                     yield self._attach(waiting.popleft())
@@ -124,6 +132,21 @@ class FaceStage:
 
         engine = self.config.engine
         return shared_detector(self.detector_checkpoint, engine.device, engine.precision)
+
+    def _catch_up(self, until: int) -> None:
+        """Track the video's frames from where the track ends to ``until`` (or the video's end), decoded
+        anew: a part of a longer output (heygem.spoken) passes over the frames before its first, and the
+        avatar cache did not keep (all) the track the parts before made of them."""
+        builder = self.builder
+        logger.info("faces: tracking source frames %d to %d, which the parts before left untracked",
+                    builder.tracked, until)
+        runs = self.source.frames_between(builder.tracked, until,
+                                          frames_per_batch(self.source.geometry, self.config.media.batch_frames))
+        for start, landmarks in ordered_map(lambda run: (run[0], self._pool.track_run(I420Frames(run[1]))), runs,
+                                            self.workers, ahead=1):
+            builder.add(start, landmarks)
+        if builder.tracked < until:  # the video is shorter: this part shows its frames played backward
+            self._end_of_video()
 
     def _track(self, item: tuple[FrameBatch, int | None]) -> tuple[FrameBatch, int | None, list | None]:
         batch, start = item

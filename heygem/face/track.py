@@ -57,16 +57,26 @@ class TrackBuilder:
     """
 
     def __init__(self, config: FaceConfig, width: int, height: int, capacity: int,
-                 landmarks_path: Path | None = None, track: FaceTrack | None = None):
+                 landmarks_path: Path | None = None, track: FaceTrack | None = None, complete: bool = True):
+        """``track``: what was tracked before (the avatar cache). ``complete``: it holds every frame this
+        builder will be asked for, so nothing is added; otherwise it is the first frames of a track of
+        ``capacity`` frames that goes on from its end."""
         self.config = config
         self.width, self.height = width, height
         if track is None:
             track = new_track(capacity, landmarks_path)
             self.tracked = 0
-        else:  # tracked before (the avatar cache): only the small arrays are copied, to be writable
+        elif complete:  # only the small arrays are copied, to be writable
             track = FaceTrack(found=np.array(track.found), raw_boxes=np.array(track.raw_boxes),
                               landmarks=track.landmarks)
             self.tracked = track.frame_count
+        else:  # the frames tracked before, copied into a track with room for the rest
+            before = track
+            self.tracked = min(before.frame_count, capacity)
+            track = new_track(max(capacity, self.tracked), landmarks_path)
+            track.found[: self.tracked] = before.found[: self.tracked]
+            track.raw_boxes[: self.tracked] = before.raw_boxes[: self.tracked]
+            track.landmarks[: self.tracked] = before.landmarks[: self.tracked]
         track.boxes = np.zeros((track.frame_count, 4), dtype=np.int32)
         self.track = track
         self.ended = False  # no frames will be added any more

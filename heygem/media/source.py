@@ -119,6 +119,19 @@ class SourceFrames:
             source_indices = pingpong_indices(whole_indices, decoded)
             yield FrameBatch(whole_indices - first_frame, source_indices, self.frame_file.read(source_indices))
 
+    def frames_between(self, start: int, stop: int, batch_frames: int) -> Iterator[tuple[int, np.ndarray]]:
+        """The video's frames ``start`` to ``stop`` (fewer where it ends first), decoded anew, in batches of
+        at most ``batch_frames``: (the batch's first frame number, (n, H * 3/2, W) uint8 I420)."""
+        decoded = 0
+        for frames in iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
+            first = decoded
+            decoded += len(frames)
+            kept = frames[max(0, start - first): max(0, stop - first)]
+            if len(kept):
+                yield max(start, first), kept
+            if decoded >= stop:
+                return
+
     def close(self) -> None:
         if self.frame_file is not None:
             self.frame_file.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -544,3 +545,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # noqa: BLE001 - a bug of ours: one line, its traceback in a log file
+        log_path = _write_error_log(args)
+        print(f"error: unexpected error ({type(error).__name__}: {error}); this is a bug in heygem, "
+              f"its details are in {log_path}", file=sys.stderr)
+        return 1
+
+
+def _write_error_log(args: argparse.Namespace) -> Path:
+    """The traceback being handled, in a new file beside the output (or in the temporary folder)."""
+    import tempfile
+    import time
+    import traceback
+
+    output = getattr(args, "output", None)
+    folder = Path(output).parent if output and Path(output).parent.is_dir() else Path(tempfile.gettempdir())
+    path = folder / f"heygem-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        path.write_text(f"python -m heygem {' '.join(sys.argv[1:])}\n\n{traceback.format_exc()}", encoding="utf-8")
+    except OSError:
+        path = Path(tempfile.mkstemp(prefix="heygem-error-", suffix=".log")[1])
+        path.write_text(traceback.format_exc(), encoding="utf-8")
+    return path

@@ -112,6 +112,7 @@ def generate(
     owner = threading.get_ident()  # what a job keeps for the next is kept for this thread's next job
 
     # 1. probe: the inputs, the output's size, rate and length
+    encode.check_output_name(output_path)
     with _timed(clock, "probe"):
         face_info, audio_info = probe_inputs(face_path, audio_path)
         geometry = working_geometry(face_info, config.media.output_height)

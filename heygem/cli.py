@@ -260,7 +260,8 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--output", "-o", required=True,
                         help="folder for the videos, their JSON summaries and summary.csv")
     parser.add_argument("--pairing", default="stem",
-                        help="stem: same file name before the suffix; cross: every face with every audio; "
+                        help="stem: same file name before the suffix (a folder's only face speaks every audio and "
+                             "text); cross: every face with every audio; "
                              "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem)")
     parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
                                           "or a file holding such JSON; the option flags below override it")

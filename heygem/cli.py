@@ -185,7 +185,7 @@ def generate_from_text(args: argparse.Namespace, config, progress):
         print(f"note: {speech.voice_note}", file=sys.stderr)
     subtitles = write_srt(speech.cues, output_path.with_suffix(".srt"))
     add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
-                  preset=config.media.preset)
+                  preset=config.media.preset, size=config.text.subtitle_size, position=config.text.subtitle_position)
     return summary
 
 

@@ -146,8 +146,12 @@ class RunConfig:
 
 @dataclass
 class TextConfig:
-    subtitles: str = option("soft", "--subtitles", "a video made from text carries its cues: soft adds a subtitle track, burn draws them into the frames (soft when the font lacks the text's characters), none leaves them out (OUT.srt is written either way)",
+    subtitles: str = option("soft", "--subtitles", "a video made from text carries its cues: soft adds a subtitle track, burn draws them into the frames (Chinese, Japanese and Korean in a CJK font; soft when no font has the text's characters), none leaves them out (OUT.srt is written either way)",
                             ("none", "soft", "burn"))
+    subtitle_size: float = option(0.045, "--subtitle-size", "burned subtitles: the letters' height as a fraction of the frame's height (0.045: 16 pixels on a 360-pixel frame)",
+                                  minimum=0.02, maximum=0.2)
+    subtitle_position: str = option("bottom", "--subtitle-position", "burned subtitles: drawn near the bottom or the top of the frame",
+                                    ("bottom", "top"))
     max_characters: int = option(5000, "--max-text-chars", "longest text spoken for one video, in characters (0: no limit)",
                                 minimum=0, group="inputs")
 

@@ -13,15 +13,33 @@ import os
 import sys
 from pathlib import Path
 
-from heygem.config import iter_options, load_config
+from heygem.config import OPTION_GROUPS, SECTION_GROUPS, iter_options, load_config
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.runtime import library_logs
 
 logger = logging.getLogger("heygem")
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line and where to read more, exit status 2 (not the whole usage)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.set_defaults(usage_parser=self)  # the (sub)command parsed last: its help is the one to read
+
+    def error(self, message: str):
+        self.exit(2, f"error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m heygem",
         description="heygem: a face (video or photo) plus speech in, a lip-synced talking-head MP4 out.",
     )
@@ -32,22 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser(
         "generate", help="make one lip-synced video",
         description="Make one lip-synced MP4 from a face video or photo and an audio file (or a video's audio).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        usage="%(prog)s --face FACE (--audio AUDIO | --text TEXT | --text-file FILE) -o OUT.mp4 [options]",
+        formatter_class=HelpFormatter,
     )
-    generate.add_argument("--face", required=True, type=Path,
-                          help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
-    speech = generate.add_mutually_exclusive_group(required=True)
+    groups = option_groups(generate)
+    inputs = groups["inputs"]
+    inputs.add_argument("--face", required=True, type=Path,
+                        help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
+    speech = inputs.add_mutually_exclusive_group(required=True)
     speech.add_argument("--audio", type=Path,
                         help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
     speech.add_argument("--text", help="words to speak instead of an audio file (made offline; see `voices`); "
                                        "also writes OUT.wav, OUT.srt and the subtitles --subtitles asks for")
     speech.add_argument("--text-file", type=Path, help="a UTF-8 text file to speak instead of an audio file")
-    generate.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`")
-    generate.add_argument("--speed", type=float, default=1.0, help="with --text: speaking speed, 0.5 to 2.0")
-    generate.add_argument("--output", "-o", required=True, type=Path,
-                          help="the MP4 to write; a .json summary is written beside it")
-    generate.add_argument("--config", type=Path, default=None, help="a YAML config instead of configs/default.yaml")
-    add_option_flags(generate)
+    inputs.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`")
+    inputs.add_argument("--speed", type=float, default=1.0, help="with --text: speaking speed, 0.5 to 2.0")
+    groups["output"].add_argument("--output", "-o", required=True, type=Path,
+                                  help="the MP4 to write (named .mp4); a .json summary is written beside it")
+    add_option_flags(generate, groups)
+    groups["advanced"].add_argument("--config", type=Path, default=None,
+                                    help="a YAML config instead of configs/default.yaml")
     generate.set_defaults(handler=run_generate)
 
     add_batch_parser(commands)
@@ -139,6 +161,8 @@ def run_generate(args: argparse.Namespace) -> int:
         f"[{summary.engine_reason}]; frames without a face: {summary.frames_without_face}; "
         f"{summary.total_seconds:.1f} s"
     )
+    for warning in summary.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -164,7 +188,7 @@ def generate_from_text(args: argparse.Namespace, config, progress):
         print(f"note: {speech.voice_note}", file=sys.stderr)
     subtitles = write_srt(speech.cues, output_path.with_suffix(".srt"))
     add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
-                  preset=config.media.preset)
+                  preset=config.media.preset, size=config.text.subtitle_size, position=config.text.subtitle_position)
     return summary
 
 
@@ -208,8 +232,15 @@ def run_say(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_option_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per config option; unset flags stay out of the namespace (the config decides)."""
+def option_groups(parser: argparse.ArgumentParser) -> dict:
+    """The --help groups of heygem.config.OPTION_GROUPS (inputs, output, engine, advanced), in that order."""
+    return {name: parser.add_argument_group(name, description) for name, description in OPTION_GROUPS.items()}
+
+
+def add_option_flags(parser: argparse.ArgumentParser, groups: dict | None = None) -> None:
+    """Add one flag per config option, each in its --help group (``groups``, from :func:`option_groups`, or
+    new ones); unset flags stay out of the namespace (the config decides)."""
+    groups = groups or option_groups(parser)
     for section, leaf in iter_options():
         meta = leaf.metadata
         kwargs = {"dest": f"{section}.{leaf.name}", "default": argparse.SUPPRESS, "help": meta["help"],
@@ -229,7 +260,7 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
             kwargs["type"] = int
         elif "float" in annotation:
             kwargs["type"] = float
-        parser.add_argument(meta["flag"], **kwargs)
+        groups[meta.get("group") or SECTION_GROUPS[section]].add_argument(meta["flag"], **kwargs)
 
 
 def option_overrides(args: argparse.Namespace) -> dict:
@@ -261,7 +292,8 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--output", "-o", required=True,
                         help="folder for the videos, their JSON summaries and summary.csv")
     parser.add_argument("--pairing", default="stem",
-                        help="stem: same file name before the suffix; cross: every face with every audio; "
+                        help="stem: same file name before the suffix (a folder's only face speaks every audio and "
+                             "text); cross: every face with every audio; "
                              "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem)")
     parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
                                           "or a file holding such JSON; the option flags below override it")
@@ -527,7 +559,9 @@ def run_weights_download(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named with the help of the command they were given to
+        args.usage_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     debug = library_logs.library_logs_shown()  # HEYGEM_LOG=debug
     if args.verbose:
         library_logs.show_library_logs()  # for the processes it starts too

@@ -26,12 +26,26 @@ BITRATE_PATTERN = re.compile(r"[1-9][0-9]{0,3}k")  # an AAC bitrate as ffmpeg ta
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]{1,3})?")
 
 
+# the groups of the command line's --help, in order, with their descriptions; an option is in its section's
+# group (SECTION_GROUPS) unless it names another
+OPTION_GROUPS = {
+    "inputs": "the face and what it says",
+    "output": "the video written",
+    "engine": "how the mouth is made and pasted back",
+    "advanced": "speed, memory and tracking details: the defaults suit most runs",
+}
+SECTION_GROUPS = {"media": "output", "face": "inputs", "engine": "engine", "restore": "engine", "blend": "engine",
+                  "run": "advanced", "text": "output"}
+
+
 def option(default: Any, flag: str, help: str, choices: tuple | None = None, *, minimum: float | None = None,
-           maximum: float | None = None, kind: str | None = None):
+           maximum: float | None = None, kind: str | None = None, group: str | None = None):
     """A config field with its CLI flag and help text; ``minimum``/``maximum`` bound a number (each item of a
     list), ``kind`` names a value with a shape of its own: "bitrate", "device" or "weights file" (a file in
-    the weights folder; for a server's remote clients only a file name there, see heygem.jobs.request)."""
-    metadata = {"flag": flag, "help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "kind": kind}
+    the weights folder; for a server's remote clients only a file name there, see heygem.jobs.request);
+    ``group``: the --help group it is listed in (OPTION_GROUPS), when not its section's."""
+    metadata = {"flag": flag, "help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "kind": kind,
+                "group": group}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -49,16 +63,16 @@ class MediaConfig:
                                 kind="bitrate")
     stream: bool = option(False, "--stream", "also publish the frames as HLS while they are encoded, in OUT.hls/ beside the output (jobs of a server always do: watch them at /api/jobs/ID/stream.m3u8); the MP4 is the same either way")
     batch_frames: int = option(32, "--batch-frames", "frames per batch through the stages (fewer for big frames: a batch stays under 32 MiB); memory is bounded by this, not by the video's length",
-                              minimum=1, maximum=4096)
+                              minimum=1, maximum=4096, group="advanced")
 
 
 @dataclass
 class FaceConfig:
     pads: list[int] = option(
         [0, 10, 0, 0], "--pads", "extra pixels around the detected face box: top bottom left right (Wav2Lip's convention), 0 to 1000",
-        minimum=0, maximum=1000)
+        minimum=0, maximum=1000, group="engine")
     smooth_window: int = option(5, "--smooth-window", "frames over which face boxes are averaged (1 switches smoothing off)",
-                               minimum=1, maximum=1000)
+                               minimum=1, maximum=1000, group="advanced")
     box: list[int] | None = option(
         None, "--box", "a fixed face box x1 y1 x2 y2 used on every frame instead of detection's box",
         minimum=0, maximum=MAX_FRAME_SIDE)
@@ -67,11 +81,11 @@ class FaceConfig:
         minimum=0, maximum=1000)
     redetect_every: int = option(
         10, "--redetect-every", "run full face detection every N frames and track landmarks in between",
-        minimum=1, maximum=100_000)
+        minimum=1, maximum=100_000, group="advanced")
     min_confidence: float = option(0.5, "--min-face-confidence", "faces found with less confidence than this are ignored",
-                                  minimum=0, maximum=1)
+                                  minimum=0, maximum=1, group="advanced")
     detector: str = option("mediapipe", "--detector", "face detector: mediapipe (built in) or s3fd (needs s3fd.pth in weights/); landmarks come from the face mesh either way",
-                           ("mediapipe", "s3fd"))
+                           ("mediapipe", "s3fd"), group="engine")
 
 
 @dataclass
@@ -82,7 +96,7 @@ class EngineConfig:
         None, "--checkpoint", "a Wav2Lip or Wav2Lip-GAN checkpoint (.pth); default: the first one found in weights/",
         kind="weights file")
     device: str = option("auto", "--device", "where the networks run: auto, cpu, cuda or cuda:N", kind="device")
-    batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip (or MuseTalk) forward pass", minimum=1, maximum=4096)
+    batch_size: int = option(64, "--wav2lip-batch", "faces per Wav2Lip (or MuseTalk) forward pass", minimum=1, maximum=4096, group="advanced")
     musetalk_margin: int = option(10, "--musetalk-margin", "musetalk engine (1.5): pixels added below the chin to the face box, as MuseTalk's extra_margin",
                                   minimum=0, maximum=200)
     musetalk_parsing: str = option("auto", "--musetalk-parsing", "musetalk engine: the paste mask; auto is MuseTalk 1.5's jaw face parsing when the BiSeNet files are in weights/musetalk/face-parse-bisent/, else heygem's landmark lower-face mask; jaw, neck and raw are MuseTalk's parsing modes",
@@ -92,11 +106,11 @@ class EngineConfig:
     mouth_strength: float = option(1.0, "--mouth-strength", "landmark engine: how wide the mouth opens, 1.0 is natural (0 to 3)",
                                    minimum=0, maximum=3)
     precision: str = option("auto", "--precision", "number format of the networks: auto is fp16 on a GPU and fp32 on the CPU",
-                            ("auto", "fp32", "fp16", "bf16"))
-    cuda_graph: bool = option(True, "--cuda-graph", "on a GPU, replay full batches of the generator as a CUDA graph (--no-cuda-graph runs it op by op)")
-    cudnn: bool = option(True, "--cudnn", "use cuDNN for the convolutions on a GPU (--no-cudnn only to measure what it buys)")
-    cudnn_benchmark: bool = option(False, "--cudnn-benchmark", "on a GPU, let cuDNN time candidate kernels for each batch shape (benchmark mode; MuseTalk always does); off picks them by heuristics: on an H200 autotuning cost Wav2Lip 3.5 s at start and found no faster kernel")
-    deterministic: bool = option(False, "--deterministic", "the same output bits on every run: cuDNN's deterministic algorithms, no autotuning (slower)")
+                            ("auto", "fp32", "fp16", "bf16"), group="advanced")
+    cuda_graph: bool = option(True, "--cuda-graph", "on a GPU, replay full batches of the generator as a CUDA graph (--no-cuda-graph runs it op by op)", group="advanced")
+    cudnn: bool = option(True, "--cudnn", "use cuDNN for the convolutions on a GPU (--no-cudnn only to measure what it buys)", group="advanced")
+    cudnn_benchmark: bool = option(False, "--cudnn-benchmark", "on a GPU, let cuDNN time candidate kernels for each batch shape (benchmark mode; MuseTalk always does); off picks them by heuristics: on an H200 autotuning cost Wav2Lip 3.5 s at start and found no faster kernel", group="advanced")
+    deterministic: bool = option(False, "--deterministic", "the same output bits on every run: cuDNN's deterministic algorithms, no autotuning (slower)", group="advanced")
 
 
 @dataclass
@@ -132,10 +146,14 @@ class RunConfig:
 
 @dataclass
 class TextConfig:
-    subtitles: str = option("soft", "--subtitles", "a video made from text carries its cues: soft adds a subtitle track, burn draws them into the frames (soft when the font lacks the text's characters), none leaves them out (OUT.srt is written either way)",
+    subtitles: str = option("soft", "--subtitles", "a video made from text carries its cues: soft adds a subtitle track, burn draws them into the frames (Chinese, Japanese and Korean in a CJK font; soft when no font has the text's characters), none leaves them out (OUT.srt is written either way)",
                             ("none", "soft", "burn"))
+    subtitle_size: float = option(0.045, "--subtitle-size", "burned subtitles: the letters' height as a fraction of the frame's height (0.045: 16 pixels on a 360-pixel frame)",
+                                  minimum=0.02, maximum=0.2)
+    subtitle_position: str = option("bottom", "--subtitle-position", "burned subtitles: drawn near the bottom or the top of the frame",
+                                    ("bottom", "top"))
     max_characters: int = option(5000, "--max-text-chars", "longest text spoken for one video, in characters (0: no limit)",
-                                minimum=0)
+                                minimum=0, group="inputs")
 
 
 @dataclass

@@ -112,6 +112,7 @@ def generate(
     owner = threading.get_ident()  # what a job keeps for the next is kept for this thread's next job
 
     # 1. probe: the inputs, the output's size, rate and length
+    encode.check_output_name(output_path)
     with _timed(clock, "probe"):
         face_info, audio_info = probe_inputs(face_path, audio_path)
         geometry = working_geometry(face_info, config.media.output_height)
@@ -126,6 +127,7 @@ def generate(
         samples_16k = audio.load_audio_16k(audio_path)
         audio_seconds = samples_16k.shape[0] / audio.SAMPLE_RATE
         frame_count = audio.output_frame_count(audio_seconds, fps)
+        warnings = ["the speech is silent: the mouth does not move"] if audio.is_silent(samples_16k) else []
     timeline.mark("2 speech decoded")
     report("prepare", 0.7)
 
@@ -214,7 +216,10 @@ def generate(
         cpu_seconds_per_stage={stage: round(value, 3) for stage, value in clock.cpu_seconds.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
         avatar_cache=face_stage.cache_outcome, detector=config.face.detector, stream_processes=stream_processes,
+        warnings=warnings + face_stage.warnings,
     )
+    for warning in summary.warnings:
+        logger.info("warning: %s", warning)
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")
     report("finish", 1.0)

@@ -34,7 +34,7 @@ import numpy as np
 
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
-from heygem.media.encode import concat_list, join_args, run_ffmpeg_to_end
+from heygem.media.encode import check_output_name, concat_list, join_args, run_ffmpeg_to_end
 from heygem.media.probing import MIN_SPEECH_SECONDS, check_written, probe, probe_inputs
 from heygem.media.stream import StreamContinuation, mark_complete, stream_folder
 from heygem.pipeline import PROGRESS_SPANS, generate
@@ -64,6 +64,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     started = time.perf_counter()
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
     face_path, output_path = Path(face_path), Path(output_path)
+    check_output_name(output_path)
     if max_characters is None:
         max_characters = config.text.max_characters
     check_text(text, max_characters)
@@ -239,4 +240,5 @@ def _joined_summary(summaries: list[GenerationSummary], output_path: Path, speec
                    audio_seconds=sum(part.audio_seconds for part in summaries), video_seconds=frames / fps,
                    seconds_per_stage=stages, cpu_seconds_per_stage=cpu, total_seconds=round(seconds, 3),
                    parts=len(summaries), stream_processes=sum(part.stream_processes for part in summaries),
-                   avatar_cache=summaries[0].avatar_cache)
+                   avatar_cache=summaries[0].avatar_cache,
+                   warnings=list(dict.fromkeys(warning for part in summaries for warning in part.warnings)))

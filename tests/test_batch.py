@@ -49,6 +49,26 @@ def test_cross_pairing_and_unique_names(tmp_path):
         plan_items(touch(tmp_path, "only.jpg"), "cross")
 
 
+def test_stem_pairing_gives_a_lone_face_every_audio_and_text(tmp_path):
+    files = touch(tmp_path, "presenter.jpg", "intro.wav", "news.mp3", "outro.txt", "outro.wav")
+    (tmp_path / "outro.txt").write_text("Goodbye.", encoding="utf-8")
+    items = {item.name: item for item in plan_items(files, "stem")}
+    assert sorted(items) == ["presenter__intro", "presenter__news", "presenter__outro"]
+    assert all(item.problem is None and item.face_path.name == "presenter.jpg" for item in items.values())
+    assert items["presenter__news"].audio_path.name == "news.mp3"
+    assert items["presenter__outro"].audio_path.name == "outro.wav"  # the audio wins over the text, as by stem
+    assert "outro.txt not spoken" in items["presenter__outro"].note
+    # the face's own audio keeps its name beside the others
+    (tmp_path / "own").mkdir()
+    (tmp_path / "two").mkdir()
+    both = {item.name for item in plan_items(touch(tmp_path / "own", "anna.jpg", "anna.wav", "extra.wav"), "stem")}
+    assert both == {"anna", "anna__extra"}
+    # with several faces an audio of no face's name says how to pair them all
+    items = plan_items(touch(tmp_path / "two", "a.jpg", "b.jpg", "talk.wav"), "stem")
+    orphan = next(item for item in items if item.name == "talk")
+    assert "no face" in orphan.problem and "--pairing cross" in orphan.problem
+
+
 def test_manifest_pairing_with_options_and_paths_kept_inside(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

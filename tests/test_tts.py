@@ -277,26 +277,71 @@ def test_burn_draws_cues_only_during_their_time(grey_clip, tmp_path):
     assert abs(probe(clip).audio_duration - probe(grey_clip).audio_duration) < 0.05
 
 
-def test_burn_falls_back_to_soft_for_characters_the_font_lacks(grey_clip, tmp_path, caplog):
+def test_burn_draws_chinese_in_the_cjk_font_and_falls_back_to_soft_where_no_font_can(grey_clip, tmp_path, caplog):
     import shutil
 
     from conftest import decode_frames
 
-    from heygem.speech.subtitles import add_subtitles, characters_missing_from_font
+    from heygem.speech.subtitles import add_subtitles, characters_missing_from_font, font_for
 
     assert characters_missing_from_font("Hello, world!") == []
-    assert characters_missing_from_font("Hi 你好") == ["你", "好"]
+    assert characters_missing_from_font("Hi 你好") == ["你", "好"]  # the built-in font has no CJK glyphs
+    assert font_for("你好，世界。") is not None and font_for("नमस्ते") is None
     clip = tmp_path / "clip.mp4"
     shutil.copyfile(grey_clip, clip)
-    before = decode_frames(clip)
+    before = decode_frames(clip).astype(np.int16)  # (20, 120, 160, 3)
     cues = [Cue(0.0, 1.0, "你好，世界。")]
+    srt = write_srt(cues, tmp_path / "clip.srt")
+    with caplog.at_level("WARNING", logger="heygem"):
+        assert add_subtitles(clip, srt, cues, "burn") == "burn"
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
+    assert stream_types(clip) == ["audio", "video"]
+    after = decode_frames(clip).astype(np.int16)
+    changed = np.abs(after - before).max(axis=3)  # (20, 120, 160)
+    assert (changed[:10, 120 // 2:] > 100).sum(axis=(1, 2)).min() > 100  # white strokes in the lower half, 0-1 s
+    assert changed[10:].max() < 12  # after the cue: only re-encoding noise
+
+    shutil.copyfile(grey_clip, clip)
+    before = decode_frames(clip)
+    cues = [Cue(0.0, 1.0, "नमस्ते दुनिया")]  # Devanagari: in neither font
     srt = write_srt(cues, tmp_path / "clip.srt")
     with caplog.at_level("WARNING", logger="heygem"):
         assert add_subtitles(clip, srt, cues, "burn") == "soft"
     warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
-    assert len(warnings) == 1 and "soft track instead of burned" in warnings[0] and "你" in warnings[0]
+    assert len(warnings) == 1 and "soft track instead of burned" in warnings[0] and "न" in warnings[0]
     assert stream_types(clip) == ["audio", "subtitle", "video"]
     assert np.array_equal(decode_frames(clip), before)  # the frames were copied, not drawn on
+
+
+def drawn_rows(size=None, position=None, tmp_path=None) -> np.ndarray:
+    """Rows of a 360x360 grey clip that a two-line English cue changes, burned with these options."""
+    from conftest import decode_frames, run_ffmpeg
+
+    from heygem.speech.subtitles import add_subtitles
+
+    clip = tmp_path / f"square-{size}-{position}.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", "color=c=0x808080:s=360x360:r=10:d=1", "-f", "lavfi",
+               "-i", "sine=frequency=300:duration=1", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt",
+               "yuv420p", "-c:a", "aac", "-shortest", str(clip))
+    before = decode_frames(clip).astype(np.int16)
+    cues = [Cue(0.0, 1.0, "The quick brown fox jumps over the lazy dog.")]
+    options = {key: value for key, value in (("size", size), ("position", position)) if value is not None}
+    assert add_subtitles(clip, write_srt(cues, tmp_path / "cues.srt"), cues, "burn", preset="ultrafast",
+                         **options) == "burn"
+    difference = np.abs(decode_frames(clip).astype(np.int16) - before).max(axis=(0, 2, 3))  # (360,) per row
+    return np.flatnonzero(difference > 40)
+
+
+def test_burned_subtitles_are_small_by_default_and_take_a_size_and_position(tmp_path):
+    rows = drawn_rows(tmp_path=tmp_path)
+    assert rows.min() > 360 * 0.8 and rows.max() < 360 - 4, rows  # near the bottom edge
+    assert rows.max() - rows.min() < 360 * 0.15, rows  # two lines in less than a seventh of the frame
+    top = drawn_rows(position="top", tmp_path=tmp_path)
+    assert top.min() < 20 and top.max() < 360 * 0.2, top
+    large = drawn_rows(size=0.08, tmp_path=tmp_path)
+    assert large.max() - large.min() > 1.5 * (rows.max() - rows.min())
+    with pytest.raises(HeygemError, match="bottom, top"):
+        drawn_rows(position="middle", tmp_path=tmp_path)
 
 
 def test_subtitle_mode_none_and_bad_mode(grey_clip, tmp_path):
@@ -337,6 +382,32 @@ def test_cli_text_run_burns_subtitles_keeps_its_speech_and_respects_the_limit(tm
     assert not (tmp_path / "long.mp4").exists() and not (tmp_path / "long.wav").exists()
     refused = heygem("say", "Hello there, friend.", "--max-text-chars", "10", "-o", tmp_path / "long.wav")
     assert refused.returncode == 2 and "at most 10 are spoken" in refused.stderr
+
+
+def test_cli_chinese_text_job_draws_its_subtitles_into_the_frames(tmp_path):
+    """A Chinese text job with --subtitles burn: the sentence is drawn (in the CJK font) into the lower part of
+    the frames while it is spoken, where the same job with --subtitles none shows the photo."""
+    from conftest import decode_frames
+
+    face = REPO / "assets" / "astronaut.jpg"
+    outputs = {}
+    for mode in ("burn", "none"):
+        outputs[mode] = tmp_path / f"{mode}.mp4"
+        result = heygem("generate", "--face", face, "--text", "你好，世界。", "--subtitles", mode,
+                        "--output-height", "160", "--engine", "landmark", "-o", outputs[mode])
+        assert result.returncode == 0, result.stderr
+        assert "soft track" not in result.stderr
+    assert stream_types(outputs["burn"]) == ["audio", "video"]  # drawn, not a track
+    cue = read_srt(outputs["burn"].with_suffix(".srt"))[0]
+    burned, plain = (decode_frames(outputs[mode]).astype(np.int16) for mode in ("burn", "none"))
+    assert burned.shape == plain.shape
+    height = burned.shape[1]
+    shown = [index for index in range(len(burned)) if cue.start + 0.1 <= index / 25 < cue.end - 0.1]
+    assert shown
+    lower = np.abs(burned - plain)[shown, height * 3 // 4:].max(axis=3)  # (frames, rows, W)
+    assert (lower > 80).sum(axis=(1, 2)).min() > 50, (lower > 80).sum(axis=(1, 2))  # strokes on every frame
+    upper = np.abs(burned - plain)[shown, : height // 2].max(axis=3)
+    assert (upper > 80).sum() < (lower > 80).sum() / 10  # the rest of the frame as without subtitles
 
 
 def test_jobs_from_text_limit_and_subtitle_mode(tmp_path):

@@ -80,8 +80,10 @@ def test_downloads_are_named_after_their_inputs():
         return SimpleNamespace(face_name=face, audio_name=audio, label=label)
 
     assert download_name(job("astronaut.jpg", "speech_en.wav")) == "astronaut-speech_en.mp4"
-    assert download_name(job("anna talking.mp4", None)) == "anna talking.mp4"  # the video's own sound
-    assert download_name(job("astronaut.jpg", "speech.wav")) == "astronaut-speech.mp4"  # typed text
+    # the video's own sound: not the uploaded file's own name, which a download would collide with
+    assert download_name(job("anna talking.mp4", None)) == "anna talking-own-audio.mp4"
+    assert download_name(job("astronaut.jpg", "speech.wav")) == "astronaut-text.mp4"  # typed text
+    assert download_name(job("astronaut.jpg", "audio-speech.wav")) == "astronaut-audio-speech.mp4"  # an upload
     assert download_name(job("a.jpg", "b.wav", label="item-3")) == "item-3.mp4"  # a batch item keeps its name
 
 

@@ -5,6 +5,7 @@ Items are planned from a list of files by one of three pairings:
 - ``stem``: files with the same name before the suffix belong together
   (``anna.mp4`` + ``anna.wav``, or ``anna.mp4`` + ``anna.txt``, whose words are
   spoken; with both, the audio file is used); a video alone uses its own sound;
+  the only face of a folder speaks every audio or text file in it;
 - ``cross``: every face with every audio or text file;
 - a CSV manifest with the columns ``face``, ``audio`` (empty: the video's own
   sound) and optionally ``text`` (words to speak instead of audio, or a .txt
@@ -169,7 +170,9 @@ def plan_items(files: list[Path], pairing: str = "stem", base_dir: Path | None =
     faces = [path for path in files if file_role(path) in ("image", "video")]
     audios = [path for path in files if file_role(path) == "audio"]
     texts = [path for path in files if file_role(path) == "text"]
-    if pairing == "stem":
+    if pairing == "stem" and len(faces) == 1 and any(path.stem != faces[0].stem for path in audios + texts):
+        items = _pair_lone_face(faces[0], audios, texts)
+    elif pairing == "stem":
         items = _pair_by_stem(faces, audios, texts)
     elif pairing == "cross":
         items = _pair_crosswise(faces, audios, texts)
@@ -226,9 +229,34 @@ def _pair_by_stem(faces: list[Path], audios: list[Path], texts: list[Path] = ())
             item.problem = (f"several files are named {stem}: {names}; rename them so each stem has one face "
                             "and one audio or text")
         elif face is None:
-            item.problem = f"{speech.name} has no face (image or video) named {stem}.*"
+            item.problem = (f"{speech.name} has no face (image or video) named {stem}.*; --pairing cross pairs "
+                            "every face with every audio or text")
         elif speech is None and file_role(face) == "image":
             item.problem = f"{face.name} is a photo with no audio or text file named {stem}.*"
+        items.append(item)
+    return items
+
+
+def _pair_lone_face(face: Path, audios: list[Path], texts: list[Path] = ()) -> list[BatchItem]:
+    """The one face of a folder speaks every audio or text file in it (a text beside an audio of the same
+    name is not spoken, as by stem); an item is named face__speech, or the face's own name for its
+    namesake."""
+    stems: dict[str, tuple[list[Path], list[Path]]] = {}
+    for path in audios:
+        stems.setdefault(path.stem, ([], []))[0].append(path)
+    for path in texts:
+        stems.setdefault(path.stem, ([], []))[1].append(path)
+    items = []
+    for stem, (stem_audios, stem_texts) in sorted(stems.items()):
+        speeches = stem_audios or stem_texts
+        item = _speech_item(stem if stem == face.stem else f"{face.stem}__{stem}", face,
+                            speeches[0] if len(speeches) == 1 else None)
+        if stem_audios and stem_texts:
+            item.note = (f"{', '.join(path.name for path in stem_texts)} not spoken: "
+                         f"{', '.join(path.name for path in stem_audios)} gives the speech")
+        if len(speeches) > 1:
+            item.problem = (f"several files are named {stem}: {', '.join(path.name for path in speeches)}; "
+                            "rename them so each stem has one audio or text")
         items.append(item)
     return items
 

@@ -145,11 +145,14 @@ def store_input(source: Path | str | Upload, directory: Path, role: str, taken: 
 
 def download_name(job) -> str:
     """What a job's video (heygem.jobs.store.Job) is called when it is downloaded, from the page or
-    REST: the batch item's name, or the face and the speech it was made from (astronaut-hello.mp4;
-    astronaut.mp4 when the video spoke with its own sound)."""
+    REST: the batch item's name, or the face and the speech it was made from (astronaut-hello.mp4),
+    astronaut-text.mp4 when typed text was spoken, anna-own-audio.mp4 when the video spoke with its own
+    sound (never the face file's own name, which a download beside it would overwrite)."""
     if job.label:
         return f"{job.label}.mp4"
     face = Path(job.face_name).stem
     if not job.audio_name:
-        return f"{face}.mp4"
+        return f"{face}-own-audio.mp4"
+    if job.audio_name == SPEECH_NAME:  # an uploaded speech.wav is stored as audio-speech.wav (RESERVED_NAMES)
+        return f"{face}-text.mp4"
     return f"{face}-{Path(job.audio_name).stem}.mp4"

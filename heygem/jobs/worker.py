@@ -144,7 +144,8 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
                 try:
                     config = store.resolve_options(job.options)[1]
                     mode = add_subtitles(job.result_path, subtitles, read_srt(subtitles), config.text.subtitles,
-                                         crf=config.media.crf, preset=config.media.preset)
+                                         crf=config.media.crf, preset=config.media.preset,
+                                         size=config.text.subtitle_size, position=config.text.subtitle_position)
                     logger.info("job %s: subtitles %s", job.id, {"soft": "added as a track", "burn": "drawn into "
                                 "the frames", "none": "left out of the video"}[mode])
                     shutil.copyfile(subtitles, job.directory / RESULT_SUBTITLES_NAME)

@@ -605,6 +605,20 @@ class SegmentedEncoder:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
+
+OUTPUT_SUFFIX = ".mp4"  # the container every output is written as (ffmpeg's -f mp4)
+
+
+def check_output_name(output_path: Path) -> None:
+    """HeygemError unless ``output_path`` ends in .mp4: the output is always an MP4, and another suffix
+    (.avi, .mkv) would name MP4 bytes as something else."""
+    suffix = Path(output_path).suffix
+    if suffix.lower() != OUTPUT_SUFFIX:
+        shown = f"ends in {suffix}" if suffix else "has no suffix"
+        raise HeygemError(f"the output {Path(output_path).name} {shown}: heygem writes MP4 video, name it "
+                          f"{Path(output_path).stem or 'output'}.mp4")
+
+
 def open_encoder(geometry: FrameGeometry, fps_fraction: str, audio_path: Path, audio_info: MediaInfo,
                  output_path: Path, *, crf: int, preset: str, audio_bitrate: str, frame_count: int,
                  encoders: int = 1, stream_dir: Path | None = None,

@@ -63,6 +63,17 @@ def load_audio_16k(path: str | Path) -> np.ndarray:
     return samples
 
 
+SILENCE_RMS = 0.003  # -50 dBFS: speech whose loudest 50 ms stay below this moves no mouth
+
+
+def is_silent(samples_16k: np.ndarray) -> bool:
+    """True when no 50 ms of ``samples_16k`` ((S,) float32 in [-1, 1]) is louder than :data:`SILENCE_RMS`."""
+    window = SAMPLE_RATE // 20
+    count = max(1, samples_16k.shape[0] // window)
+    windows = np.resize(samples_16k, count * window).reshape(count, window).astype(np.float64)  # (count, 800)
+    return float(np.sqrt(np.mean(np.square(windows), axis=1)).max()) < SILENCE_RMS
+
+
 # The Slaney mel scale: linear below 1 kHz (200/3 Hz per mel), logarithmic above.
 _HZ_PER_MEL = 200.0 / 3.0
 _LOG_START_HZ = 1000.0

@@ -46,6 +46,9 @@ def add_soft_subtitles(video_path: Path, srt_path: Path) -> None:
 
 
 SUBTITLE_MODES = ("none", "soft", "burn")
+SUBTITLE_POSITIONS = ("bottom", "top")
+CJK_FONT_PACKAGE = "paperang_p2_fonts_cjk"  # pip paperang-p2-fonts-cjk: WenQuanYi Micro Hei, with CJK glyphs
+CJK_FONT_FILE = "fonts/wqy-microhei.ttc"
 
 
 @functools.lru_cache(maxsize=8)
@@ -56,13 +59,31 @@ def subtitle_font(size: int):
     return ImageFont.load_default(size)
 
 
+@functools.lru_cache(maxsize=8)
+def cjk_subtitle_font(size: int):
+    """WenQuanYi Micro Hei at ``size`` pixels, from the paperang-p2-fonts-cjk package (a dependency): Chinese,
+    Japanese and Korean glyphs, and Latin ones; None when the package is not installed."""
+    import importlib.resources
+
+    from PIL import ImageFont
+
+    try:
+        font_file = importlib.resources.files(CJK_FONT_PACKAGE).joinpath(CJK_FONT_FILE)
+    except ModuleNotFoundError:
+        return None
+    if not font_file.is_file():
+        return None
+    return ImageFont.truetype(str(font_file), size)
+
+
 def _glyph_signature(font, character: str) -> tuple:
     mask = font.getmask(character)
     return mask.size, bytes(mask)
 
 
 def characters_missing_from_font(text: str, font=None) -> list[str]:
-    """The characters of ``text`` that ``font`` (default: the subtitle font) has no glyph for, in order.
+    """The characters of ``text`` that ``font`` (default: the built-in subtitle font) has no glyph for, in
+    order.
 
     A missing glyph is drawn as the font's empty box; a character whose mask equals that box's is missing.
     """
@@ -77,8 +98,18 @@ def characters_missing_from_font(text: str, font=None) -> list[str]:
     return missing
 
 
+def font_for(text: str, size: int = 24):
+    """The font that draws all of ``text`` at ``size`` pixels: the built-in one, else the CJK font
+    (Chinese, say); None when neither has every glyph."""
+    for font in (subtitle_font(size), cjk_subtitle_font(size)):
+        if font is not None and not characters_missing_from_font(text, font):
+            return font
+    return None
+
+
 def _wrap_words(text: str, font, max_width: float) -> list[str]:
-    """Break ``text`` into lines no wider than ``max_width`` pixels, at spaces (a longer word stays whole)."""
+    """Break ``text`` into lines no wider than ``max_width`` pixels, at spaces; a word wider than a line
+    (Chinese has no spaces) is broken between its characters."""
     lines: list[str] = []
     current = ""
     for word in text.split():
@@ -88,31 +119,41 @@ def _wrap_words(text: str, font, max_width: float) -> list[str]:
             current = word
         else:
             current = candidate
+        while font.getlength(current) > max_width and len(current) > 1:
+            cut = len(current) - 1
+            while cut > 1 and font.getlength(current[:cut]) > max_width:
+                cut -= 1
+            lines.append(current[:cut].rstrip())
+            current = current[cut:].lstrip()
     if current:
         lines.append(current)
     return lines
 
 
-def render_subtitle(text: str, width: int, height: int) -> tuple[np.ndarray, int]:
+def render_subtitle(text: str, width: int, height: int, size: float = 0.045,
+                    position: str = "bottom") -> tuple[np.ndarray, int]:
     """One cue drawn for a ``width`` x ``height`` frame: ((h, width, 4) uint8 RGBA overlay, its top row).
 
-    White text on a half-transparent dark band in the lower part of the frame; wrapped to 90% of the width.
+    White text on a half-transparent dark band near the bottom (or the top) of the frame, its letters
+    ``size`` times the frame's height (at least 10 pixels), wrapped to 90% of the width; in the CJK font
+    where the built-in one lacks the text's characters (see :func:`font_for`).
     """
     from PIL import Image, ImageDraw
 
-    size = max(12, int(round(height / 16)))
-    font = subtitle_font(size)
+    pixels = max(10, int(round(height * size)))
+    font = font_for(text, pixels) or subtitle_font(pixels)
     lines = _wrap_words(text, font, width * 0.9) or [""]
-    line_height = int(round(size * 1.25))
-    padding = max(4, size // 3)
+    line_height = int(round(pixels * 1.25))
+    padding = max(3, pixels // 4)
     band_height = min(height, line_height * len(lines) + 2 * padding)
-    top = max(0, height - band_height - max(2, height // 20))
+    margin = max(2, height // 30)
+    top = margin if position == "top" else max(0, height - band_height - margin)
     band = Image.new("RGBA", (width, band_height), (0, 0, 0, 140))
     draw = ImageDraw.Draw(band)
     for number, line in enumerate(lines):
         x = (width - font.getlength(line)) / 2
         draw.text((x, padding + number * line_height), line, font=font, fill=(255, 255, 255, 255),
-                  stroke_width=max(1, size // 14), stroke_fill=(0, 0, 0, 255))
+                  stroke_width=max(1, pixels // 14), stroke_fill=(0, 0, 0, 255))
     return np.asarray(band), top
 
 
@@ -134,19 +175,21 @@ def burn_decode_args(source_path: Path) -> list[str]:
             "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:"]
 
 
-def burn_subtitles(video_path: Path, cues, crf: int = 18, preset: str = "veryfast") -> None:
+def burn_subtitles(video_path: Path, cues, crf: int = 18, preset: str = "veryfast", size: float = 0.045,
+                   position: str = "bottom") -> None:
     """Draw ``cues`` (objects with start, end in seconds and text) into the frames of the MP4 ``video_path``.
 
     The video is decoded once, each frame whose time (index / fps) falls in a cue's [start, end) gets the
-    cue's text in its lower part, and the frames are encoded again with x264; the audio is copied. The
-    file is replaced only when all went well. See ``characters_missing_from_font`` for what can be drawn.
+    cue's text (``size`` and ``position`` as :func:`render_subtitle` takes them), and the frames are encoded
+    again with x264; the audio is copied. The file is replaced only when all went well. See
+    :func:`font_for` for what can be drawn.
     """
     video_path = Path(video_path)
     info = probe(video_path)
     if info.kind != "video":
         raise HeygemError(f"{video_path.name} has no video to draw subtitles into")
     width, height, fps = info.width, info.height, info.fps
-    overlays = [render_subtitle(cue.text, width, height) for cue in cues]
+    overlays = [render_subtitle(cue.text, width, height, size, position) for cue in cues]
     frame_bytes = width * height * 3
     partial = video_path.with_name(f".{video_path.stem}.{os.getpid()}.{threading.get_ident()}.burned.mp4")
     with tempfile.TemporaryFile() as decode_errors, tempfile.TemporaryFile() as encode_errors:
@@ -193,22 +236,28 @@ def burn_subtitles(video_path: Path, cues, crf: int = 18, preset: str = "veryfas
 
 
 def add_subtitles(video_path: Path, srt_path: Path, cues, mode: str = "soft", crf: int = 18,
-                  preset: str = "veryfast") -> str:
+                  preset: str = "veryfast", size: float = 0.045, position: str = "bottom") -> str:
     """Give the MP4 ``video_path`` its subtitles by ``mode`` and return the mode used.
 
-    "none": nothing; "soft": ``srt_path`` as a mov_text track; "burn": ``cues`` drawn into the frames, or
-    soft with one warning when the font has no glyph for some of the text (Chinese, say).
+    "none": nothing; "soft": ``srt_path`` as a mov_text track; "burn": ``cues`` drawn into the frames
+    (``size``: the letters' height as a fraction of the frame's, ``position``: "bottom" or "top"), in the
+    built-in font or, for Chinese, Japanese and Korean, the CJK one; soft with one warning when neither font
+    has a glyph for some of the text.
     """
     if mode not in SUBTITLE_MODES:
         raise HeygemError(f"subtitles must be one of {', '.join(SUBTITLE_MODES)}, not {mode!r}")
+    if position not in SUBTITLE_POSITIONS:
+        raise HeygemError(f"the subtitle position must be one of {', '.join(SUBTITLE_POSITIONS)}, not {position!r}")
     if mode == "burn":
-        missing = characters_missing_from_font(" ".join(cue.text for cue in cues))
+        text = " ".join(cue.text for cue in cues)
+        missing = [character for character in characters_missing_from_font(text)
+                   if font_for(character) is None]
         if missing:
-            logger.warning("subtitles are added as a soft track instead of burned in: the built-in font cannot "
+            logger.warning("subtitles are added as a soft track instead of burned in: no subtitle font can "
                            "draw %s", "".join(missing[:10]) + ("..." if len(missing) > 10 else ""))
             mode = "soft"
         else:
-            burn_subtitles(video_path, cues, crf=crf, preset=preset)
+            burn_subtitles(video_path, cues, crf=crf, preset=preset, size=size, position=position)
     if mode == "soft":
         add_soft_subtitles(video_path, srt_path)
     return mode

@@ -24,7 +24,7 @@ from heygem.jobs.files import DEFAULT_OUTPUTS, keep_server_files_under
 from heygem.jobs.limits import ProcessCaps
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobLimits, JobStore
-from heygem.jobs.users import Users
+from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.runtime import library_logs
 
@@ -91,21 +91,13 @@ def main(argv: list[str] | None = None) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug or args.verbose else logging.INFO)
-    auth, users = None, None
-    if args.users and args.auth:
-        print("error: give --users (a user file) or --auth (one shared user), not both", file=sys.stderr)
-        raise SystemExit(2)
-    if args.users:
-        try:
-            users = Users.load(args.users)
-        except HeygemError as problem:
-            print(f"error: {problem}", file=sys.stderr)
-            raise SystemExit(2) from None
-    elif args.auth:
-        user, colon, password = args.auth.partition(":")
-        if not colon or not user or not password:
-            raise SystemExit("--auth takes USER:PASS")
-        auth = (user, password)
+    try:  # a bad --users file or --auth value ends here with one line; --share without either warns
+        auth, users = server_sign_in(args.users, args.auth, args.share)
+    except HeygemError as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if users is not None:
+        users.reread_on_hangup()  # and when the file changes
     try:  # a bad --devices ends here with one line, before anything starts
         devices = devices_from_flags(args.devices, args.workers, ray=args.ray)
     except HeygemError as problem:
@@ -130,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     access = PageAccess(store, users)
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access)
     demo.queue(default_concurrency_limit=4, max_size=256)
-    router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes)
+    router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins)
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(
@@ -139,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
         auth_message="heygem: sign in with your user name and secret" if users else
                      "heygem: sign in with the user name and password the server was started with",
         max_file_size=max_upload_bytes, **access.served_paths(),
-        app_kwargs={"routes": router.routes}, show_error=True, footer_links=["api", "gradio"],
+        app_kwargs={"routes": router.routes, "middleware": [access.middleware()]},  # PageGuard: login, streams
+        show_error=True, footer_links=["api", "gradio"],
         **page_style(),
     )
     logger.info("serving the page on %s and the REST API under %sapi/jobs", demo.local_url, demo.local_url)

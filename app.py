@@ -36,12 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every network)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on")
     parser.add_argument("--auth", metavar="USER:PASS", default=os.environ.get("HEYGEM_AUTH"),
-                        help="ask for this user name and password on the page and the REST API "
-                             "(default: $HEYGEM_AUTH, or none); one person's server: a shared one needs --users")
+                        help="ask for this user name and password (12 characters at least) on the page and "
+                             "the REST API (default: $HEYGEM_AUTH, or none); one person's server: a shared one "
+                             "needs --users")
     parser.add_argument("--users", metavar="FILE", default=os.environ.get("HEYGEM_USERS"),
                         help="the users who may sign in, one a line: NAME:SECRET or admin NAME:SECRET (see "
-                             "`python -m heygem users --help`); each sees only their own jobs, an admin all "
-                             "(default: $HEYGEM_USERS, or none)")
+                             "`python -m heygem users --help`); each sees only their own jobs, an admin all; read "
+                             "again when it changes and on SIGHUP (default: $HEYGEM_USERS, or none)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="where jobs are kept (default: outputs/)")
     parser.add_argument("--max-upload-mb", type=float, default=500, help="largest file accepted, in MB")

@@ -543,6 +543,9 @@ def test_the_page_ends_the_sessions_of_users_removed_from_the_file(page_server):
     assert bob.get("/gradio_api/login_check").status_code == 401
     assert sorted(app.tokens.values()) == ["alice"]
     assert bob.post("/login", data={"username": "bob", "password": "bob-long-secret"}).status_code == 400
+    path.write_text(path.read_text().replace("alice:alice-long-secret", "alice:alice-new-secret"), encoding="utf-8")
+    assert bob.get("/gradio_api/login_check").status_code == 401 and app.tokens == {}  # a new secret: signed out
+    signed_in_client(app, "alice", "alice-new-secret")
 
 
 def test_a_page_sessions_live_stream_goes_to_its_signed_in_user_only(page_server):

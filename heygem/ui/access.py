@@ -11,9 +11,10 @@ server path of a job shows on the page. Without ``--users`` (one person's server
 Gradio's login calls :meth:`PageAccess.page_auth`'s check, which runs in a worker thread (a hashed
 secret takes a while) and counts failures with the REST API's (heygem.jobs.users.FailedSignIns: 429
 after too many). :class:`PageGuard`, a middleware of the page's server, refuses /login to an address
-refused for now, ends the sessions of users no longer in the users file, and serves a streamed
-output (the live player's playlist and segments, under ``/gradio_api/stream/SESSION/``) only to the
-signed-in user whose page session it is: anyone else gets 404, and without sign-in 401.
+refused for now, ends the sessions of users removed from the users file (or given a new secret), and
+serves a streamed output (the live player's playlist and segments, under
+``/gradio_api/stream/SESSION/``) only to the signed-in user whose page session it is: anyone else
+gets 404, and without sign-in 401.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class PageAccess:
         self.sign_ins = sign_ins if sign_ins is not None else FailedSignIns()  # shared with the REST API
         self._stream_users: OrderedDict[str, str | None] = OrderedDict()  # page session -> its user
         self._generation = users.generation if users is not None else 0  # the users' reading sessions follow
+        self._listed = {user.name: user for user in users} if users is not None else {}  # as of that reading
         self._delivered: dict[tuple[str, str], Path] = {}  # (job id, file name) -> its copy in Gradio's cache
         self._swept = 0.0  # when copies of jobs deleted elsewhere (REST, `jobs delete`, clean) were last removed
         self._lock = threading.Lock()
@@ -139,19 +141,23 @@ class PageAccess:
         return known and name is not None and owner == name and self.users.get(name) is not None
 
     def end_removed_sessions(self, tokens: dict) -> None:
-        """End the page sessions (Gradio's tokens, to user names) of users no longer in the users file,
-        once per new reading of it."""
+        """End the page sessions (Gradio's tokens, to user names) of users no longer in the users file, or
+        whose line in it changed (a new secret), once per new reading of it."""
         if self.users is None:
             return
         len(self.users)  # looks at the users file when that is due
-        if self.users.generation == self._generation:
-            return
-        self._generation = self.users.generation
-        ended = [token for token, name in list(tokens.items()) if self.users.get(name) is None]
+        with self._lock:
+            if self.users.generation == self._generation:
+                return
+            self._generation = self.users.generation
+            listed, self._listed = self._listed, {user.name: user for user in self.users}
+            changed = {name for name, user in listed.items() if self._listed.get(name) != user}
+        ended = [token for token, name in list(tokens.items()) if name in changed or name not in self._listed]
         for token in ended:
             tokens.pop(token, None)
         if ended:
-            logger.info("ended %d page sessions of users no longer in the users file", len(ended))
+            logger.info("ended %d page sessions of users removed from the users file or given a new secret",
+                        len(ended))
 
     # ------------------------------------------------------------------ which jobs
 

@@ -1,11 +1,12 @@
 """A signed-in user's REST latency while anonymous clients send random API keys, on loopback.
 
-    python bench/bench_auth.py [--attack bare|named] [--requests 30] [--seconds 30] [--no-limit] [--code DIR]
+    python bench/bench_auth.py [--attack bare|named] [--requests 40] [--pause 0.05] [--seconds 30] [--no-limit]
+                                [--code DIR]
 
 Serves the REST API alone (``create_router`` in uvicorn, on 127.0.0.1, a free port) with a users file
 of three users whose secrets are hashed as ``python -m heygem users hash`` hashes them (600,000
 PBKDF2 iterations). Then measures ``GET /api/jobs`` of one signed-in user (basic auth, from the source
-address 127.0.0.2), ``--requests`` times one after another, first alone and then while two loops (from
+address 127.0.0.2), ``--requests`` times ``--pause`` seconds apart, first alone and then while two loops (from
 127.0.0.1) send ``Authorization: Bearer`` keys nobody has: random strings (``--attack bare``) or
 ``bob:RANDOM`` (``named``, each a hash to check). Each phase stops after ``--requests`` requests or
 ``--seconds``, whichever comes first. ``--no-limit`` lifts the failure limit, where the code has one,
@@ -70,8 +71,8 @@ def serve(folder: Path, no_limit: bool):
     return server, thread, f"http://127.0.0.1:{port}"
 
 
-def user_latencies(url: str, count: int, seconds: float) -> list[float]:
-    """Seconds each of the signed-in user's requests took (one after another, from 127.0.0.2)."""
+def user_latencies(url: str, count: int, pause: float, seconds: float) -> list[float]:
+    """Seconds each of the signed-in user's requests took (``pause`` seconds apart, from 127.0.0.2)."""
     import httpx
 
     times = []
@@ -83,6 +84,7 @@ def user_latencies(url: str, count: int, seconds: float) -> list[float]:
             start = time.perf_counter()
             client.get("/api/jobs").raise_for_status()
             times.append(time.perf_counter() - start)
+            time.sleep(pause)
     return times
 
 
@@ -111,7 +113,8 @@ def summary(times: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attack", choices=("bare", "named"), default="bare")
-    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--pause", type=float, default=0.05, help="seconds between the user's requests")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--no-limit", action="store_true")
     parser.add_argument("--code", type=Path, default=REPO, help="where heygem is imported from (default: this tree)")
@@ -123,7 +126,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="heygem-bench-auth-") as folder:
         server, thread, url = serve(Path(folder), args.no_limit)
         try:
-            print("alone:          ", summary(user_latencies(url, args.requests, args.seconds)))
+            print("alone:          ", summary(user_latencies(url, args.requests, args.pause, args.seconds)))
             stop, answers = threading.Event(), Counter()
             loops = [threading.Thread(target=anonymous_loop, args=(url, args.attack, stop, answers), daemon=True)
                      for _ in range(2)]
@@ -131,7 +134,7 @@ def main() -> None:
                 loop.start()
             time.sleep(0.5)
             try:
-                print("two key loops:  ", summary(user_latencies(url, args.requests, args.seconds)))
+                print("two key loops:  ", summary(user_latencies(url, args.requests, args.pause, args.seconds)))
             finally:
                 stop.set()
                 for loop in loops:

@@ -569,3 +569,37 @@ def test_a_page_sessions_live_stream_goes_to_its_signed_in_user_only(page_server
     listed = bob.get(playlist)
     assert listed.status_code == 200 and "first.ts" in listed.text
     assert bob.get(segment).content == b"\x47" * 188
+
+
+def test_the_page_login_of_auth_checks_in_a_worker_thread_and_counts_failures(tmp_path, monkeypatch):
+    import asyncio
+    import threading
+
+    from fastapi import HTTPException
+
+    import heygem.ui.access as access_module
+    from heygem.jobs.users import FAILURES_ALLOWED
+    from heygem.ui.access import PageAccess
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    threads = []
+    real = access_module.shared_password_matches
+    monkeypatch.setattr(access_module, "shared_password_matches",
+                        lambda *args: threads.append(threading.current_thread()) or real(*args))
+    store = JobStore(tmp_path / "outputs")
+    access = PageAccess(store)  # --auth: one person's server
+    assert access.page_auth(None) is None
+    check = access.page_auth(("anna", "a-long-password"))
+
+    async def tries():
+        loop_thread = threading.current_thread()
+        right = await check("anna", "a-long-password")
+        wrong = [await check("anna", f"guess-{number}") for number in range(FAILURES_ALLOWED)]
+        return loop_thread, right, wrong
+
+    loop_thread, right, wrong = asyncio.run(tries())
+    assert right and not any(wrong) and threads and loop_thread not in threads
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(check("anna", "a-long-password"))
+    assert refused.value.status_code == 429 and int(refused.value.headers["Retry-After"]) > 0
+    store.close()

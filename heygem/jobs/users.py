@@ -198,7 +198,7 @@ class Users:
         self._path = path
         self._stamp = self._stamp_of(path) if path is not None else None
         self._next_look = time.monotonic() + LOOK_AT_FILE_SECONDS
-        self._remembered: OrderedDict[bytes, User] = OrderedDict()  # right secrets only
+        self._remembered: OrderedDict[bytes, None] = OrderedDict()  # digests of (name, stored, given) found right
         self._lock = threading.Lock()
         self._reading = threading.Lock()
         self.generation = 0
@@ -285,17 +285,16 @@ class Users:
         stored = user.secret if user is not None else table.stand_in
         remembered = _digest(name, stored, password)
         with self._lock:
-            known = self._remembered.get(remembered)
-            if known is not None:
+            if remembered in self._remembered:  # right for this very line of the file
                 self._remembered.move_to_end(remembered)
-                return known
+                return user
         right = _matches(stored, password) and user is not None
         if table.any_hashed and not stored.startswith(HASH_SCHEME + "$"):
             _matches(table.stand_in, password)  # a plain secret takes a hashed one's time: names do not show
         if not right:
             return None
         with self._lock:
-            self._remembered[remembered] = user
+            self._remembered[remembered] = None
             while len(self._remembered) > MAX_REMEMBERED:
                 self._remembered.popitem(last=False)
         return user

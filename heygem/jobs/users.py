@@ -261,7 +261,8 @@ class Users:
 
     def reread_on_hangup(self) -> None:
         """Read the users file again when the process gets SIGHUP (where there is one; from the main thread)."""
-        if self._path is None or not hasattr(signal, "SIGHUP"):
+        main_thread = threading.current_thread() is threading.main_thread()  # where handlers can be set
+        if self._path is None or not hasattr(signal, "SIGHUP") or not main_thread:
             return
         signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reread, name="heygem-users",
                                                                  daemon=True).start())

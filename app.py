@@ -24,7 +24,7 @@ from heygem.jobs.files import DEFAULT_OUTPUTS, keep_server_files_under
 from heygem.jobs.limits import ProcessCaps
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobLimits, JobStore
-from heygem.jobs.users import Users
+from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.runtime import library_logs
 
@@ -36,12 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every network)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on")
     parser.add_argument("--auth", metavar="USER:PASS", default=os.environ.get("HEYGEM_AUTH"),
-                        help="ask for this user name and password on the page and the REST API "
-                             "(default: $HEYGEM_AUTH, or none); one person's server: a shared one needs --users")
+                        help="ask for this user name and password (12 characters at least) on the page and "
+                             "the REST API (default: $HEYGEM_AUTH, or none); one person's server: a shared one "
+                             "needs --users")
     parser.add_argument("--users", metavar="FILE", default=os.environ.get("HEYGEM_USERS"),
                         help="the users who may sign in, one a line: NAME:SECRET or admin NAME:SECRET (see "
-                             "`python -m heygem users --help`); each sees only their own jobs, an admin all "
-                             "(default: $HEYGEM_USERS, or none)")
+                             "`python -m heygem users --help`); each sees only their own jobs, an admin all; read "
+                             "again when it changes and on SIGHUP (default: $HEYGEM_USERS, or none)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="where jobs are kept (default: outputs/)")
     parser.add_argument("--max-upload-mb", type=float, default=500, help="largest file accepted, in MB")
@@ -91,21 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug or args.verbose else logging.INFO)
-    auth, users = None, None
-    if args.users and args.auth:
-        print("error: give --users (a user file) or --auth (one shared user), not both", file=sys.stderr)
-        raise SystemExit(2)
-    if args.users:
-        try:
-            users = Users.load(args.users)
-        except HeygemError as problem:
-            print(f"error: {problem}", file=sys.stderr)
-            raise SystemExit(2) from None
-    elif args.auth:
-        user, colon, password = args.auth.partition(":")
-        if not colon or not user or not password:
-            raise SystemExit("--auth takes USER:PASS")
-        auth = (user, password)
+    try:  # a bad --users file or --auth value ends here with one line; --share without either warns
+        auth, users = server_sign_in(args.users, args.auth, args.share)
+    except HeygemError as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if users is not None:
+        users.reread_on_hangup()  # and when the file changes
     try:  # a bad --devices ends here with one line, before anything starts
         devices = devices_from_flags(args.devices, args.workers, ray=args.ray)
     except HeygemError as problem:
@@ -130,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     access = PageAccess(store, users)
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access)
     demo.queue(default_concurrency_limit=4, max_size=256)
-    router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes)
+    router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins)
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(
@@ -139,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         auth_message="heygem: sign in with your user name and secret" if users else
                      "heygem: sign in with the user name and password the server was started with",
         max_file_size=max_upload_bytes, **access.served_paths(),
-        app_kwargs={"routes": router.routes}, show_error=True, footer_links=["api", "gradio"],
+        app_kwargs={"routes": router.routes, "middleware": [access.middleware()]},  # PageGuard: login, streams
+        show_error=True, footer_links=["api", "gradio"],
         **page_style(),
     )
     logger.info("serving the page on %s and the REST API under %sapi/jobs", demo.local_url, demo.local_url)

@@ -33,7 +33,10 @@ engine and small inputs made from assets/ (a photo and a short piece of speech):
           another's job answers 404 as a missing one (REST and gradio_client);
           each lists their own jobs, the admin all; no server path for a user;
           the job folders refused on the page; DELETE and `jobs delete` remove a
-          finished job; a users file in the wrong format ends the server (exit 2).
+          finished job; a users file in the wrong format ends the server (exit 2);
+          a secret under 12 characters (file or --auth) too; a POST from another
+          site's page is refused (403); a user removed from the file loses access
+          within seconds; repeated wrong passwords are refused for a while (429).
 
     python bench/faults.py                                   # the full run (50 submissions)
     python bench/faults.py --quick                           # 8 submissions, shorter jobs
@@ -1007,12 +1010,74 @@ def bad_users_file_row(work: Path) -> Row:
                and not outputs.exists())
 
 
+def short_secret_rows(work: Path) -> list[Row]:
+    """A secret under 12 characters (in the users file or --auth) or --auth without a password: the server
+    exits 2 with one line, and makes no folder."""
+    users_file = work / "users-short.txt"
+    users_file.write_text("admin alice:alice-long-secret\nbob:short\n", encoding="utf-8")
+    cases = (("--users FILE with a secret of 5 characters", ["--users", str(users_file)]),
+             ("--auth anna:short", ["--auth", "anna:short"]), ("--auth anna (no password)", ["--auth", "anna"]))
+    rows = []
+    for number, (label, flags) in enumerate(cases):
+        outputs = work / f"short-secret-outputs-{number}"
+        finished = subprocess.run([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(free_port()),
+                                   *flags, "--outputs", str(outputs)], cwd=REPO, capture_output=True, text=True,
+                                  timeout=60, check=False)
+        said = (finished.stdout + finished.stderr).strip().replace(str(work), "<tmp>")
+        rows.append(Row(f"9. python app.py {label}", "exit status 2, one line, nothing started or made",
+                        f"exit {finished.returncode}: {said[:160]}",
+                        finished.returncode == 2 and "\n" not in said and "Traceback" not in said
+                        and not outputs.exists()))
+    return rows
+
+
+def defended_sign_in_rows(server: Server, users_file: Path, inputs: Inputs) -> list[Row]:
+    """The shared server's sign-in defences: a POST from another site's page refused, a user removed from
+    the users file refused within seconds, repeated wrong passwords refused for a while (last: that
+    refuses this address for a minute)."""
+    rows = []
+    before = server.counts()
+    with httpx.Client(base_url=server.url, timeout=60, auth=("bob", USERS["bob"]),
+                      headers={"Origin": "http://evil.example"}) as foreign:
+        answer = submit(foreign, inputs.face, inputs.short_speech)
+    rows.append(Row("9. bob's POST /api/jobs from another site's page (Origin: http://evil.example)",
+                    "403 with a one-line error; nothing queued",
+                    f"HTTP {answer.status_code}: {error_text(answer)}",
+                    answer.status_code == 403 and bool(error_text(answer)) and server.counts() == before))
+    text = users_file.read_text(encoding="utf-8")
+    users_file.write_text(text.replace(f"carol:{USERS['carol']}\n", ""), encoding="utf-8")
+    time.sleep(1.5)  # the server looks at the file once a second
+    with httpx.Client(base_url=server.url, timeout=60) as anonymous:
+        removed = [anonymous.get("/api/jobs", auth=("carol", USERS["carol"])),
+                   anonymous.get("/api/jobs", headers={"Authorization": f"Bearer carol:{USERS['carol']}"})]
+        kept = anonymous.get("/api/jobs", auth=("bob", USERS["bob"]))
+    rows.append(Row("9. carol removed from the users file while the server runs",
+                    "her basic auth and API key 401 within seconds; bob still 200",
+                    ", ".join(f"HTTP {answer.status_code}" for answer in removed) + f"; bob HTTP {kept.status_code}",
+                    all(answer.status_code == 401 for answer in removed) and kept.status_code == 200))
+    users_file.write_text(text, encoding="utf-8")
+    with httpx.Client(base_url=server.url, timeout=60) as guesser:
+        answers = [guesser.get("/api/jobs", auth=("bob", f"guess-{number}")) for number in range(30)]
+    codes = [answer.status_code for answer in answers]
+    refused = [answer for answer in answers if answer.status_code == 429]
+    log_lines = [line for line in server.log_text().splitlines() if "sign-in refused" in line]
+    rows.append(Row("9. 30 wrong passwords for bob, one after another",
+                    "401 until 10 failures within a minute (the earlier rows' among them), then 429 with "
+                    "Retry-After; one line in the server log",
+                    f"{codes.count(401)} x 401, {len(refused)} x 429 (Retry-After "
+                    f"{refused[0].headers.get('retry-after') if refused else '-'}); {len(log_lines)} log lines",
+                    0 < codes.count(401) <= 10 and codes == [401] * codes.count(401) + [429] * len(refused)
+                    and all(answer.headers.get("retry-after", "").isdigit() for answer in refused)
+                    and len(log_lines) == 1))
+    return rows
+
+
 def users_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
     """9. ``python app.py --users FILE``: each user sees, fetches and deletes only their own jobs (another's
     answers as a job that does not exist), an admin every job, over REST and on the page alike."""
     from gradio_client import Client
 
-    rows = [bad_users_file_row(work)]
+    rows = [bad_users_file_row(work), *short_secret_rows(work)]
     users_file, outputs = work / "users.txt", work / "users-outputs"
     users_file.write_text("# two users and an admin\n" + "".join(
         f"{'admin ' if name == 'alice' else ''}{name}:{secret}\n" for name, secret in USERS.items()), encoding="utf-8")
@@ -1119,6 +1184,7 @@ def users_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
                         f"exit {cli.returncode}: {(cli.stdout + cli.stderr).strip()[:100]}; "
                         f"{len(left)} jobs left, folder {'gone' if not (outputs / carol_job).exists() else 'there'}",
                         cli.returncode == 0 and carol_job not in left and not (outputs / carol_job).exists()))
+        rows += defended_sign_in_rows(server, users_file, inputs)
         log_text = server.log_text()
     finally:
         for client in clients.values():

@@ -408,8 +408,9 @@ def add_users_parser(subparsers) -> argparse.ArgumentParser:
     """``python -m heygem users hash``: a secret hashed for app.py's --users file."""
     parser = subparsers.add_parser("users", help="make lines of the --users file of a shared server",
                                    description="A shared server (python app.py --users FILE) reads one user a line: "
-                                               "NAME:SECRET, or admin NAME:SECRET. `hash` prints SECRET hashed, "
-                                               "to write NAME:HASH instead.")
+                                               "NAME:SECRET, or admin NAME:SECRET (SECRET: 12 characters at least). "
+                                               "`hash` prints SECRET hashed, to write NAME:HASH instead; that "
+                                               "user's API key is then NAME:SECRET.")
     actions = parser.add_subparsers(dest="users_action", required=True)
     hashing = actions.add_parser("hash", help="print a secret hashed (asked for when --secret is not given)")
     hashing.add_argument("--secret", help="the secret (default: asked for without echo)")
@@ -420,11 +421,12 @@ def add_users_parser(subparsers) -> argparse.ArgumentParser:
 def users_command(args: argparse.Namespace) -> int:
     import getpass
 
-    from heygem.jobs.users import hash_secret
+    from heygem.jobs.users import check_secret_length, hash_secret
 
     secret = args.secret if args.secret is not None else getpass.getpass("secret: ")
     if not secret.strip() or secret != secret.strip():
         raise HeygemError("give a secret without spaces at its ends")
+    check_secret_length(secret, "the secret")
     print(hash_secret(secret))
     return 0
 

@@ -291,7 +291,7 @@ def test_the_batch_tab_lists_every_file_and_previews_the_pairing_before_start(pa
 
 # ---------------------------------------------------------------------- a server shared by users
 
-USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
+USERS = {"alice": "alice-long-secret", "bob": "bob-long-secret", "carol": "carol-long-secret"}
 
 
 @pytest.fixture(scope="module")
@@ -301,8 +301,9 @@ def shared_app(tmp_path_factory, speech_clip):
 
     folder = tmp_path_factory.mktemp("shared")
     users_file = folder / "users.txt"
-    users_file.write_text("admin alice:alice-secret\nbob:bob-secret\ncarol:carol-secret\n", encoding="utf-8")
-    with running_app(folder, "--users", str(users_file), headers={"Authorization": "Bearer alice-secret"}) as url:
+    users_file.write_text("admin alice:alice-long-secret\nbob:bob-long-secret\ncarol:carol-long-secret\n",
+                          encoding="utf-8")
+    with running_app(folder, "--users", str(users_file), headers={"Authorization": "Bearer alice-long-secret"}) as url:
         ids = {}
         for user in ("bob", "carol"):
             response = httpx.post(f"{url}/api/jobs", auth=(user, USERS[user]), timeout=60,

@@ -237,7 +237,7 @@ def test_rest_stream_404_before_the_first_segment_then_event_then_endlist(app, t
     assert not stream_folder(unstreamed).exists()
 
 
-STREAM_USERS = {"dana": "dana-secret"}
+STREAM_USERS = {"dana": "dana-long-secret"}
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,7 +117,8 @@ def test_the_page_shows_each_user_their_jobs_and_serves_copies_not_the_job_folde
     assert access.find(bobs, SimpleNamespace(username=None)) is None  # no known user: no job
     with pytest.raises(HeygemError, match="sign in first"):
         access.submitter(SimpleNamespace(username="mallory"))
-    assert access.page_auth(None)("bob", "b-secret") and not access.page_auth(None)("bob", "c-secret")
+    check = access.page_auth(None)  # async: Gradio's login awaits it, and it checks in a worker thread
+    assert asyncio.run(check("bob", "b-secret")) and not asyncio.run(check("bob", "c-secret"))
 
     copy = Path(access.deliver(store.get(bobs)))
     assert copy.name == "astronaut-speech_en.mp4" and copy.read_bytes() == speech.read_bytes()

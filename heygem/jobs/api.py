@@ -17,7 +17,11 @@
 Every error is JSON ``{"error": message}``. With ``auth`` set, every route
 needs HTTP basic auth with the same user and password as the web UI. With
 ``users`` (heygem.jobs.users), every route needs one of those users (basic auth
-NAME:SECRET, or ``Authorization: Bearer SECRET``); each job belongs to the user
+NAME:SECRET, or ``Authorization: Bearer NAME:SECRET``, or ``Bearer SECRET`` for a
+secret written plain), checked in a worker thread; repeated failures from one
+address or for one name answer 429 (Retry-After) for a while; a request from
+another site's page (a foreign Origin, or a foreign Referer on POST, PUT, PATCH
+and DELETE) answers 403. Each job belongs to the user
 who submitted it, a user sees and touches only their own (another's answers
 404, as a job that does not exist) and an admin every job. Only files inside
 the job folders are ever served.
@@ -45,7 +49,7 @@ from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
 from heygem.jobs.stream import add_stream_routes
-from heygem.jobs.users import Users, log_for, may_see, submitter_filter
+from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
 from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
@@ -84,6 +88,15 @@ def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
         raise ApiError(401, "wrong user name or password", challenge)
 
 
+def refuse_foreign_origin(request: Request) -> None:
+    """Raise ApiError(403) for a request from another site's page (heygem.jobs.users.foreign_origin)."""
+    headers = request.headers
+    origin = foreign_origin(request.method, headers.get("origin"), headers.get("referer"), headers.get("host"))
+    if origin is not None:
+        logger.warning("refused %s %s from another site's page (%s)", request.method, request.url.path, origin)
+        raise ApiError(403, "this API takes no requests from other sites' pages")
+
+
 def counted_request(request: Request, max_bytes: int) -> Request:
     """``request`` with its body counted as it arrives: past ``max_bytes`` reading it raises UploadTooLarge,
     so a chunked upload (no Content-Length to refuse it by) is stopped early, not spooled whole."""
@@ -108,21 +121,35 @@ def server_folders(store: JobStore, job) -> dict[Path, str]:
 
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users: Users | None = None,
-                  max_upload_bytes: int | None = None) -> APIRouter:
+                  max_upload_bytes: int | None = None, sign_ins: FailedSignIns | None = None) -> APIRouter:
     """The /api routes over ``store``; include them in the app that also serves the UI. ``users``: who
-    may call them, each seeing their own jobs (``auth``, one shared name and password, is then unused)."""
+    may call them, each seeing their own jobs (``auth``, one shared name and password, is then unused).
+    ``sign_ins``: the failed sign-ins counted (shared with the page's login)."""
+    sign_ins = sign_ins if sign_ins is not None else FailedSignIns()
 
     def signed_in(request: Request):
-        """The request's user (request.state.user), or 401; None when the server has no users."""
-        if users is None:
-            if auth is not None:
-                check_basic_auth(request, auth)
+        """The request's user (request.state.user), or 401 (429 after repeated failures); None when the
+        server has no users. Run in a worker thread: a hashed secret takes a while to check."""
+        if users is None and auth is None:
             return None
-        user = users.from_authorization(request.headers.get("authorization", ""))
-        if user is None:
-            raise ApiError(401, "this server needs a user: HTTP basic auth NAME:SECRET, or the header "
-                                "Authorization: Bearer SECRET", {"WWW-Authenticate": BASIC_CHALLENGE})
-        return user
+        header = request.headers.get("authorization", "")
+        address, name = request.client.host if request.client else None, claimed_name(header)
+        wait = sign_ins.retry_after(address, name)
+        if wait:
+            raise ApiError(429, f"too many failed sign-ins: try again in {wait} s", {"Retry-After": str(wait)})
+        try:
+            if users is None:
+                check_basic_auth(request, auth)
+                return None
+            user = users.from_authorization(header)
+            if user is None:
+                raise ApiError(401, "this server needs a user: HTTP basic auth NAME:SECRET, or the header "
+                                    "Authorization: Bearer NAME:SECRET", {"WWW-Authenticate": BASIC_CHALLENGE})
+            return user
+        except ApiError:
+            if header.strip():
+                sign_ins.failed(address, name)
+            raise
 
     class GuardedRoute(APIRoute):
         """Checks the user first and turns ApiError and HeygemError into JSON errors."""
@@ -132,7 +159,8 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
 
             async def guarded(request: Request) -> Response:
                 try:
-                    request.state.user = signed_in(request)
+                    refuse_foreign_origin(request)
+                    request.state.user = await run_in_threadpool(signed_in, request)
                     return await handler(request)
                 except ApiError as error:
                     return error_response(error.status, error.message, error.headers)

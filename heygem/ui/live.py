@@ -5,8 +5,9 @@ generator (:func:`follow_stream`) that yields each finished MPEG-TS segment of t
 as soon as it is out, in order, never one still being written (the encoder's segment lists, read
 by :func:`heygem.media.stream.listed_segments`), until the job ends. Gradio hands them to the page
 through its own routes, under the page's session, and the page's bundled HLS player plays them
-in turn from the first. So a server with ``--users`` or ``--auth`` needs nothing more, and a page
-streams only the jobs its user may see (every look-up goes through :meth:`PageAccess.find`).
+in turn from the first. A page streams only the jobs its user may see (every look-up goes through
+:meth:`PageAccess.find`), and with ``--users`` or ``--auth`` Gradio's stream routes serve a session's
+playlist and segments only to its signed-in user (:class:`heygem.ui.access.PageGuard`).
 
 Gradio keeps each segment's H.264 as it is (copied into its own MPEG-TS, not encoded again) and
 decodes its audio into one AAC track that runs on across the segments. For that it runs
@@ -96,6 +97,7 @@ def follow_stream(access: PageAccess, followed: Callable | None = None):
 
     async def follow(job_id, request: gr.Request):
         sent = 0
+        access.note_stream_user(request)  # the stream's playlist and segments go to this user only
         if job_id and media_tools():
             while True:
                 job = await asyncio.to_thread(access.find, job_id, request)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m heygem generate|batch|jobs|doctor|weights|voices|say ...``.
+"""Command line: ``python -m heygem generate|batch|jobs|presenters|doctor|weights|voices|say ...``.
 
 Every generation option comes from heygem.config, so ``--help`` always matches
 configs/default.yaml. Problems the user can fix end with one line on stderr and
@@ -33,8 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Make one lip-synced MP4 from a face video or photo and an audio file (or a video's audio).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    generate.add_argument("--face", required=True, type=Path,
-                          help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
+    from heygem.presenters.cli import add_presenter_flags, add_presenters_parser
+
+    face_or_presenter = generate.add_mutually_exclusive_group(required=True)
+    face_or_presenter.add_argument("--face", type=Path,
+                                   help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
+    add_presenter_flags(generate, face_or_presenter)
     speech = generate.add_mutually_exclusive_group(required=True)
     speech.add_argument("--audio", type=Path,
                         help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
@@ -52,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_parser(commands)
     add_jobs_parser(commands)
     add_users_parser(commands)
+    add_presenters_parser(commands)
     add_weights_parser(commands)
 
     doctor_command = commands.add_parser(
@@ -104,6 +109,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from heygem.jobs.request import check_options
     from heygem.pipeline import generate
 
+    if args.presenter is not None:  # a saved presenter: its clip and face, its track prepared (heygem.presenters)
+        from heygem.presenters.cli import presenter_face
+
+        args.face = presenter_face(args, option_overrides(args))
     config = check_options(option_overrides(args), load_config(args.config))[1]  # as every job request is checked
     bars: dict[str, tqdm] = {}
     stage_spans = {}

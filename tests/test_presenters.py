@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -158,8 +159,6 @@ def heygem(*args, cache: Path) -> subprocess.CompletedProcess:
 
 
 def summary_of(output: Path) -> dict:
-    import json
-
     return json.loads(output.with_suffix(".json").read_text(encoding="utf-8"))
 
 
@@ -201,3 +200,117 @@ def test_cli_refusal_is_one_line_exit_2(clips, tmp_path):
     assert refused.stderr.count("\n") == 1 and "shows 2 faces" in refused.stderr
     assert "face_index 0 to 1" in refused.stderr
     assert presenter_folders(PresenterStore(tmp_path / "outputs")) == []
+
+
+def test_a_preparation_left_unfinished_starts_again(clips, tmp_path):
+    import time
+
+    from heygem.presenters.api import Preparer
+
+    store = PresenterStore(tmp_path / "outputs")
+    interrupted = store.create(clips["face video"], "interrupted")  # recorded, never prepared: a server stopped
+    Preparer(store)
+    deadline = time.monotonic() + 120
+    while store.get(interrupted.id).status == "preparing" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert store.get(interrupted.id).status == READY
+
+
+USERS = "admin alice:alice-secret\nbob:bob-secret\ncarol:carol-secret\n"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from faults import Server
+
+    folder = tmp_path_factory.mktemp("presenters app")
+    (folder / "users.txt").write_text(USERS)
+    live = Server(folder / "outputs", folder / "app.log", extra_args=("--users", str(folder / "users.txt")),
+                  env={"HEYGEM_CACHE_DIR": str(folder / "cache")}, auth=("alice", "alice-secret")).wait_ready()
+    live.client.auth = None  # each request names its user
+    yield live
+    live.stop()
+
+
+def as_user(name: str) -> dict:
+    return {"Authorization": f"Bearer {name}-secret"}
+
+
+def wait_for(server, path: str, user: str, done, timeout: float = 180) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = server.client.get(path, headers=as_user(user)).json()
+        if done(body):
+            return body
+        time.sleep(0.3)
+    raise AssertionError(f"{path} not done in {timeout} s: {body}")
+
+
+def test_rest_presenters_are_their_owners_and_make_jobs(server, clips, short_speech, tmp_path):
+    client = server.client
+    with open(clips["face video"], "rb") as clip:
+        made = client.post("/api/presenters", headers=as_user("bob"), data={"name": "Bob"},
+                           files={"video": ("bob.mp4", clip, "video/mp4")})
+    assert made.status_code == 201, made.text
+    presenter_id = made.json()["id"]
+    assert made.json()["name"] == "Bob" and made.json()["status"] == "preparing"
+    shown = wait_for(server, f"/api/presenters/{presenter_id}", "bob", lambda body: body["status"] != "preparing")
+    assert shown["status"] == "ready" and 1.9 < shown["seconds"] < 2.1, shown
+    assert shown["size"] == {"width": 320, "height": 240} and isinstance(shown["warnings"], list)
+    assert shown["thumbnail"] == f"/api/presenters/{presenter_id}/thumbnail"
+    thumbnail = client.get(shown["thumbnail"], headers=as_user("bob"))
+    assert thumbnail.headers["content-type"] == "image/jpeg"
+    assert cv2.imdecode(np.frombuffer(thumbnail.content, np.uint8), cv2.IMREAD_COLOR).shape == (240, 320, 3)
+    assert [p["id"] for p in client.get("/api/presenters", headers=as_user("bob")).json()["presenters"]] \
+        == [presenter_id]
+    assert presenter_id in [p["id"] for p in client.get("/api/presenters", headers=as_user("alice")).json()[
+        "presenters"]]  # an admin sees every user's
+
+    # another user: as if it did not exist
+    assert client.get("/api/presenters", headers=as_user("carol")).json() == {"presenters": []}
+    for method, path in (("GET", ""), ("GET", "/thumbnail"), ("DELETE", "")):
+        answer = client.request(method, f"/api/presenters/{presenter_id}{path}", headers=as_user("carol"))
+        assert answer.status_code == 404 and answer.json() == {"error": f"there is no presenter {presenter_id!r}"}
+    with open(short_speech, "rb") as speech:
+        borrowed = client.post("/api/jobs", headers=as_user("carol"), data={"presenter": presenter_id},
+                               files={"audio": ("speech.wav", speech, "audio/wav")})
+    assert borrowed.status_code == 400 and borrowed.json()["error"] == f"there is no presenter {presenter_id!r}"
+
+    # jobs with the presenter: speech, then typed text; neither tracks a face
+    with open(short_speech, "rb") as speech:
+        spoken = client.post("/api/jobs", headers=as_user("bob"), data={"presenter": presenter_id},
+                             files={"audio": ("speech.wav", speech, "audio/wav")})
+    assert spoken.status_code == 201, spoken.text
+    typed = client.post("/api/jobs", headers=as_user("bob"),  # multipart, as every job: fields without files
+                        files={"presenter": (None, presenter_id), "text": (None, "Hello. I was recorded once.")})
+    assert typed.status_code == 201, typed.text
+    for job_id in (spoken.json()["id"], typed.json()["id"]):
+        job = wait_for(server, f"/api/jobs/{job_id}", "bob",
+                       lambda body: body["status"] in ("done", "failed", "cancelled"))
+        assert job["status"] == "done", job
+        result = tmp_path / f"{job_id}.mp4"
+        result.write_bytes(client.get(f"/api/jobs/{job_id}/result", headers=as_user("bob")).content)
+        assert len(decode_frames(result)) > 30 and probe(result).has_audio
+        summary = json.loads((server.outputs / job_id / "result.json").read_text())
+        assert summary["avatar_cache"] == "hit" and (summary["width"], summary["height"]) == (320, 240)
+
+    gone = client.delete(f"/api/presenters/{presenter_id}", headers=as_user("bob"))
+    assert gone.json() == {"id": presenter_id, "status": "deleted"}
+    assert client.get(f"/api/presenters/{presenter_id}", headers=as_user("bob")).status_code == 404
+
+
+@pytest.mark.parametrize("clip, fields, message", [
+    ("two faces", {"name": "Two"}, "two faces.mp4 shows 2 faces"),
+    ("short", {"name": "Short"}, "lasts at least 2 s"),
+    ("face video", {"name": " "}, "give the presenter a name"),
+    ("face video", {"name": "Index", "face_index": "left"}, "face_index counts faces from the left from 0"),
+])
+def test_rest_refusals_are_400_and_keep_nothing(server, clips, clip, fields, message):
+    with open(clips[clip], "rb") as video:
+        refused = server.client.post("/api/presenters", headers=as_user("carol"), data=fields,
+                                     files={"video": (clips[clip].name, video, "video/mp4")})
+    assert refused.status_code == 400 and message in refused.json()["error"], refused.text
+    assert server.client.get("/api/presenters", headers=as_user("carol")).json() == {"presenters": []}
+    assert list((server.outputs / "presenters").iterdir()) == []

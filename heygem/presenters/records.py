@@ -138,8 +138,8 @@ class PresenterStore:
     def __init__(self, outputs_dir: str | Path, *, max_seconds: float | None = DEFAULT_MAX_SECONDS,
                  max_upload_bytes: int | None = None):
         self.outputs_dir = Path(outputs_dir).resolve()
-        self.folder = self.outputs_dir / FOLDER_NAME
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = self.outputs_dir / FOLDER_NAME  # made with the first presenter
+        self.outputs_dir.mkdir(parents=True, exist_ok=True)
         self.database_path = self.outputs_dir / DATABASE_NAME
         self.max_seconds = max_seconds
         self.max_upload_bytes = max_upload_bytes
@@ -216,6 +216,7 @@ class PresenterStore:
             raise HeygemError(f"you already have a presenter named {name!r}: remove it first or choose another name")
         presenter_id = new_presenter_id()
         staging = self.folder / f".{presenter_id}.partial"
+        self.folder.mkdir(exist_ok=True)
         staging.mkdir()
         try:
             clip_name = store_input(source, staging, "face", {THUMBNAIL_NAME, SAMPLE_NAME, TRACK_FOLDER},

@@ -46,6 +46,7 @@ THUMBNAIL_HEIGHT = 360
 SAMPLE_SECONDS = (5.0, 30.0)  # the speech sample's shortest and longest length
 VOICE_WINDOW_SECONDS = 0.03  # loudness is measured in windows of this length
 QUIET_RMS = 0.01  # a window quieter than this (of full scale) is not speech
+PROGRESS_STEP = 0.01  # the preparation's progress is written when it has grown this much
 
 
 def presenter_config(face_index: int | None, config: Config | None = None) -> Config:
@@ -92,15 +93,17 @@ def track_clip(info: MediaInfo, geometry: FrameGeometry, config: Config, track_d
         candidates: dict[int, np.ndarray] = {}
 
         def batches() -> Iterator[FrameBatch]:
-            decoded = 0
+            decoded, reported = 0, 0.0
             for frames in iter_video_i420(info, geometry, frames_per_batch(geometry, config.media.batch_frames)):
                 indices = np.arange(decoded, decoded + len(frames))
                 for index in wanted.intersection(indices.tolist()):
                     candidates[index] = frames[index - decoded].copy()
                 yield FrameBatch(indices, indices, frames)
                 decoded += len(frames)
-                if progress is not None:
-                    progress(min(decoded / max(info.frame_count, 1), 1.0) * 0.95)
+                fraction = min(decoded / max(info.frame_count, 1), 1.0) * 0.95
+                if progress is not None and fraction - reported >= PROGRESS_STEP:
+                    progress(fraction)
+                    reported = fraction
             if decoded == 0:
                 raise HeygemError(f"{info.path.name}: no video frames could be decoded")
             source.frame_count = decoded  # the face stage stores the track as the whole video's
@@ -112,6 +115,7 @@ def track_clip(info: MediaInfo, geometry: FrameGeometry, config: Config, track_d
                           raw_boxes=np.array(builder.track.raw_boxes[: builder.tracked]),
                           landmarks=builder.track.landmarks[: builder.tracked])
         keep_track(track, geometry, info, track_dir)
+        track.landmarks = np.load(track_dir / "landmarks.npy", mmap_mode="r")  # the work folder goes next
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     shown = next((index for index in sorted(candidates, key=lambda i: abs(i - info.frame_count // 2))

@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS presenters (
     speech_seconds REAL                    -- length of speech.wav; NULL: none
 );
 CREATE INDEX IF NOT EXISTS presenters_by_submitter ON presenters (submitter, created);
+CREATE UNIQUE INDEX IF NOT EXISTS presenters_by_name ON presenters (COALESCE(submitter, ''), name);
 """
 
 
@@ -235,6 +236,10 @@ class PresenterStore:
                 db.execute("INSERT INTO presenters (id, name, submitter, status, created, clip_name, kind, "
                            "face_index, seconds, width, height, bytes, warnings) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        except sqlite3.IntegrityError:  # the same name, made meanwhile by a parallel request
+            shutil.rmtree(self.folder / presenter_id, ignore_errors=True)
+            raise HeygemError(f"you already have a presenter named {name!r}: remove it first or choose another "
+                              "name") from None
         except BaseException:
             shutil.rmtree(self.folder / presenter_id, ignore_errors=True)
             raise

@@ -28,6 +28,7 @@ from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
 from heygem.face import avatar_cache
 from heygem.face.track import FaceTrack
+from heygem.jobs.request import flatten_options
 from heygem.media.decode import iter_video_i420, load_image
 from heygem.media.ffmpeg import ffmpeg_binary
 from heygem.media.frames import yuv420_to_bgr
@@ -181,8 +182,8 @@ def use_for_job(presenter: Presenter, config: Config) -> Path:
 
 
 def job_options(presenter: Presenter, options: dict | None) -> dict:
-    """A job's options with the presenter's face chosen (flat dotted keys)."""
-    return {**(options or {}), "face.face_index": presenter.face_index}
+    """A job's options (flat dotted keys, or nested by section) with the presenter's face chosen, flat."""
+    return {**flatten_options(options), "face.face_index": presenter.face_index}
 
 
 def write_thumbnail(shown: tuple[int, np.ndarray], track: FaceTrack, path: Path) -> None:

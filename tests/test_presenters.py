@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -203,8 +205,6 @@ def test_cli_refusal_is_one_line_exit_2(clips, tmp_path):
 
 
 def test_a_preparation_left_unfinished_starts_again(clips, tmp_path):
-    import time
-
     from heygem.presenters.api import Preparer
 
     store = PresenterStore(tmp_path / "outputs")
@@ -219,12 +219,29 @@ def test_a_preparation_left_unfinished_starts_again(clips, tmp_path):
 USERS = "admin alice:alice-secret\nbob:bob-secret\ncarol:carol-secret\n"
 
 
+def test_a_clip_that_fails_its_preparation_is_failed_with_its_reason_and_its_files_go(clips, tmp_path):
+    from heygem.presenters.api import Preparer
+
+    store = PresenterStore(tmp_path / "outputs")
+    presenter = store.create(clips["face video"], "swapped")
+    shutil.copyfile(clips["wall"], presenter.clip_path)  # what the quick look saw is gone: no face anywhere
+    Preparer(store)  # takes the presenter left preparing, as a server starting does
+    deadline = time.monotonic() + 120
+    while store.get(presenter.id).status == "preparing" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    failed = store.get(presenter.id)
+    assert failed.status == "failed" and failed.error.startswith("no face was found in face video.mp4"), failed
+    assert not presenter.directory.exists() and failed.to_dict()["thumbnail"] is None
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, clips):
     from faults import Server
 
     folder = tmp_path_factory.mktemp("presenters app")
     (folder / "users.txt").write_text(USERS)
+    # recorded by a server that stopped before preparing it: the next one prepares it
+    PresenterStore(folder / "outputs").create(clips["photo"], "left over", submitter="bob")
     live = Server(folder / "outputs", folder / "app.log", extra_args=("--users", str(folder / "users.txt")),
                   env={"HEYGEM_CACHE_DIR": str(folder / "cache")}, auth=("alice", "alice-secret")).wait_ready()
     live.client.auth = None  # each request names its user
@@ -237,8 +254,6 @@ def as_user(name: str) -> dict:
 
 
 def wait_for(server, path: str, user: str, done, timeout: float = 180) -> dict:
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = server.client.get(path, headers=as_user(user)).json()
@@ -246,6 +261,14 @@ def wait_for(server, path: str, user: str, done, timeout: float = 180) -> dict:
             return body
         time.sleep(0.3)
     raise AssertionError(f"{path} not done in {timeout} s: {body}")
+
+
+def test_a_presenter_left_preparing_is_prepared_when_the_server_starts(server):
+    listed = server.client.get("/api/presenters", headers=as_user("bob")).json()["presenters"]
+    left_over = next(presenter for presenter in listed if presenter["name"] == "left over")
+    shown = wait_for(server, f"/api/presenters/{left_over['id']}", "bob", lambda body: body["status"] != "preparing")
+    assert shown["status"] == "ready" and shown["kind"] == "image" and shown["thumbnail"]
+    assert server.client.delete(f"/api/presenters/{left_over['id']}", headers=as_user("bob")).status_code == 200
 
 
 def test_rest_presenters_are_their_owners_and_make_jobs(server, clips, short_speech, tmp_path):
@@ -263,8 +286,8 @@ def test_rest_presenters_are_their_owners_and_make_jobs(server, clips, short_spe
     thumbnail = client.get(shown["thumbnail"], headers=as_user("bob"))
     assert thumbnail.headers["content-type"] == "image/jpeg"
     assert cv2.imdecode(np.frombuffer(thumbnail.content, np.uint8), cv2.IMREAD_COLOR).shape == (240, 320, 3)
-    assert [p["id"] for p in client.get("/api/presenters", headers=as_user("bob")).json()["presenters"]] \
-        == [presenter_id]
+    assert presenter_id in [p["id"] for p in client.get("/api/presenters", headers=as_user("bob")).json()[
+        "presenters"]]
     assert presenter_id in [p["id"] for p in client.get("/api/presenters", headers=as_user("alice")).json()[
         "presenters"]]  # an admin sees every user's
 

@@ -33,12 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Make one lip-synced MP4 from a face video or photo and an audio file (or a video's audio).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    from heygem.presenters.cli import add_presenter_flags, add_presenters_parser
-
-    face_or_presenter = generate.add_mutually_exclusive_group(required=True)
-    face_or_presenter.add_argument("--face", type=Path,
-                                   help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
-    add_presenter_flags(generate, face_or_presenter)
+    generate.add_argument("--face", required=True, type=Path,
+                          help="face video (mp4, mov, mkv, webm, avi) or photo (jpg, png, webp)")
     speech = generate.add_mutually_exclusive_group(required=True)
     speech.add_argument("--audio", type=Path,
                         help="speech: wav, mp3, m4a, flac, ogg/opus, or a video whose audio is used")
@@ -52,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--config", type=Path, default=None, help="a YAML config instead of configs/default.yaml")
     add_option_flags(generate)
     generate.set_defaults(handler=run_generate)
+    from heygem.presenters.cli import add_presenter_flags, add_presenters_parser
+
+    add_presenter_flags(generate)  # --presenter NAME|ID instead of --face (heygem.presenters)
 
     add_batch_parser(commands)
     add_jobs_parser(commands)
@@ -109,7 +108,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from heygem.jobs.request import check_options
     from heygem.pipeline import generate
 
-    if args.presenter is not None:  # a saved presenter: its clip and face, its track prepared (heygem.presenters)
+    if args.presenter is not None or args.face is None:  # a saved presenter's clip, face and track (heygem.presenters)
         from heygem.presenters.cli import presenter_face
 
         args.face = presenter_face(args, option_overrides(args))

@@ -202,6 +202,11 @@ def test_cli_refusal_is_one_line_exit_2(clips, tmp_path):
     assert refused.stderr.count("\n") == 1 and "shows 2 faces" in refused.stderr
     assert "face_index 0 to 1" in refused.stderr
     assert presenter_folders(PresenterStore(tmp_path / "outputs")) == []
+    for face in ((), ("--face", clips["photo"], "--presenter", "Two")):
+        neither_or_both = heygem("generate", *face, "--audio", clips["speech only"], "-o", tmp_path / "out.mp4",
+                                 cache=tmp_path / "cache")
+        assert neither_or_both.returncode == 2
+        assert neither_or_both.stderr == "error: give the face as --face FILE or --presenter NAME (one of them)\n"
 
 
 def test_a_preparation_left_unfinished_starts_again(clips, tmp_path):

@@ -73,10 +73,13 @@ def presenters_command(args: argparse.Namespace) -> int:
     raise HeygemError("choose a presenters action: add, list or remove")
 
 
-def add_presenter_flags(generate: argparse.ArgumentParser, face_or_presenter) -> None:
-    """``generate --presenter NAME|ID [--outputs DIR]``, ``--presenter`` in the group it excludes ``--face`` from."""
-    face_or_presenter.add_argument("--presenter", metavar="NAME|ID", default=None,
-                                   help="a saved presenter (`presenters add`) instead of --face")
+def add_presenter_flags(generate: argparse.ArgumentParser) -> None:
+    """``generate --presenter NAME|ID [--outputs DIR]`` instead of ``--face``, which stops being required
+    (:func:`presenter_face` asks for one of the two). argparse has no public way to change an added
+    argument, so the flag's action is looked up by its option string."""
+    generate._option_string_actions["--face"].required = False
+    generate.add_argument("--presenter", metavar="NAME|ID", default=None,
+                          help="a saved presenter (`presenters add`) instead of --face")
     generate.add_argument("--outputs", default=str(DEFAULT_OUTPUTS),
                           help="with --presenter: the outputs folder it was saved in (default: outputs/)")
 
@@ -88,6 +91,8 @@ def presenter_face(args: argparse.Namespace, overrides: dict) -> Path:
     from heygem.jobs.request import check_options
     from heygem.presenters.prepare import job_options, use_for_job
 
+    if (args.face is None) == (args.presenter is None):
+        raise HeygemError("give the face as --face FILE or --presenter NAME (one of them)")
     keep_server_files_under(Path(args.outputs))
     presenter = PresenterStore(args.outputs).find(args.presenter)
     options = job_options(presenter, overrides)

@@ -4,6 +4,7 @@ outputs folder a server uses (``--outputs``, default ``outputs/``)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from heygem.errors import HeygemError
@@ -39,17 +40,28 @@ def add_presenters_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def presenters_command(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from heygem.presenters.prepare import prepare
 
     keep_server_files_under(Path(args.outputs))  # the avatar cache beside the jobs, as a server keeps it
     if args.presenters_action == "add":
         store = PresenterStore(args.outputs, max_seconds=args.max_presenter_seconds or None)
         presenter = store.create(args.file, args.name, face_index=args.face_index)
+        bar = tqdm(total=100, desc="preparing", unit="%", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}",
+                   disable=not sys.stderr.isatty())
+
+        def show(fraction: float) -> None:
+            bar.n = int(round(100 * fraction))
+            bar.refresh()
+
         try:
-            presenter = prepare(store, presenter)
+            presenter = prepare(store, presenter, progress=show)
         except BaseException:
             store.remove(presenter.id)  # refused: nothing is kept
             raise
+        finally:
+            bar.close()
         sample = f"{presenter.speech_seconds:.1f} s" if presenter.speech_seconds else "none (too little speech)"
         length = f"{presenter.seconds:.1f} s video" if presenter.kind == "video" else "photo"
         print(f"added presenter {presenter.name!r} ({presenter.id}): {length}, {presenter.width}x{presenter.height}, "
@@ -59,11 +71,14 @@ def presenters_command(args: argparse.Namespace) -> int:
         return 0
     store = PresenterStore(args.outputs)
     if args.presenters_action == "list":
-        print(f"{'id':26} {'name':20} {'status':10} {'kind':6} {'seconds':>8} {'size':>10}  warnings")
+        print(f"{'id':26} {'name':20} {'status':10} {'kind':6} {'seconds':>8} {'size':>10}  {'user':10} speech")
         for presenter in store.list():
             size = f"{presenter.width}x{presenter.height}"
+            speech = f"{presenter.speech_seconds:.1f} s" if presenter.speech_seconds else "-"
             print(f"{presenter.id:26} {presenter.name[:20]:20} {presenter.status:10} {presenter.kind:6} "
-                  f"{presenter.seconds:8.1f} {size:>10}  {len(presenter.warnings)}")
+                  f"{presenter.seconds:8.1f} {size:>10}  {presenter.submitter or '':10} {speech}")
+            for note in presenter.warnings + ([presenter.error] if presenter.error else []):
+                print(f"    {note}")
         return 0
     if args.presenters_action == "remove":
         presenter = store.find(args.presenter)

@@ -26,6 +26,7 @@ from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobLimits, JobStore
 from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
+from heygem.presenters.records import PresenterStore
 from heygem.runtime import library_logs
 
 logger = logging.getLogger("heygem")
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="jobs that may wait at once; more are refused (HTTP 429) until some run (0: no limit)")
     parser.add_argument("--max-audio-seconds", type=float, default=600,
                         help="longest speech a job may have, so the longest video (0: no limit)")
+    parser.add_argument("--max-presenter-seconds", type=float, default=600,
+                        help="longest clip a saved presenter may be made from (HTTP 400 above it; 0: no limit)")
     parser.add_argument("--max-text-chars", type=int, default=5000,
                         help="longest text a job may have spoken, in characters (HTTP 400 above it; 0: no limit)")
     parser.add_argument("--max-output-height", type=int, default=2160,
@@ -123,7 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     access = PageAccess(store, users)
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access)
     demo.queue(default_concurrency_limit=4, max_size=256)
-    router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins)
+    presenters = PresenterStore(args.outputs, max_seconds=args.max_presenter_seconds or None,
+                                max_upload_bytes=max_upload_bytes)
+    router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins,
+                           presenters=presenters)
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(

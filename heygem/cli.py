@@ -1,4 +1,4 @@
-"""Command line: ``python -m heygem generate|batch|jobs|doctor|weights|voices|say ...``.
+"""Command line: ``python -m heygem generate|batch|jobs|presenters|doctor|weights|voices|say ...``.
 
 Every generation option comes from heygem.config, so ``--help`` always matches
 configs/default.yaml. Problems the user can fix end with one line on stderr and
@@ -71,10 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     groups["advanced"].add_argument("--config", type=Path, default=None,
                                     help="a YAML config instead of configs/default.yaml")
     generate.set_defaults(handler=run_generate)
+    from heygem.presenters.cli import add_presenter_flags, add_presenters_parser
+
+    add_presenter_flags(generate)  # --presenter NAME|ID instead of --face (heygem.presenters)
 
     add_batch_parser(commands)
     add_jobs_parser(commands)
     add_users_parser(commands)
+    add_presenters_parser(commands)
     add_weights_parser(commands)
 
     doctor_command = commands.add_parser(
@@ -127,6 +131,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from heygem.jobs.request import check_options
     from heygem.pipeline import generate
 
+    if args.presenter is not None or args.face is None:  # a saved presenter's clip, face and track (heygem.presenters)
+        from heygem.presenters.cli import presenter_face
+
+        args.face = presenter_face(args, option_overrides(args))
     config = check_options(option_overrides(args), load_config(args.config))[1]  # as every job request is checked
     bars: dict[str, tqdm] = {}
     stage_spans = {}

@@ -13,6 +13,8 @@
     DELETE /api/jobs/{id}          -> cancels a queued or running job; deletes a finished (done, failed,
                                    cancelled) one with its files -> {"id", "status": "deleted"}
     POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again
+    /api/presenters...             saved presenters, and presenter=ID instead of face in POST /api/jobs
+                                   (heygem.presenters.api)
 
 Every error is JSON ``{"error": message}``. With ``auth`` set, every route
 needs HTTP basic auth with the same user and password as the web UI. With
@@ -50,6 +52,9 @@ from heygem.jobs.request import check_upload_name, flatten_options, parse_option
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
 from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
+from heygem.presenters.api import add_presenter_routes
+from heygem.presenters.api import job_face as presenter_job_face
+from heygem.presenters.records import PresenterStore
 from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
@@ -121,10 +126,12 @@ def server_folders(store: JobStore, job) -> dict[Path, str]:
 
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users: Users | None = None,
-                  max_upload_bytes: int | None = None, sign_ins: FailedSignIns | None = None) -> APIRouter:
+                  max_upload_bytes: int | None = None, sign_ins: FailedSignIns | None = None,
+                  presenters: PresenterStore | None = None) -> APIRouter:
     """The /api routes over ``store``; include them in the app that also serves the UI. ``users``: who
     may call them, each seeing their own jobs (``auth``, one shared name and password, is then unused).
-    ``sign_ins``: the failed sign-ins counted (shared with the page's login)."""
+    ``sign_ins``: the failed sign-ins counted (shared with the page's login). ``presenters``: the saved
+    presenters (heygem.presenters), by default those of the store's folder."""
     sign_ins = sign_ins if sign_ins is not None else FailedSignIns()
 
     def signed_in(request: Request):
@@ -168,6 +175,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             return guarded
 
     router = APIRouter(prefix="/api", route_class=GuardedRoute)
+    presenters = presenters or PresenterStore(store.outputs_dir, max_upload_bytes=max_upload_bytes)
 
     def find_job(job_id: str, request: Request):
         """The job, when it exists and the request's user may see it; else 404 (the same answer for both,
@@ -196,7 +204,10 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             raise ApiError(400, f"the upload could not be read: {error}") from None
         try:
             face, audio = form.get("face"), form.get("audio")
-            if not isinstance(face, UploadFile):
+            presenter = form.get("presenter")  # a saved presenter's id instead of a face file (heygem.presenters)
+            if presenter is not None and not isinstance(presenter, str):
+                raise ApiError(400, "presenter is a plain form field: the presenter's id")
+            if not isinstance(face, UploadFile) and not presenter:
                 raise ApiError(400, "the face file is missing: send it as the multipart field 'face'")
             if audio is not None and not isinstance(audio, UploadFile):
                 if str(audio).strip():
@@ -225,17 +236,23 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             except ValueError:
                 raise ApiError(400, f"speed must be a number such as 1.0, not {speed!r}") from None
             try:
-                check_upload_name(face.filename or "", "face")
+                if not presenter:
+                    check_upload_name(face.filename or "", "face")
                 if audio is not None:
                     check_upload_name(audio.filename or "", "audio")
             except HeygemError as error:
                 raise ApiError(400, str(error)) from None
-            face_upload = Upload(face.filename, face.file)
+            face_upload = Upload(face.filename, face.file) if isinstance(face, UploadFile) else None
             audio_upload = Upload(audio.filename, audio.file) if audio is not None else None
+
+            def create_job() -> str:
+                job_face, job_options = presenter_job_face(presenters, presenter, user, face_upload, options,
+                                                           lambda given: store.resolve_options(given, remote=True))
+                return store.create_job(job_face, audio_upload, job_options, text=text, voice=voice, speed=speed,
+                                        remote=True, submitter=user and user.name)
+
             try:
-                job_id = await run_in_threadpool(
-                    lambda: store.create_job(face_upload, audio_upload, options, text=text, voice=voice, speed=speed,
-                                             remote=True, submitter=user and user.name))
+                job_id = await run_in_threadpool(create_job)
             except UploadTooLarge as error:
                 raise ApiError(413, str(error)) from None
             except QueueFull as error:
@@ -296,4 +313,5 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             raise ApiError(409, str(error)) from None
 
     add_stream_routes(router, find_job)  # GET /jobs/{id}/stream.m3u8 and its segments, as the job is encoded
+    add_presenter_routes(router, presenters, store.base_config)  # /presenters (heygem.presenters.api)
     return router

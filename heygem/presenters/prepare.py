@@ -1,0 +1,255 @@
+"""A presenter's one-time preparation, and what a job made with it gets.
+
+Preparing a video presenter tracks the face of every frame of its clip once, with the pipeline's
+own face stage (step 5), which stores the complete track in the avatar cache; the raw arrays are also
+kept in the presenter's ``track/`` folder (``found.npy``, ``raw_boxes.npy``, ``landmarks.npy`` and
+``track.json`` with the frame size they were tracked at), so the presenter outlives a cleared cache.
+Then a thumbnail (a frame with the face box and the mouth region drawn) and a speech sample (the
+cleanest 5-30 s of the clip's voiced sound, WAV) are made, and the track's warnings recorded.
+
+:func:`use_for_job` is what a job's face resolves to: the clip's path and face index, with the track
+put in the avatar cache under the key that job will compute (its own frame size and face options;
+the kept track is scaled to its size), so the job's summary says ``avatar_cache: hit``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from heygem.config import Config, apply_overrides, load_config
+from heygem.errors import HeygemError
+from heygem.face import avatar_cache
+from heygem.face.track import FaceTrack
+from heygem.jobs.request import flatten_options
+from heygem.media.decode import iter_video_i420, load_image
+from heygem.media.ffmpeg import ffmpeg_binary
+from heygem.media.frames import yuv420_to_bgr
+from heygem.media.probing import probe, working_geometry
+from heygem.media.source import SourceFrames, frames_per_batch
+from heygem.presenters.checks import track_warnings
+from heygem.presenters.records import READY, SAMPLE_NAME, Presenter, PresenterStore
+from heygem.speech.audio import SAMPLE_RATE, load_audio_16k
+from heygem.types import FrameBatch, FrameGeometry, MediaInfo
+
+logger = logging.getLogger("heygem")
+
+TRACK_ARRAYS = ("found", "raw_boxes", "landmarks")
+MOUTH_RING = (61, 146, 91, 181, 84, 17, 314, 405, 321, 375, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185)  # outer lips
+THUMBNAIL_HEIGHT = 360
+SAMPLE_SECONDS = (5.0, 30.0)  # the speech sample's shortest and longest length
+VOICE_WINDOW_SECONDS = 0.03  # loudness is measured in windows of this length
+QUIET_RMS = 0.01  # a window quieter than this (of full scale) is not speech
+PROGRESS_STEP = 0.01  # the preparation's progress is written when it has grown this much
+
+
+def presenter_config(face_index: int | None, config: Config | None = None) -> Config:
+    """The config a presenter is prepared with: ``config`` (the defaults) with its face index."""
+    return apply_overrides(config or load_config(), {"face.face_index": face_index})
+
+
+def prepare(store: PresenterStore, presenter: Presenter, config: Config | None = None,
+            progress: Callable[[float], None] | None = None) -> Presenter:
+    """Prepare ``presenter`` (track, thumbnail, speech sample, warnings) and mark it ready.
+    HeygemError when the clip cannot serve (no face in any frame); the caller decides what that means."""
+    config = presenter_config(presenter.face_index, config)
+    info = probe(presenter.clip_path, role="face")
+    geometry = working_geometry(info, config.media.output_height)
+    if info.kind == "video":
+        track, thumbnail_bgr = track_clip(info, geometry, config, presenter.track_dir, progress)
+    else:
+        track, thumbnail_bgr = find_in_photo(info, geometry, config)
+    warnings = presenter.warnings + track_warnings(np.asarray(track.found), np.asarray(track.raw_boxes), info,
+                                                   geometry)
+    write_thumbnail(thumbnail_bgr, track, presenter.thumbnail_path)
+    speech_seconds = cut_speech_sample(info, presenter.directory / SAMPLE_NAME) if info.has_audio else None
+    store.mark_ready(presenter.id, warnings, speech_seconds)
+    logger.info("presenter %s (%s) is ready: %d frames, %d warning(s)", presenter.id, presenter.name,
+                track.frame_count, len(warnings))
+    return store.get(presenter.id)
+
+
+def track_clip(info: MediaInfo, geometry: FrameGeometry, config: Config, track_dir: Path,
+               progress: Callable[[float], None] | None = None) -> tuple[FaceTrack, tuple[int, np.ndarray]]:
+    """Track every frame of the clip with the face stage (which stores the whole track in the avatar
+    cache), keep the raw arrays in ``track_dir``; returns the track and (frame index, BGR frame) of the
+    frame the thumbnail shows."""
+    from heygem.face.stage import FaceStage
+    from heygem.weights import require_s3fd_checkpoint
+
+    config = apply_overrides(config, {"run.avatar_cache": True})
+    work_dir = Path(tempfile.mkdtemp(prefix="heygem-presenter-"))
+    try:
+        source = SourceFrames(info, geometry, info.frame_count + 64, None, work_dir, info.duration)
+        checkpoint = require_s3fd_checkpoint() if config.face.detector == "s3fd" else None
+        stage = FaceStage(source, config, geometry, info.fps_fraction, work_dir, checkpoint)
+        wanted = {info.frame_count // 2, info.frame_count // 4, 3 * info.frame_count // 4, 0}
+        candidates: dict[int, np.ndarray] = {}
+
+        def batches() -> Iterator[FrameBatch]:
+            decoded, reported = 0, 0.0
+            for frames in iter_video_i420(info, geometry, frames_per_batch(geometry, config.media.batch_frames)):
+                indices = np.arange(decoded, decoded + len(frames))
+                for index in wanted.intersection(indices.tolist()):
+                    candidates[index] = frames[index - decoded].copy()
+                yield FrameBatch(indices, indices, frames)
+                decoded += len(frames)
+                fraction = min(decoded / max(info.frame_count, 1), 1.0) * 0.95
+                if progress is not None and fraction - reported >= PROGRESS_STEP:
+                    progress(fraction)
+                    reported = fraction
+            if decoded == 0:
+                raise HeygemError(f"{info.path.name}: no video frames could be decoded")
+            source.frame_count = decoded  # the face stage stores the track as the whole video's
+
+        for _ in stage.run(batches()):
+            pass
+        builder = stage.builder
+        track = FaceTrack(found=np.array(builder.track.found[: builder.tracked]),
+                          raw_boxes=np.array(builder.track.raw_boxes[: builder.tracked]),
+                          landmarks=builder.track.landmarks[: builder.tracked])
+        keep_track(track, geometry, info, track_dir)
+        track.landmarks = np.load(track_dir / "landmarks.npy", mmap_mode="r")  # the work folder goes next
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    shown = next((index for index in sorted(candidates, key=lambda i: abs(i - info.frame_count // 2))
+                  if index < track.frame_count and track.found[index]), min(candidates))
+    return track, (shown, yuv420_to_bgr(candidates[shown], geometry.width, geometry.height))
+
+
+def find_in_photo(info: MediaInfo, geometry: FrameGeometry, config: Config) -> tuple[FaceTrack, tuple]:
+    """The photo's face as a one-frame track (a photo is never tracked by a job: nothing is cached)."""
+    from heygem.face.finder import FaceFinder
+    from heygem.face.track import new_track, record
+
+    image_bgr = load_image(info, geometry)
+    with FaceFinder(config.face, still_images=True) as finder:
+        landmarks = finder.find(image_bgr)
+    if landmarks is None:
+        raise HeygemError(f"no face was found in {info.path.name}")
+    track = new_track(1)
+    record(track, 0, landmarks)
+    return track, (0, image_bgr)
+
+
+def keep_track(track: FaceTrack, geometry: FrameGeometry, info: MediaInfo, track_dir: Path) -> None:
+    """Write the raw track's arrays and the size they were tracked at into ``track_dir``."""
+    track_dir.mkdir(parents=True, exist_ok=True)
+    for name in TRACK_ARRAYS:
+        np.save(track_dir / f"{name}.npy", np.ascontiguousarray(getattr(track, name)), allow_pickle=False)
+    (track_dir / "track.json").write_text(json.dumps(
+        {"frames": track.frame_count, "width": geometry.width, "height": geometry.height,
+         "fps": info.fps_fraction}, indent=2) + "\n", encoding="utf-8")
+
+
+def kept_track(track_dir: Path, geometry: FrameGeometry) -> FaceTrack | None:
+    """The kept raw track scaled to ``geometry``, or None when there is none (a photo) or it is unreadable."""
+    try:
+        meta = json.loads((track_dir / "track.json").read_text(encoding="utf-8"))
+        arrays = {name: np.load(track_dir / f"{name}.npy", allow_pickle=False) for name in TRACK_ARRAYS}
+    except (OSError, ValueError):
+        return None
+    scale = np.array([geometry.width / meta["width"], geometry.height / meta["height"]], np.float32)
+    landmarks = arrays["landmarks"].astype(np.float32) * scale  # (F, 468, 2)
+    raw_boxes = arrays["raw_boxes"].astype(np.float32) * np.tile(scale, 2)  # (F, 4)
+    return FaceTrack(found=arrays["found"].astype(bool), raw_boxes=raw_boxes, landmarks=landmarks)
+
+
+def use_for_job(presenter: Presenter, config: Config) -> Path:
+    """The face path a job made with ``presenter`` takes (its options must carry the presenter's
+    face_index: see :func:`job_options`), after putting the presenter's whole track in the avatar
+    cache under the key that job computes from ``config``. HeygemError while it is not ready."""
+    if presenter.status != READY:
+        detail = f": {presenter.error}" if presenter.error else ""
+        raise HeygemError(f"presenter {presenter.name!r} is {presenter.status}{detail}; a job can use it once "
+                          "it is ready")
+    if presenter.kind == "video" and config.run.avatar_cache:
+        info = probe(presenter.clip_path, role="face")
+        geometry = working_geometry(info, config.media.output_height)
+        key = avatar_cache.avatar_key(presenter.clip_path, config.face, geometry, info.fps_fraction)
+        if avatar_cache.load_track(key, info.frame_count) is None:
+            track = kept_track(presenter.track_dir, geometry)
+            if track is not None:
+                avatar_cache.store_track(key, track, whole_video=True)
+    return presenter.clip_path
+
+
+def job_options(presenter: Presenter, options: dict | None) -> dict:
+    """A job's options (flat dotted keys, or nested by section) with the presenter's face chosen, flat."""
+    return {**flatten_options(options), "face.face_index": presenter.face_index}
+
+
+def write_thumbnail(shown: tuple[int, np.ndarray], track: FaceTrack, path: Path) -> None:
+    """A JPEG of the shown frame with the face box (green) and the mouth region (red) drawn."""
+    import cv2
+
+    index, frame_bgr = shown
+    image = frame_bgr.copy()
+    if index < track.frame_count and track.found[index]:
+        x1, y1, x2, y2 = (int(round(float(value))) for value in track.raw_boxes[index])
+        thickness = max(2, image.shape[0] // 240)
+        cv2.rectangle(image, (x1, y1), (x2, y2), (0, 200, 0), thickness)
+        mouth = np.asarray(track.landmarks[index], np.float32)[list(MOUTH_RING)]  # (20, 2) pixels
+        if np.isfinite(mouth).all():
+            cv2.polylines(image, [np.round(mouth).astype(np.int32)], True, (0, 0, 230), thickness)
+            mx1, my1 = mouth.min(axis=0)
+            mx2, my2 = mouth.max(axis=0)
+            cv2.rectangle(image, (int(mx1), int(my1)), (int(mx2), int(my2)), (0, 0, 230), 1)
+    if image.shape[0] > THUMBNAIL_HEIGHT:
+        width = round(image.shape[1] * THUMBNAIL_HEIGHT / image.shape[0])
+        image = cv2.resize(image, (width, THUMBNAIL_HEIGHT), interpolation=cv2.INTER_AREA)
+    if not cv2.imwrite(str(path), image, [cv2.IMWRITE_JPEG_QUALITY, 88]):
+        raise OSError(f"could not write {path}")
+
+
+def cleanest_speech(samples_16k: np.ndarray) -> tuple[float, float] | None:
+    """(start, length) in seconds of the stretch of 5-30 s whose windows are most often voiced, trimmed to
+    voiced windows at its ends; None when the sound holds fewer than 5 s of voiced windows in 30 s."""
+    window = int(VOICE_WINDOW_SECONDS * SAMPLE_RATE)
+    count = len(samples_16k) // window
+    if count == 0:
+        return None
+    rms = np.sqrt(np.mean(samples_16k[: count * window].reshape(count, window) ** 2, axis=1))  # (count,)
+    floor = np.percentile(rms, 10)
+    voiced = (rms > QUIET_RMS) & (rms > 3 * floor)
+    shortest, longest = (int(seconds / VOICE_WINDOW_SECONDS) for seconds in SAMPLE_SECONDS)
+    span = min(longest, count)
+    sums = np.concatenate([[0], np.cumsum(voiced)])
+    voiced_in = sums[span:] - sums[:-span]  # voiced windows in each span starting at 0 .. count - span
+    start = int(np.argmax(voiced_in))
+    if voiced_in[start] < shortest:
+        return None
+    inside = np.flatnonzero(voiced[start: start + span])
+    first, last = start + int(inside[0]), start + int(inside[-1]) + 1
+    if last - first < shortest:  # trimmed under the shortest: keep the shortest around it
+        first = max(0, min(first, count - shortest))
+        last = first + shortest
+    return first * VOICE_WINDOW_SECONDS, (last - first) * VOICE_WINDOW_SECONDS
+
+
+def cut_speech_sample(info: MediaInfo, path: Path) -> float | None:
+    """Write the clip's cleanest speech to ``path`` (WAV, its own sample rate, mono); its length in
+    seconds, or None when the clip has too little speech (nothing is written)."""
+    try:
+        stretch = cleanest_speech(load_audio_16k(info.path))
+    except HeygemError as error:
+        logger.info("presenter: no speech sample from %s (%s)", info.path.name, error)
+        return None
+    if stretch is None:
+        return None
+    start, seconds = stretch
+    result = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-ss", f"{start:.3f}", "-t",
+                             f"{seconds:.3f}", "-i", str(info.path), "-vn", "-ac", "1", "-c:a", "pcm_s16le", str(path)],
+                            capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        logger.warning("presenter: could not cut the speech sample (%s)", result.stderr.strip()[-300:])
+        path.unlink(missing_ok=True)
+        return None
+    return round(seconds, 3)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-PHASES = ("import", "import libraries", "read unet", "read vae", "read whisper", "feature extractor", "to device", "engine ready",
-          "first batch", "process")
+PHASES = ("import", "import libraries", "read unet", "read vae", "read whisper", "feature extractor", "to device",
+          "engine ready", "first batch", "process")
 
 
 def one_run(weights: Path, device: str, batch: int) -> dict:

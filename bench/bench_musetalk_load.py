@@ -69,6 +69,16 @@ def one_run(weights: Path, device: str, batch: int) -> dict:
     faces.float().mean().item()
     times["first batch"] = time.perf_counter() - begun
     times["process"] = time.perf_counter() - started
+    probe = weights / "half-copy-probe.safetensors"
+    if probe.is_file():  # what reading a half-precision copy of the UNet straight to the device would take
+        from safetensors.torch import load_file
+
+        begun = time.perf_counter()
+        tensors = load_file(probe, device=device)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times["probe: fp16 unet copy to device"] = time.perf_counter() - begun
+        del tensors
     return times
 
 
@@ -81,6 +91,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--half-copy-probe", action="store_true",
+                        help="also time reading a float16 safetensors copy of the UNet to the device")
     parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_run:
@@ -93,6 +105,15 @@ def main() -> None:
         begun = time.perf_counter()
         write_random_files(args.weights / "musetalk", size=args.size)
         print(f"wrote random-init {args.size} files in {time.perf_counter() - begun:.1f} s", flush=True)
+    if args.half_copy_probe:
+        import torch
+        from safetensors.torch import save_file
+
+        unet_path = args.weights / "musetalk" / "musetalkV15" / "unet.pth"
+        state = torch.load(unet_path, map_location="cpu", weights_only=True)
+        save_file({key: value.half().contiguous() for key, value in state.items()},
+                  args.weights / "half-copy-probe.safetensors")
+        del state
     runs = []
     for number in range(args.runs):
         begun = time.perf_counter()
@@ -108,7 +129,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
     print("\n| phase | median s | min | max |\n| --- | --- | --- | --- |")
-    for name in (*PHASES, "wall"):
+    for name in (*PHASES, "wall", "probe: fp16 unet copy to device"):
         values = [run[name] for run in runs if name in run]
         if values:
             print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |")

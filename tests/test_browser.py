@@ -244,7 +244,8 @@ def assert_headers_whole(page, selector: str, names: list[str]) -> None:
 
 
 def test_table_headers_stay_whole_and_dropdowns_show_their_text(page):
-    from heygem.ui.common import BATCH_COLUMNS, JOB_COLUMNS
+    from heygem.ui.common import BATCH_COLUMNS
+    from heygem.ui.jobs import JOB_COLUMNS
 
     page.locator("#options-accordion").click()
     for dropdown in ("#engine", "#restorer", "#output-height", "#detector"):

@@ -190,3 +190,18 @@ def test_the_jobs_table_shows_a_text_jobs_words_a_small_face_and_clipped_errors(
     thumbnail.write_bytes(base64.b64decode(url.split(",", 1)[1]))
     assert probe(thumbnail).height == 48
     assert thumbnail_jpeg(tmp_path / "missing.mp4") is None
+
+
+def test_a_batch_zip_handed_to_the_page_outlives_the_sweep_of_deleted_jobs(tmp_path, monkeypatch):
+    from heygem.jobs.store import JobStore
+    from heygem.ui.access import PageAccess
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    store = JobStore(tmp_path / "outputs")
+    access = PageAccess(store)
+    archive = tmp_path / "outputs" / "batch-1.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))
+    served = Path(access.deliver_file(archive, archive.name))
+    access.forget_deleted(every_seconds=0)  # copies of jobs deleted elsewhere go; a batch's zip is no job's copy
+    assert served.is_file()
+    store.close()

@@ -23,6 +23,7 @@ from heygem.media.thumbnail import thumbnail_jpeg
 from heygem.ui.access import PageAccess
 from heygem.ui.common import STATUS_LABELS, format_time, job_card
 from heygem.ui.live import follow_stream, live_player
+from heygem.ui.tables import narrow_columns_css
 from heygem.ui.timeline import timeline_html
 
 NO_JOB = "<div class='empty-card'>Pick a job in the table.</div>"
@@ -35,24 +36,14 @@ ERROR_SHOWN = 90  # characters of an error in the table (the whole of it on hove
 NEW_THUMBNAILS = 24  # thumbnails made per refresh at most (the rest on the next ones): a refresh stays quick
 
 
-def narrow_css() -> str:
-    """CSS for screens under 600 px: only NARROW_SHOWN's columns, their headers and cells equally wide."""
-    rules = ["#jobs-table .face-cell span {display: none;}", "#jobs-table [aria-colindex] {display: none !important;}",
-             "#jobs-table th {font-size: 0.85em; padding-left: 4px !important; padding-right: 2px !important;}"]
-    for column, share in NARROW_SHOWN.items():
-        width = f"calc((100vw - 66px) * {share})"  # the page's margins taken out
-        rules.append(f'#jobs-table [aria-colindex="{column}"] {{display: revert !important; width: {width} !important; '
-                     f'min-width: {width} !important; max-width: {width} !important; flex: 0 0 {width} !important;}}')
-        rules.append(f'#jobs-table [role=gridcell][aria-colindex="{column}"] {{display: flex !important;}}')
-    return "@media (max-width: 600px) {\n  " + "\n  ".join(rules) + "\n}\n"
-
 
 JOBS_CSS = """
 #jobs-table .face-cell {display: flex; align-items: center; gap: 6px; min-width: 0;}
 #jobs-table .face-thumb {width: 32px; height: 24px; object-fit: cover; border-radius: 3px; flex: none;}
 #jobs-table .face-cell span {overflow: hidden; text-overflow: ellipsis; white-space: nowrap;}
 #jobs-table .clipped {display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; overflow: hidden;}
-""" + narrow_css()
+@media (max-width: 600px) {#jobs-table .face-cell span {display: none;}}
+""" + narrow_columns_css("jobs-table", NARROW_SHOWN)
 
 
 class JobPictures:

@@ -144,7 +144,7 @@ def test_the_stages_are_drawn_on_one_time_line_in_plain_words_not_added_up():
                "stage_spans": {"encode": [1.5, 6.0], "faces": [0.4, 5.2], "probe": [0.0, 0.1], "generate": [1.0, 5.9],
                                "load_engine": [0.2, 0.5]}}
     bars = stage_bars(summary)
-    assert [bar.name for bar in bars] == ["reading the inputs", "loading the lip-sync model", "finding faces",
+    assert [bar.name for bar in bars] == ["reading the inputs", "loading the model", "finding faces",
                                           "drawing mouths", "encoding"]  # in the order they started
     assert [(bar.start, bar.end) for bar in bars][2] == (0.4, 5.2)
     drawn = timeline_html(summary)

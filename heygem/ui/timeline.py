@@ -13,9 +13,9 @@ from dataclasses import dataclass
 PLAIN_NAMES = {
     "probe": "reading the inputs",
     "audio": "preparing the sound",
-    "load_engine": "loading the lip-sync model",
-    "load_restorer": "loading the face restorer",
-    "decode": "decoding the face video",
+    "load_engine": "loading the model",
+    "load_restorer": "loading the restorer",
+    "decode": "decoding the video",
     "faces": "finding faces",
     "plan": "placing mouths",
     "generate": "drawing mouths",
@@ -98,5 +98,7 @@ TIMELINE_CSS = """
 .stage-timeline .stage-axis .stage-track {background: none; display: flex; justify-content: space-between;
                                           height: auto; color: var(--body-text-color-subdued); font-size: 0.85em;}
 .stage-timeline .stage-note {color: var(--body-text-color-subdued); font-size: 0.85em; margin-top: 4px;}
-@media (max-width: 600px) {.stage-timeline .stage-name {flex-basis: 8em;}}
+@media (max-width: 600px) {.stage-timeline .stage-row {flex-wrap: wrap; row-gap: 0;}
+  .stage-timeline .stage-name {flex-basis: 100%; text-align: left;}
+  .stage-timeline .stage-axis .stage-name {display: none;}}
 """

@@ -34,9 +34,6 @@ CARD_SECONDS = 1.0  # how often the selected job's card is looked at while it ma
 TEXT_SHOWN = 48  # characters of a text job's words in the table
 ERROR_SHOWN = 90  # characters of an error in the table (the whole of it on hover and in the card)
 NEW_THUMBNAILS = 12  # made per refresh at most (40 ms a photo, 95 ms a 720p video): the rest on the next ones
-
-
-
 JOBS_CSS = """
 #jobs-table .face-cell {display: flex; align-items: center; gap: 6px; min-width: 0;}
 #jobs-table .face-thumb {width: 32px; height: 24px; object-fit: cover; border-radius: 3px; flex: none;}
@@ -247,13 +244,13 @@ def jobs_tab(store: JobStore, access: PageAccess) -> None:
         with gr.Row(equal_height=False):
             with gr.Column():
                 selected_card = gr.HTML(NO_JOB, elem_id="selected-card")
-                selected_chart = gr.HTML(visible=False, elem_id="stage-timeline")
+                selected_stages = gr.HTML(visible=False, elem_id="stage-timeline")
                 selected_log = gr.Textbox(label="job.log", lines=8, max_lines=16, interactive=False)
             with gr.Column():
                 selected_live = live_player("jobs-live-stream")  # a running job's stream
                 selected_video = gr.Video(label="Result", interactive=False, elem_id="selected-video")
                 selected_download = gr.DownloadButton("Download MP4", visible=False, elem_id="selected-download")
-        detail = [selected_card, selected_video, selected_chart, selected_log, selected_download]
+        detail = [selected_card, selected_video, selected_stages, selected_log, selected_download]
         for trigger in (tab.select, refresh.click, status_filter.change):
             trigger(jobs_table, status_filter, [jobs, jobs_summary], show_progress="hidden",
                     api_visibility="private")

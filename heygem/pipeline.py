@@ -107,7 +107,7 @@ def generate(
     allocator.tune()  # on machines of many cores: freed frames go back to the kernel, not to an arena
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
     face_path, audio_path, output_path = Path(face_path), Path(audio_path), Path(output_path)
-    clock = StageClock()
+    clock = StageClock(origin=started)
     report = _Reporter(progress, should_stop)
     owner = threading.get_ident()  # what a job keeps for the next is kept for this thread's next job
 
@@ -214,6 +214,7 @@ def generate(
         frames_without_face=written["without_face"], audio_seconds=audio_seconds, video_seconds=frame_count / fps,
         seconds_per_stage={stage: round(value, 3) for stage, value in clock.seconds.items()},
         cpu_seconds_per_stage={stage: round(value, 3) for stage, value in clock.cpu_seconds.items()},
+        stage_spans={stage: [round(max(0.0, start), 3), round(end, 3)] for stage, (start, end) in clock.spans.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
         avatar_cache=face_stage.cache_outcome, detector=config.face.detector, stream_processes=stream_processes,
         warnings=warnings + face_stage.warnings,
@@ -252,10 +253,11 @@ def _once_loaded(engine_future: Future, function, *args) -> Future:
 
 
 def _timed_call(function, *args):
+    """(``function(*args)``, the seconds it took, when it started as perf_counter())."""
     started = time.perf_counter()
     result = function(*args)
     timeline.mark(f"{getattr(function, '__qualname__', 'background work')} done")
-    return result, time.perf_counter() - started
+    return result, time.perf_counter() - started, started
 
 
 @contextmanager

@@ -86,6 +86,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     spoken: list[np.ndarray] = []  # every sentence's samples so far, in order
     cues = []
     summaries: list[GenerationSummary] = []
+    part_offsets: list[float] = []  # when each part's render started, seconds since this call
     done_frames = 0  # frames rendered by the parts so far
     cut_sample = 0  # where the next part's samples start in the whole speech
     stream_index = 0
@@ -114,6 +115,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
             # the whole's length foreseen from the characters spoken so far (exact once the last is spoken)
             said = sum(len(cue.text) for cue in cues)
             foreseen = end_frame if ended else max(end_frame, round(end_frame * len(text.strip()) / max(said, 1)))
+            part_offsets.append(time.perf_counter() - started)
             summary = generate(face_path, part_audio, part_path, config, part=place, should_stop=should_stop,
                                progress=_part_progress(progress, done_frames, end_frame, foreseen, len(summaries),
                                                        ended, shown))
@@ -135,7 +137,8 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
         raise
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    summary = _joined_summary(summaries, output_path, speech_path, done_frames, fps, time.perf_counter() - started)
+    summary = _joined_summary(summaries, output_path, speech_path, done_frames, fps, time.perf_counter() - started,
+                              part_offsets)
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")
     logger.info("spoken in %d part%s", len(summaries), "" if len(summaries) == 1 else "s")
@@ -225,11 +228,16 @@ def _join(parts: list[Path], speech_path: Path, output_path: Path, config: Confi
 
 
 def _joined_summary(summaries: list[GenerationSummary], output_path: Path, speech_path: Path, frames: int,
-                    fps: float, seconds: float) -> GenerationSummary:
-    """The parts' summaries as one: the whole's frames, speech and time, the stages' seconds added up."""
+                    fps: float, seconds: float, part_offsets: list[float]) -> GenerationSummary:
+    """The parts' summaries as one: the whole's frames, speech and time, the stages' seconds added up and
+    their spans on the whole's time line (each part's moved by when the part started, ``part_offsets``)."""
     stages: dict[str, float] = {}
     cpu: dict[str, float] = {}
-    for part in summaries:
+    spans: dict[str, list[float]] = {}
+    for part, offset in zip(summaries, part_offsets):
+        for stage, (start, end) in part.stage_spans.items():
+            first, last = spans.get(stage, (start + offset, end + offset))
+            spans[stage] = [round(min(first, start + offset), 3), round(max(last, end + offset), 3)]
         for stage, value in part.seconds_per_stage.items():
             stages[stage] = round(stages.get(stage, 0.0) + value, 3)
         for stage, value in part.cpu_seconds_per_stage.items():
@@ -238,7 +246,8 @@ def _joined_summary(summaries: list[GenerationSummary], output_path: Path, speec
     return replace(last, output_path=output_path, audio_path=speech_path, frames=frames,
                    frames_without_face=sum(part.frames_without_face for part in summaries),
                    audio_seconds=sum(part.audio_seconds for part in summaries), video_seconds=frames / fps,
-                   seconds_per_stage=stages, cpu_seconds_per_stage=cpu, total_seconds=round(seconds, 3),
+                   seconds_per_stage=stages, cpu_seconds_per_stage=cpu, stage_spans=spans,
+                   total_seconds=round(seconds, 3),
                    parts=len(summaries), stream_processes=sum(part.stream_processes for part in summaries),
                    avatar_cache=summaries[0].avatar_cache,
                    warnings=list(dict.fromkeys(warning for part in summaries for warning in part.warnings)))

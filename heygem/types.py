@@ -142,6 +142,8 @@ class GenerationSummary:
     video_seconds: float
     seconds_per_stage: dict[str, float] = field(default_factory=dict)
     cpu_seconds_per_stage: dict[str, float] = field(default_factory=dict)  # the stage thread's CPU time
+    # stage -> [when it was first busy, when it was last busy], seconds since the run started: stages overlap
+    stage_spans: dict[str, list[float]] = field(default_factory=dict)
     total_seconds: float = 0.0
     options: dict = field(default_factory=dict)
     avatar_cache: str = "off"  # "hit": face tracking reused from an earlier run, "miss": tracked and stored

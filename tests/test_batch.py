@@ -268,3 +268,65 @@ def test_batch_mode_does_not_import_the_command_line_module():
             "assert option_overrides(args) == {'media.fps': 12}, args\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_batch_zip_holds_what_the_command_line_writes(tmp_path):
+    """Each finished item's .mp4 and .json, a text item's .srt, and summary.csv with every item, the ones that
+    failed or never became a job included."""
+    import zipfile
+
+    from heygem.jobs.batch import BatchResult, submit_items, zip_results
+    from heygem.jobs.files import RESULT_SUBTITLES_NAME
+    from heygem.jobs.store import JobStore
+
+    shutil.copyfile(ASSETS / "astronaut.jpg", tmp_path / "anna.jpg")
+    shutil.copyfile(ASSETS / "speech_en.wav", tmp_path / "anna.wav")
+    items = [BatchItem("anna", tmp_path / "anna.jpg", tmp_path / "anna.wav"),
+             BatchItem("told", tmp_path / "anna.jpg", None, text="Hello there."),
+             BatchItem("broken", tmp_path / "anna.jpg", tmp_path / "anna.wav"),
+             BatchItem("lonely", None, tmp_path / "anna.wav", problem="anna.wav has no face named lonely.*")]
+    store = JobStore(tmp_path / "jobs")
+    outcome = submit_items(store, items, {"media.output_height": 160}, "batch-1")
+    assert zip_results(store, "batch-1") is None  # nothing done yet
+    for _ in range(3):
+        job = store.claim_next("test:1", batch="batch-1")
+        if job.label == "broken":
+            store.finish(job.id, "test:1", "failed", error="the face was lost")
+            continue
+        job.result_path.write_bytes(b"video of " + job.label.encode())
+        job.summary_path.write_text('{"seconds_per_stage": {}}', encoding="utf-8")
+        if job.label == "told":
+            (job.directory / RESULT_SUBTITLES_NAME).write_text("1\n00:00:00,000 --> 00:00:01,000\nHello there.\n",
+                                                               encoding="utf-8")
+        store.finish(job.id, "test:1", "done", engine="landmark")
+    archive_path = zip_results(store, "batch-1", [BatchResult(items[3], "failed", error=str(outcome["lonely"]))])
+    with zipfile.ZipFile(archive_path) as archive:
+        assert sorted(archive.namelist()) == ["anna.json", "anna.mp4", "summary.csv", "told.json", "told.mp4",
+                                              "told.srt"]
+        assert archive.read("told.mp4") == b"video of told" and b"Hello there." in archive.read("told.srt")
+        rows = {row["name"]: row for row in csv.DictReader(archive.read("summary.csv").decode().splitlines())}
+    assert rows["anna"]["status"] == "done" and rows["anna"]["output"] == "anna.mp4"
+    assert rows["anna"]["audio"] == "anna.wav" and rows["anna"]["face"] == "anna.jpg"
+    assert rows["told"]["audio"] == "(text)" and rows["told"]["engine"] == "landmark"
+    assert rows["broken"]["status"] == "failed" and rows["broken"]["error"] == "the face was lost"
+    assert rows["lonely"]["status"] == "failed" and "no face named lonely" in rows["lonely"]["error"]
+    assert not list((tmp_path / "jobs" / "batches").glob(".*"))  # no partial files left behind
+    store.close()
+
+
+def test_the_batch_preview_says_which_items_will_fail_before_start(tmp_path):
+    from heygem.ui.batch import preview_table
+
+    run_ffmpeg("-f", "lavfi", "-i", "color=c=gray:s=64x64:d=1", "-c:v", "libx264", "-pix_fmt", "yuv420p",
+               str(tmp_path / "mute.mp4"))
+    shutil.copyfile(ASSETS / "astronaut.jpg", tmp_path / "anna.jpg")
+    shutil.copyfile(ASSETS / "speech_en.wav", tmp_path / "anna.wav")
+    (tmp_path / "ben.jpg").write_bytes(b"not a picture")
+    shutil.copyfile(ASSETS / "speech_en.wav", tmp_path / "ben.wav")
+    items = plan_items(sorted(tmp_path.iterdir()), "stem")
+    table, summary = preview_table(items)
+    rows = {row["item"]: row for row in table.to_dict("records")}
+    assert rows["anna"]["status"] == "not started" and rows["anna"]["stage / error"] == ""
+    assert rows["mute"]["status"] == "will fail" and "has no sound of its own" in rows["mute"]["stage / error"]
+    assert rows["ben"]["status"] == "will fail" and "ben.jpg" in rows["ben"]["stage / error"]
+    assert "1 of 3 item(s) will run" in summary and "2 will fail" in summary

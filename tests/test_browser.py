@@ -244,7 +244,8 @@ def assert_headers_whole(page, selector: str, names: list[str]) -> None:
 
 
 def test_table_headers_stay_whole_and_dropdowns_show_their_text(page):
-    from heygem.ui.common import BATCH_COLUMNS, JOB_COLUMNS
+    from heygem.ui.common import BATCH_COLUMNS
+    from heygem.ui.jobs import JOB_COLUMNS
 
     page.locator("#options-accordion").click()
     for dropdown in ("#engine", "#restorer", "#output-height", "#detector"):
@@ -286,6 +287,102 @@ def test_the_batch_tab_lists_every_file_and_previews_the_pairing_before_start(pa
     assert [cell.strip() for cell in rows.nth(0).locator("[role=gridcell]").all_inner_texts()[:4]] == \
         ["anna", "anna.jpg", "anna.wav", "not started"]
     assert "2 of 2 item(s) will run" in page.inner_text("body")
+    assert page.problems == []
+
+
+def submit_job(url: str, audio: Path, **data) -> str:
+    """A job of the astronaut photo speaking ``audio`` (or ``data``'s text), queued through REST; its id."""
+    import httpx
+
+    files = {"face": ("astronaut.jpg", (ASSETS / "astronaut.jpg").read_bytes())}
+    if audio is not None:
+        files["audio"] = (audio.name, audio.read_bytes())
+    response = httpx.post(f"{url}/api/jobs", files=files, timeout=60,
+                          data={"options": '{"media.output_height": 160}', **data})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def wait_for_status(url: str, job_id: str, wanted: set[str], seconds: float = 180) -> str:
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while (status := httpx.get(f"{url}/api/jobs/{job_id}", timeout=30).json()["status"]) not in wanted:
+        assert time.monotonic() < deadline, (job_id, status)
+        time.sleep(0.3)
+    return status
+
+
+def test_the_jobs_tab_keeps_the_picked_card_live_draws_stages_on_a_time_line_and_fits_a_phone(page, app_url,
+                                                                                                 tmp_path):
+    long_speech = tmp_path / "long speech.wav"  # long enough to be cancelled while it runs
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-stream_loop", "12", "-i",
+                    str(ASSETS / "speech_en.wav"), str(long_speech)], check=True)
+    spoken = submit_job(app_url, None, text="Good evening. I was typed into a form and spoken by a voice.")
+    assert wait_for_status(app_url, spoken, {"done", "failed"}) == "done"
+    running = submit_job(app_url, long_speech)
+    wait_for_status(app_url, running, {"running"})
+    page.get_by_role("tab", name="Jobs").click()
+    page.locator("#jobs-table [role=gridcell]").get_by_text(running).click()
+    page.wait_for_selector("#selected-card [data-status=running]")
+    page.click("#cancel-job")
+    # the worker stops at its next batch: the card says so without another click
+    page.wait_for_selector("#selected-card [data-status=cancelled]", timeout=120_000)
+    # a text job: the start of its words and a small picture of its face, not speech.wav
+    row = page.locator("#jobs-table .virtual-row", has_text=spoken)
+    assert "Good evening. I was typed" in row.inner_text() and "speech.wav" not in row.inner_text()
+    page.wait_for_function("id => [...document.querySelectorAll('#jobs-table .virtual-row')].some(row => "
+                           "row.innerText.includes(id) && row.querySelector('img.face-thumb[src^=\"data:image\"]'))",
+                           arg=spoken)
+    row.get_by_text(spoken).click()
+    page.wait_for_selector("#selected-card [data-status=done]")
+    timeline = page.locator("#stage-timeline")
+    timeline.get_by_text("finding faces").wait_for()
+    for words in ("drawing mouths", "encoding", "s in all"):
+        assert words in timeline.inner_text()
+    page.set_viewport_size({"width": 375, "height": 900})
+    page.wait_for_function("() => [...document.querySelectorAll('#jobs-table th')]"
+                           ".filter(cell => cell.offsetWidth > 0).length === 4")
+    shown = page.evaluate("() => [...document.querySelectorAll('#jobs-table th')].filter(cell => cell.offsetWidth > 0)"
+                          ".map(cell => cell.innerText.trim())")
+    assert shown == ["face", "speech", "status", "stage / error"]
+    assert page.problems == []
+
+
+def test_the_batch_tab_warns_before_start_shows_an_item_and_zips_what_the_command_line_writes(page, speech_clip,
+                                                                                                tmp_path):
+    import zipfile
+
+    shutil.copyfile(ASSETS / "astronaut.jpg", tmp_path / "anna.jpg")
+    shutil.copyfile(speech_clip, tmp_path / "anna.wav")
+    shutil.copyfile(ASSETS / "astronaut.jpg", tmp_path / "carl.jpg")
+    (tmp_path / "carl.txt").write_text("Hello there.", encoding="utf-8")
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", "color=c=gray:s=64x64:d=1",
+                    "-c:v", "libx264", "-pix_fmt", "yuv420p", str(tmp_path / "mute.mp4")], check=True)
+    page.get_by_role("tab", name="Batch").click()
+    page.locator("#batch-files input[type=file]").set_input_files(
+        [str(tmp_path / name) for name in ("anna.jpg", "anna.wav", "carl.jpg", "carl.txt", "mute.mp4")])
+    page.locator("#batch-table [role=gridcell]").get_by_text("will fail").wait_for()
+    row = page.locator("#batch-table .virtual-row", has_text="mute.mp4")
+    assert "has no sound of its own" in row.inner_text()
+    assert "2 of 3 item(s) will run" in page.inner_text("#batch-summary")
+    page.locator("#batch-options-accordion").click()
+    page.locator("#batch-output-height input").fill("256 px")
+    page.locator("#batch-output-height input").press("Enter")
+    page.click("#batch-start")
+    page.wait_for_selector("#batch-zip", state="visible", timeout=180_000)
+    page.locator("#batch-table [role=gridcell]").get_by_text("anna.wav").click()
+    page.wait_for_selector("#batch-item-card [data-status=done]")
+    page.wait_for_selector("#batch-item-video video[src]")
+    with page.expect_download() as download_info:
+        page.click("#batch-zip")
+    target = tmp_path / download_info.value.suggested_filename
+    download_info.value.save_as(target)
+    with zipfile.ZipFile(target) as archive:
+        assert sorted(archive.namelist()) == ["anna.json", "anna.mp4", "carl.json", "carl.mp4", "carl.srt",
+                                              "summary.csv"]
+        rows = {line.split(",")[0]: line for line in archive.read("summary.csv").decode().splitlines()[1:]}
+    assert set(rows) == {"anna", "carl", "mute"} and "has no sound of its own" in rows["mute"]
     assert page.problems == []
 
 

@@ -186,3 +186,23 @@ def test_ordered_map_keeps_order_on_several_threads_and_raises_in_place():
         for value in ordered_map(fails_at_7, range(20), workers=3):
             results.append(value)
     assert results == list(range(7))
+
+
+def test_the_clock_keeps_when_each_stage_ran_so_overlapping_stages_can_be_drawn_on_a_time_line():
+    def slow(name):
+        def run(items):
+            for item in items:
+                time.sleep(0.02)
+                yield item
+        return Stage(name, run)
+
+    clock = StageClock()
+    run_stages(range(10), [slow("a"), slow("b")], concurrent=True, clock=clock)
+    loaded = time.perf_counter()
+    time.sleep(0.05)
+    clock.add("load", 0.2, started=loaded - 0.2)  # timed in the background, added later
+    (a_start, a_end), (b_start, b_end) = clock.spans["a"], clock.spans["b"]
+    assert 0 <= a_start < b_start < a_end < b_end  # b starts on a's first item, long before a's last
+    assert a_end - a_start >= clock.seconds["a"] - 0.01 and b_end - b_start >= clock.seconds["b"] - 0.01
+    load_start, load_end = clock.spans["load"]
+    assert load_end - load_start == pytest.approx(0.2) and load_end == pytest.approx(loaded - clock.origin)

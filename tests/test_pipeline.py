@@ -47,6 +47,12 @@ def test_photo_and_speech_make_a_valid_mp4(photo_result, short_speech):
     saved = json.loads(output.with_suffix(".json").read_text())
     assert saved["frames"] == expected_frames and saved["frames_without_face"] == 0
     assert {"faces", "generate", "blend", "encode"} <= set(saved["seconds_per_stage"])
+    spans = saved["stage_spans"]  # each stage on the run's time line: busy at most as long as its span
+    assert set(spans) == set(saved["seconds_per_stage"])
+    for stage, (start, end) in spans.items():
+        assert 0 <= start <= end <= saved["total_seconds"] + 0.01, (stage, spans)
+        assert saved["seconds_per_stage"][stage] <= end - start + 0.01, (stage, spans)
+    assert spans["probe"][1] <= spans["decode"][0] and spans["faces"][0] < spans["encode"][1]
     fractions = [fraction for _, fraction in stages]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
 

@@ -136,3 +136,76 @@ def test_the_page_shows_each_user_their_jobs_and_serves_copies_not_the_job_folde
     alone = PageAccess(store)  # no --users: one person, who sees every job
     assert {job.id for job in alone.jobs(SimpleNamespace(username=None))} == {carols}
     store.close()
+
+
+def test_the_stages_are_drawn_on_one_time_line_in_plain_words_not_added_up():
+    import re
+
+    from heygem.ui.timeline import stage_bars, timeline_html
+
+    summary = {"total_seconds": 6.1,  # stages that ran at the same time: 9.4 s of busy time in a 6.1 s job
+               "seconds_per_stage": {"encode": 2.0, "faces": 3.0, "probe": 0.1, "generate": 4.0, "load_engine": 0.3},
+               "stage_spans": {"encode": [1.5, 6.0], "faces": [0.4, 5.2], "probe": [0.0, 0.1], "generate": [1.0, 5.9],
+                               "load_engine": [0.2, 0.5]}}
+    bars = stage_bars(summary)
+    assert [bar.name for bar in bars] == ["reading the inputs", "loading the model", "finding faces",
+                                          "drawing mouths", "encoding"]  # in the order they started
+    assert [(bar.start, bar.end) for bar in bars][2] == (0.4, 5.2)
+    drawn = timeline_html(summary)
+    assert "6.1 s in all" in drawn and "faces" in drawn
+    positions = [(float(left), float(width)) for left, width in
+                 re.findall(r'class="stage-bar" style="left:([\d.]+)%;width:([\d.]+)%"', drawn)]
+    assert len(positions) == 5 and all(left + width <= 100.01 for left, width in positions)
+    assert positions[2] == pytest.approx((100 * 0.4 / 6.1, 100 * 4.8 / 6.1), abs=0.01)  # faces: 0.4 s to 5.2 s
+    older = timeline_html({"total_seconds": 2.0, "seconds_per_stage": {"faces": 1.0}})  # no spans kept yet
+    assert "was not recorded" in older and 'left:0.00%;width:50.00%' in older
+    assert timeline_html({}) == "" and timeline_html(None) == ""
+
+
+def test_the_jobs_table_shows_a_text_jobs_words_a_small_face_and_clipped_errors(tmp_path):
+    import base64
+    import json
+
+    from heygem.jobs.files import SPEECH_NAME, TEXT_NAME
+    from heygem.media.probing import probe
+    from heygem.media.thumbnail import thumbnail_jpeg
+    from heygem.ui.jobs import JobPictures, clipped, speech_cell
+
+    words = "Good evening. I was typed into a web page and spoken by a voice that reads long sentences."
+    (tmp_path / TEXT_NAME).write_text(json.dumps({"text": words}), encoding="utf-8")
+    (tmp_path / "face.jpg").write_bytes((Path(__file__).parents[1] / "assets" / "astronaut.jpg").read_bytes())
+    text_job = SimpleNamespace(id="a", directory=tmp_path, face_name="face.jpg", face_path=tmp_path / "face.jpg",
+                               audio_name=SPEECH_NAME)
+    pictures = JobPictures()
+    cell = speech_cell(text_job, pictures.words(text_job))
+    assert "speech.wav" not in cell and "“Good evening. I was typed" in cell and "…" in cell
+    assert f'title="“{words}"' in cell  # the whole words on hover
+    audio_job = SimpleNamespace(id="b", directory=tmp_path, face_name="face.jpg", face_path=tmp_path / "face.jpg",
+                                audio_name="hello.wav")
+    assert speech_cell(audio_job, pictures.words(audio_job)) == "hello.wav"
+    error = "the face detector found no face in any frame: " * 5
+    shown = clipped(error, 90)
+    assert f'title="{error}"' in shown and len(shown) < len(error) + 140
+    budget = [1]
+    url = pictures.thumbnail(text_job, budget)
+    assert url.startswith("data:image/jpeg;base64,") and budget == [0]
+    assert pictures.thumbnail(audio_job, budget) is None  # none made past the budget: the next refresh makes it
+    thumbnail = tmp_path / "thumbnail.jpg"
+    thumbnail.write_bytes(base64.b64decode(url.split(",", 1)[1]))
+    assert probe(thumbnail).height == 48
+    assert thumbnail_jpeg(tmp_path / "missing.mp4") is None
+
+
+def test_a_batch_zip_handed_to_the_page_outlives_the_sweep_of_deleted_jobs(tmp_path, monkeypatch):
+    from heygem.jobs.store import JobStore
+    from heygem.ui.access import PageAccess
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    store = JobStore(tmp_path / "outputs")
+    access = PageAccess(store)
+    archive = tmp_path / "outputs" / "batch-1.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))
+    served = Path(access.deliver_file(archive, archive.name))
+    access.forget_deleted(every_seconds=0)  # copies of jobs deleted elsewhere go; a batch's zip is no job's copy
+    assert served.is_file()
+    store.close()

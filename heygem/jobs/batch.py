@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heygem.errors import HeygemError
-from heygem.jobs.files import DEFAULT_OUTPUTS, RESULT_SUBTITLES_NAME, sanitize_filename
+from heygem.jobs.files import DEFAULT_OUTPUTS, RESULT_SUBTITLES_NAME, SPEECH_NAME, TEXT_NAME, sanitize_filename
 from heygem.jobs.request import flatten_options, parse_options
 from heygem.jobs.store import DONE, FAILED, JobStore, new_job_id
 from heygem.jobs.worker import start_workers
@@ -391,20 +391,46 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
     return outcome
 
 
-def zip_results(store: JobStore, batch: str) -> Path | None:
-    """A zip of the batch's finished videos, named by item; None when none is done yet."""
-    jobs = [job for job in store.list(batch=batch) if job.status == DONE and job.result_path.is_file()]
-    if not jobs:
+def zip_results(store: JobStore, batch: str, not_queued: list[BatchResult] = ()) -> Path | None:
+    """A zip of the batch as ``python -m heygem batch`` writes its folder: NAME.mp4 and NAME.json of each
+    finished item, NAME.srt of one made from text, and summary.csv with a row for every item (``not_queued``:
+    the items that never became a job, with why); None when no item is done yet."""
+    jobs = sorted(store.list(batch=batch), key=lambda job: job.label or job.id)
+    if not any(job.status == DONE and job.result_path.is_file() for job in jobs):
         return None
     folder = store.outputs_dir / "batches"
     folder.mkdir(exist_ok=True)
     destination = folder / f"{batch}.zip"
     partial = folder / f".{batch}.{uuid.uuid4().hex}.partial"
-    with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as archive:
-        for job in sorted(jobs, key=lambda job: job.label or job.id):
-            archive.write(job.result_path, f"{job.label or job.id}.mp4")
-    os.replace(partial, destination)
+    summary = partial.with_suffix(".csv")
+    results = sorted([*(_job_result(job) for job in jobs), *not_queued], key=lambda result: result.item.name)
+    try:
+        write_summary(results, summary)
+        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as archive:
+            for job in jobs:
+                name = job.label or job.id
+                if job.status != DONE or not job.result_path.is_file():
+                    continue
+                archive.write(job.result_path, f"{name}.mp4")
+                for source, suffix in ((job.summary_path, ".json"), (job.directory / RESULT_SUBTITLES_NAME, ".srt")):
+                    if source.is_file():
+                        archive.write(source, f"{name}{suffix}")
+            archive.write(summary, SUMMARY_NAME)
+        os.replace(partial, destination)
+    finally:
+        summary.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
     return destination
+
+
+def _job_result(job) -> BatchResult:
+    """A batch job as a row of summary.csv."""
+    name = job.label or job.id
+    spoken = job.audio_name == SPEECH_NAME and (job.directory / TEXT_NAME).is_file()  # made from text
+    item = BatchItem(name=name, face_path=job.face_path, audio_path=None if spoken or not job.audio_name
+                     else job.audio_path, text="" if spoken else None)
+    return BatchResult(item, job.status, job_id=job.id, seconds=job.seconds, engine=job.engine, error=job.error,
+                       device=job.device, output_path=Path(f"{name}.mp4") if job.status == DONE else None)
 
 
 # ---------------------------------------------------------------------- command line

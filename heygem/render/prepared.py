@@ -36,15 +36,17 @@ class Prepared:
     def _resolve(self) -> None:
         with self._lock:
             if self._engine is None:
-                mel, mel_seconds = self._mel_future.result() if self._mel_future is not None else (None, 0.0)
-                engine, engine_seconds = self._engine_future.result()
+                mel, mel_seconds, mel_started = (_timed(self._mel_future) if self._mel_future is not None
+                                                 else (None, 0.0, None))
+                engine, engine_seconds, engine_started = _timed(self._engine_future)
                 restoration = Restoration("none", 0.0)
                 if self._restoration_future is not None:
-                    restoration, restorer_seconds = self._restoration_future.result()
+                    restoration, restorer_seconds, restorer_started = _timed(self._restoration_future)
                     if restoration.network is not None:
-                        self._clock.add("load_restorer", restorer_seconds)
-                self._clock.add("audio", mel_seconds)
-                self._clock.add("load_engine", engine_seconds)
+                        self._clock.add("load_restorer", restorer_seconds, started=restorer_started)
+                if self._mel_future is not None:
+                    self._clock.add("audio", mel_seconds, started=mel_started)
+                self._clock.add("load_engine", engine_seconds, started=engine_started)
                 if mel is not None:
                     self._window_starts = audio.mel_window_starts(self._frame_count, self.fps, mel.shape[1])
                 self._mel, self._engine, self._restoration = mel, engine, restoration
@@ -65,14 +67,20 @@ class Prepared:
         self._resolve()
         if self._features_future is None:
             return None
-        features, seconds = self._features_future.result()
+        features, seconds, started = _timed(self._features_future)
         with self._lock:
             if self._features_seconds is None:
                 self._features_seconds = seconds
-                self._clock.add("audio", seconds)
+                self._clock.add("audio", seconds, started=started)
         return features
 
     def mel_windows(self, output_indices: np.ndarray) -> np.ndarray:
         """(N, 80, 16) float32 mel windows of these output frames."""
         self._resolve()
         return audio.mel_windows(self._mel, self._window_starts[output_indices])
+
+
+def _timed(future: Future) -> tuple:
+    """A background call's (result, seconds, when it started as perf_counter() or None where not known)."""
+    result, seconds, *started = future.result()
+    return result, seconds, started[0] if started else None

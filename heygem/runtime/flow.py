@@ -46,18 +46,27 @@ class Stage:
 
 @dataclass
 class StageClock:
-    """Busy seconds per stage (the time spent inside a stage, not waiting for its input or output)
-    and the CPU seconds the stage's own thread used in that time."""
+    """Busy seconds per stage (the time spent inside a stage, not waiting for its input or output),
+    the CPU seconds the stage's own thread used in that time, and when each stage was first and last
+    busy (seconds since ``origin``), so that stages that ran at the same time can be drawn on one time line."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # stage -> (first start, last end)
+    origin: float = field(default_factory=time.perf_counter)  # perf_counter() of the run's start
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, name: str, seconds: float, cpu_seconds: float | None = None) -> None:
+    def add(self, name: str, seconds: float, cpu_seconds: float | None = None, started: float | None = None) -> None:
+        """``seconds`` more of ``name``, which ended now, or ran from ``started`` (a perf_counter() value)
+        for work timed elsewhere (a background load)."""
+        ended = time.perf_counter() if started is None else started + seconds
+        begun = ended - seconds
         with self._lock:
             self.seconds[name] = self.seconds.get(name, 0.0) + seconds
             if cpu_seconds is not None:
                 self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + cpu_seconds
+            first, last = self.spans.get(name, (begun - self.origin, ended - self.origin))
+            self.spans[name] = (min(first, begun - self.origin), max(last, ended - self.origin))
 
 
 class _Stopped(Exception):

@@ -12,12 +12,13 @@ import gradio as gr
 from heygem import __version__
 from heygem.jobs.store import JobStore
 from heygem.ui.access import PageAccess
-from heygem.ui.batch import batch_tab
+from heygem.ui.batch import BATCH_CSS, batch_tab
 from heygem.ui.client_api import client_api
 from heygem.ui.common import CSS
 from heygem.ui.generate import generate_tab
-from heygem.ui.jobs import jobs_tab
+from heygem.ui.jobs import JOBS_CSS, jobs_tab
 from heygem.ui.system import system_tab
+from heygem.ui.timeline import TIMELINE_CSS
 
 
 def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None = None) -> gr.Blocks:
@@ -39,4 +40,4 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
 
 def page_style() -> dict:
     """The page's theme and CSS, as launch() takes them."""
-    return {"theme": gr.themes.Soft(), "css": CSS}
+    return {"theme": gr.themes.Soft(), "css": CSS + JOBS_CSS + BATCH_CSS + TIMELINE_CSS}

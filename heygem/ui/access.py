@@ -70,7 +70,8 @@ class PageAccess:
         self._stream_users: OrderedDict[str, str | None] = OrderedDict()  # page session -> its user
         self._generation = users.generation if users is not None else 0  # the users' reading sessions follow
         self._listed = {user.name: user for user in users} if users is not None else {}  # as of that reading
-        self._delivered: dict[tuple[str, str], Path] = {}  # (job id, file name) -> its copy in Gradio's cache
+        # (job id or "", source path, file name) -> its copy in Gradio's cache ("": no job's, a batch's zip)
+        self._delivered: dict[tuple[str, str, str], Path] = {}
         self._swept = 0.0  # when copies of jobs deleted elsewhere (REST, `jobs delete`, clean) were last removed
         self._lock = threading.Lock()
 
@@ -196,10 +197,11 @@ class PageAccess:
 
     def deliver_file(self, source: Path, name: str, key_prefix: str = "") -> str | None:
         """A copy of ``source`` in Gradio's cache folder, called ``name``, in a folder of its own with an
-        unguessable name; made once per file (again when the file changed). None when it is not there."""
+        unguessable name; made once per file (again when the file changed). None when it is not there.
+        ``key_prefix``: the job the file belongs to (its copies go when the job is deleted); "" for none."""
         if not source.is_file():
             return None
-        key = (key_prefix or str(source), name)
+        key = (key_prefix, str(source), name)
         with self._lock:
             copy = self._delivered.get(key)
             if copy is not None and copy.is_file() and os.path.getmtime(copy) >= os.path.getmtime(source):
@@ -223,7 +225,7 @@ class PageAccess:
             if now - self._swept < every_seconds:
                 return
             self._swept = now
-            job_ids = {key[0] for key in self._delivered}
+            job_ids = {key[0] for key in self._delivered if key[0]}
         for job_id in job_ids:
             if self.store.find(job_id) is None:
                 self.forget(job_id)

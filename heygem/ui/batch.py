@@ -1,20 +1,72 @@
 """The Batch tab: many faces and audio files (uploaded, or from a server folder under --batch-root),
-paired by name, every face with every audio, or by a CSV manifest; queued, followed in a table,
-the results in a zip.
+paired by name, every face with every audio, or by a CSV manifest; previewed with the items that will
+fail and why, queued, followed in a table (a row picked shows that item's job and video), the results
+in a zip as the command line writes them (videos, subtitles, summary.csv).
 """
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from heygem.errors import HeygemError
-from heygem.jobs.batch import collect_files, new_batch_id, plan_items, resolve_under_roots, submit_items, zip_results
-from heygem.jobs.store import JobStore
+from heygem.jobs.batch import (
+    BatchItem,
+    BatchResult,
+    collect_files,
+    new_batch_id,
+    plan_items,
+    resolve_under_roots,
+    submit_items,
+    zip_results,
+)
+from heygem.jobs.store import DONE, FAILED, JobStore
+from heygem.media.probing import probe_inputs
 from heygem.ui.access import PageAccess
-from heygem.ui.common import BATCH_COLUMNS, STATUS_LABELS, error_text, option_controls, options_from_controls
+from heygem.ui.common import BATCH_COLUMNS, STATUS_LABELS, error_text, job_card, option_controls, options_from_controls
+from heygem.ui.tables import narrow_columns_css
+
+NO_ITEM = "<div class='empty-card'>Pick an item in the table to see its job and video.</div>"
+NARROW_SHOWN = {1: 0.2, 3: 0.22, 4: 0.22, 6: 0.36}  # a phone's columns (1-based): item, audio, status, stage / error
+BATCH_CSS = """
+#batch-table [role=gridcell] .cell-wrap, #batch-table [role=gridcell] .cell-wrap span {
+    overflow-wrap: break-word !important; word-break: normal !important;}
+""" + narrow_columns_css("batch-table", NARROW_SHOWN)
+
+
+def input_problem(item: BatchItem, probed: dict) -> str | None:
+    """Why the item's inputs will be refused when it is queued (the check a job's inputs go through), or
+    None; ``probed`` keeps the answers for the pairs already looked at (every face with every audio)."""
+    speech = None if item.text is not None else item.audio_path
+    key = (item.face_path, speech, item.text is not None)
+    if key not in probed:
+        try:
+            probe_inputs(item.face_path, speech, picture_only=item.text is not None)
+            probed[key] = None
+        except HeygemError as error:
+            probed[key] = str(error)
+    return probed[key]
+
+
+def preview_table(items: list[BatchItem]) -> tuple[pd.DataFrame, str]:
+    """The items Start would queue, before anything runs: which face speaks which audio (or text), and
+    which will not run or will fail, each with why."""
+    rows, failing = [], 0
+    probed: dict = {}
+    for item in items:
+        problem = item.problem or input_problem(item, probed)
+        status = "will not run" if item.problem else "will fail" if problem else "not started"
+        failing += bool(problem) and not item.problem
+        rows.append([item.name, item.face_path.name if item.face_path else "", item.speech_label, status, "",
+                     problem or item.note or "", "", ""])
+    ready = sum(1 for row in rows if row[3] == "not started")
+    summary = f"**Preview:** {ready} of {len(items)} item(s) will run when you press Start batch"
+    if failing:
+        summary += f"; {failing} will fail (their inputs are refused: see why in the table)"
+    return pd.DataFrame(rows, columns=BATCH_COLUMNS), summary + "."
 
 
 def queue_batch(store: JobStore, items: list, options: dict, submitter: str | None = None) -> tuple[str, dict]:
@@ -49,12 +101,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
             items = plan_batch(source, uploaded, folder, pairing, manifest)
         except HeygemError as error:
             return pd.DataFrame(columns=BATCH_COLUMNS), f"**Nothing to start yet:** {error}"
-        rows = [[item.name, item.face_path.name if item.face_path else "", item.speech_label,
-                 "will not run" if item.problem else "not started", "", item.problem or item.note or "", "", ""]
-                for item in items]
-        ready = sum(1 for item in items if not item.problem)
-        return (pd.DataFrame(rows, columns=BATCH_COLUMNS),
-                f"**Preview:** {ready} of {len(items)} item(s) will run when you press Start batch.")
+        return preview_table(items)
 
     def start_batch(request: gr.Request, source, uploaded, folder, pairing, manifest, *controls):
         try:
@@ -70,25 +117,53 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
              "job": outcome[item.name] if isinstance(outcome[item.name], str) else None,
              "error": None if isinstance(outcome[item.name], str) else error_text(outcome[item.name])}
             for item in items]}
+        state["not_queued"] = [BatchResult(item, FAILED, error=error_text(outcome[item.name])) for item in items
+                               if not isinstance(outcome[item.name], str)]
         table, summary, finished = batch_table(store, state)
         return state, table, summary, gr.update(visible=False, value=None), gr.Timer(active=not finished)
 
-    def refresh_batch(state):
+    def item_detail(job_id, request: gr.Request, note: str = ""):
+        """The picked item's job card and video (only a job this user may see)."""
+        job = access.find(job_id, request)
+        if job is None:
+            return (f"<div class='empty-card'>{html.escape(note)}</div>" if note else NO_ITEM), \
+                gr.update(visible=False, value=None)
+        video = access.deliver(job) if job.status == DONE else None
+        return job_card(job), gr.update(visible=video is not None, value=video)
+
+    def pick_item(table: pd.DataFrame, event: gr.SelectData, request: gr.Request):
+        row = event.index[0] if isinstance(event.index, (list, tuple)) else event.index
+        if row is None or row >= len(table):
+            return "", NO_ITEM, gr.update(visible=False, value=None)
+        job_id, note = str(table["job"].iloc[row] or ""), str(table["stage / error"].iloc[row] or "")
+        name = str(table["item"].iloc[row])
+        return job_id, *item_detail(job_id, request, f"{name}: {note}" if note else f"{name}: not started yet")
+
+    zipped: dict[str, str | None] = {}  # batch id -> its zip as the page serves it
+
+    def refresh_batch(state, picked, shown_card, request: gr.Request):
         if not state:
-            return gr.update(), gr.update(), gr.update(), gr.Timer(active=False)
+            return gr.update(), gr.update(), gr.update(), gr.Timer(active=False), gr.update(), gr.update()
         table, summary, finished = batch_table(store, state)
         download = gr.update(visible=False)
         if finished:
-            archive = zip_results(store, state["batch"])
-            served = access.deliver_file(archive, archive.name) if archive else None
+            if state["batch"] not in zipped:  # made once: a tick still on its way must not replace the download
+                archive = zip_results(store, state["batch"], state.get("not_queued", []))
+                zipped[state["batch"]] = access.deliver_file(archive, archive.name) if archive else None
+            served = zipped[state["batch"]]
             download = gr.update(visible=served is not None, value=served)
-        return table, summary, download, gr.Timer(active=not finished)
+        card, video = gr.update(), gr.update()
+        job = access.find(picked, request) if picked else None
+        if job is not None and job_card(job) != shown_card:  # the picked item's card stays live
+            card, video = item_detail(picked, request)
+        return table, summary, download, gr.Timer(active=not finished), card, video
 
     with gr.Tab("Batch", id="batch"):
         batch_state = gr.State(None)
+        picked_job = gr.State("")
         batch_timer = gr.Timer(1.5, active=False)
         with gr.Row(equal_height=False):
-            with gr.Column(scale=1):
+            with gr.Column(scale=1, min_width=280):
                 source = gr.Radio([("Upload files", "upload"), ("A folder on the server", "folder")],
                                   value="upload", label="Inputs", visible=bool(batch_roots))  # --batch-root only
                 uploaded = gr.File(file_count="multiple", label="Faces and audio files (or .txt files to speak)",
@@ -103,14 +178,18 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
                      ("A CSV manifest", "manifest")], value="stem", label="Pairing")
                 manifest = gr.File(label="Manifest CSV: face,audio[,text][,name][,options]", file_types=[".csv"],
                                    visible=False, height=90)
-                batch_controls = option_controls(store, prefix="batch-")
-                start = gr.Button("Start batch", variant="primary")
             with gr.Column(scale=2):
-                batch_summary = gr.Markdown("Items and their progress show here.")
+                batch_summary = gr.Markdown("Items and their progress show here.", elem_id="batch-summary")
                 batch_items = gr.Dataframe(pd.DataFrame(columns=BATCH_COLUMNS), interactive=False, wrap=True,
                                            max_height=480, elem_id="batch-table", elem_classes=["heygem-table"],
-                                           column_widths=["10%", "11%", "11%", "10%", "11%", "23%", "10%", "14%"])
-                batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False)
+                                           column_widths=["11%", "11%", "12%", "10%", "11%", "23%", "10%", "12%"])
+                batch_zip = gr.DownloadButton("Download the results (.zip)", visible=False, elem_id="batch-zip")
+                with gr.Row(equal_height=False):
+                    item_card = gr.HTML(NO_ITEM, elem_id="batch-item-card")
+                    item_video = gr.Video(label="The item's result", interactive=False, visible=False, height=260,
+                                          elem_id="batch-item-video")
+        batch_controls = option_controls(store, prefix="batch-")  # the whole width: the options need room
+        start = gr.Button("Start batch", variant="primary", elem_id="batch-start")
         source.change(lambda choice: (gr.update(visible=choice == "upload"), gr.update(visible=choice == "folder")),
                       source, [uploaded, folder], queue=False, api_visibility="private")
         pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False,
@@ -123,7 +202,9 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
         start.click(start_batch, [source, uploaded, folder, pairing, manifest, *batch_controls],
                     [batch_state, batch_items, batch_summary, batch_zip, batch_timer],
                     concurrency_limit=2, api_visibility="private")
-        batch_timer.tick(refresh_batch, batch_state, [batch_items, batch_summary, batch_zip, batch_timer],
+        batch_items.select(pick_item, batch_items, [picked_job, item_card, item_video], api_visibility="private")
+        batch_timer.tick(refresh_batch, [batch_state, picked_job, item_card],
+                         [batch_items, batch_summary, batch_zip, batch_timer, item_card, item_video],
                          show_progress="hidden", concurrency_limit=None, api_visibility="private")
 
 

@@ -22,7 +22,6 @@ logger = logging.getLogger("heygem")
 ASSETS = REPO_ROOT / "assets"
 OUTPUT_HEIGHTS = [("as the input", 0), ("256 px", 256), ("360 px", 360), ("480 px", 480), ("720 px", 720),
                   ("1080 px", 1080)]
-JOB_COLUMNS = ["id", "status", "stage / error", "engine", "created", "seconds", "face", "audio"]
 BATCH_COLUMNS = ["item", "face", "audio", "status", "progress", "stage / error", "seconds", "job"]
 WATCH_INTERVAL = 0.5  # seconds between job polls while a page watches a job
 STATUS_LABELS = {"queued": "Queued", "running": "Running", "done": "Done", "failed": "Failed",

@@ -1,8 +1,9 @@
 """The built-in landmark engine on the bundled portrait, with landmarks from mediapipe's face mesh.
 
 The portrait smiles with her upper teeth showing (her lips are parted by about a sixth of
-the mouth's width), so silence closes her mouth; a closed mouth (that closed portrait,
-re-detected by the face mesh) is left exactly as it is.
+the mouth's width), so a closed target (a short break between words) closes her mouth; a closed
+mouth (that closed portrait, re-detected by the face mesh) is left exactly as it is. In a pause
+of the speech the engine lets go and her smile stays as it is.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import decode_frames, run_ffmpeg, silent_frames
 
 from heygem.config import BlendConfig, EngineConfig
+from heygem.engines.landmark.drawing import animate_mouth
 from heygem.engines.landmark.engine import LandmarkEngine
 from heygem.engines.landmark.geometry import LOWER_INNER_LIP, UPPER_INNER_LIP
 from heygem.engines.landmark.mouth_shapes import MouthShapeTracker
@@ -27,6 +30,7 @@ from heygem.media.frames import (
     paste_i420_window,
     write_region_i420,
 )
+from heygem.pipeline import generate
 from heygem.render.blend import blend_patch
 from heygem.types import EngineBatch, Face, FacePatch
 
@@ -140,6 +144,11 @@ def held_patch(frame_bgr: np.ndarray, landmarks: np.ndarray, window: np.ndarray,
     return patches[-1]
 
 
+def closed_patch(frame_bgr: np.ndarray, landmarks: np.ndarray) -> FacePatch:
+    """The patch of a closed target while the speech holds the mouth (a short break between words)."""
+    return animate_mouth(frame_bgr, landmarks, 0.0, 0.0)
+
+
 def assert_patch_shape(patch: FacePatch, frame_bgr: np.ndarray) -> None:
     x1, y1, x2, y2 = patch.box
     assert 0 <= x1 < x2 <= frame_bgr.shape[1] and 0 <= y1 < y2 <= frame_bgr.shape[0]
@@ -160,8 +169,7 @@ def test_frames_without_a_face_or_landmarks_get_no_patch(portrait, portrait_land
 
 
 def test_patch_covers_the_lower_face_and_its_mask_is_zero_on_the_border(portrait, portrait_landmarks, loud_window):
-    for window in (SILENT_WINDOW, loud_window):
-        patch = held_patch(portrait, portrait_landmarks, window)
+    for patch in (closed_patch(portrait, portrait_landmarks), held_patch(portrait, portrait_landmarks, loud_window)):
         assert_patch_shape(patch, portrait)
         x1, y1, x2, y2 = patch.box
         assert portrait_landmarks[[145, 374], 1].max() < y1 < portrait_landmarks[0, 1]  # from under the eyes...
@@ -174,15 +182,15 @@ def test_patch_covers_the_lower_face_and_its_mask_is_zero_on_the_border(portrait
     assert_patch_shape(patch, cropped)
 
 
-def test_silence_closes_an_open_mouth_and_leaves_a_closed_one_untouched(face_mesh, portrait, portrait_landmarks):
+def test_a_closed_target_closes_an_open_mouth_and_leaves_a_closed_one_untouched(face_mesh, portrait,
+                                                                                portrait_landmarks):
     assert lip_gap(portrait_landmarks) > 0.12 * mouth_width(portrait_landmarks)  # she smiles with her teeth showing
 
-    closed_patch = held_patch(portrait, portrait_landmarks, SILENT_WINDOW)
-    closed = paste(portrait, closed_patch)
+    closed = paste(portrait, closed_patch(portrait, portrait_landmarks))
     closed_landmarks = find_landmarks(face_mesh, closed)
     assert lip_gap(closed_landmarks) < 0.07 * mouth_width(closed_landmarks)
 
-    untouched = held_patch(closed, closed_landmarks, SILENT_WINDOW)
+    untouched = closed_patch(closed, closed_landmarks)
     assert_patch_shape(untouched, closed)
     x1, y1, x2, y2 = untouched.box
     difference = np.abs(untouched.image_bgr.astype(int) - closed[y1:y2, x1:x2].astype(int))
@@ -228,7 +236,7 @@ def test_a_tilted_face_opens_along_its_own_axis(face_mesh, portrait, portrait_la
     rotation = cv2.getRotationMatrix2D((256.0, 256.0), 20.0, 1.0)  # (2, 3)
     tilted = cv2.warpAffine(portrait, rotation, (512, 512), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
     landmarks = find_landmarks(face_mesh, tilted)
-    closed = find_landmarks(face_mesh, paste(tilted, held_patch(tilted, landmarks, SILENT_WINDOW)))
+    closed = find_landmarks(face_mesh, paste(tilted, closed_patch(tilted, landmarks)))
     patch = held_patch(tilted, landmarks, loud_window)
     assert_patch_shape(patch, tilted)
     opened = find_landmarks(face_mesh, paste(tilted, patch))
@@ -268,7 +276,7 @@ def test_mouth_strength_scales_the_opening(portrait, portrait_landmarks, loud_wi
 def test_mouth_shapes_follow_loudness_closure_and_vowels(speech_mel):
     tracker = MouthShapeTracker(FPS)
     silence = tracker.update(np.repeat(SILENT_WINDOW[None], 4, axis=0))
-    assert np.all(silence.openness == 0.0) and np.all(silence.width == 0.0)
+    assert np.all(silence.openness == 0.0) and np.all(silence.width == 0.0) and np.all(silence.speaking == 0.0)
 
     shapes = MouthShapeTracker(FPS).update(speech_windows(speech_mel, int(speech_mel.shape[1] * FPS / 80) - 1))
     assert shapes.openness.max() > 0.8
@@ -276,6 +284,27 @@ def test_mouth_shapes_follow_loudness_closure_and_vowels(speech_mel):
     pause = slice(int(2.4 * FPS), int(3.0 * FPS))  # the sample's 0.9 s break after "welcome to hey gem"
     assert np.all(shapes.openness[pause] == 0.0)
     assert shapes.width.min() < -0.2 and shapes.width.max() > 0.4  # rounded and spread vowels both occur
+
+
+def test_the_speech_lets_go_of_the_mouth_in_its_pauses_only(speech_mel):
+    """``speaking`` is 1 while the sample speaks, 0 in the middle of its 0.9 s pause (2.2 s to 3.1 s),
+    with a few frames of handover either side; a short break between words keeps it at 1."""
+    shapes = MouthShapeTracker(FPS).update(speech_windows(speech_mel, int(4.0 * FPS)))
+    speaking = shapes.speaking
+    assert np.all(speaking[int(1.0 * FPS):int(2.2 * FPS)] == 1.0)  # words and the breaks between them
+    assert np.all(speaking[int(2.55 * FPS):int(2.85 * FPS)] == 0.0)  # deep in the pause
+    assert np.all(speaking[int(3.1 * FPS):] == 1.0)  # back before the next word is heard
+    handover = np.flatnonzero((speaking > 0.0) & (speaking < 1.0))
+    assert 4 <= len(handover) <= 10, handover
+    assert np.all(np.abs(np.diff(speaking)) <= 0.3)  # no jump from one mouth to the other
+    # where the speech lets go, nothing is drawn: the engine gives those frames no patch
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    windows = speech_windows(speech_mel, int(3.0 * FPS))
+    face = Face(box=(0, 0, 512, 512), landmarks=np.zeros((468, 2), np.float32))
+    jobs = engine.mouth_jobs([face] * len(windows), windows)
+    drawn = {index for index, *_ in jobs}
+    assert drawn.isdisjoint(range(int(2.55 * FPS), int(2.85 * FPS)))
+    assert set(range(int(1.0 * FPS), int(2.2 * FPS))) <= drawn
 
 
 # ---------------------------------------------------------------------------- rendering processes
@@ -287,7 +316,7 @@ def talking_sequence(face_mesh, portrait, portrait_landmarks, speech_mel):
     her closed-mouth version (no teeth) and the portrait in a warmer light (yellower teeth), with
     one frame without a face, over speech that opens and closes the mouth: the remembered teeth
     colour changes along the way."""
-    closed = paste(portrait, held_patch(portrait, portrait_landmarks, SILENT_WINDOW))
+    closed = paste(portrait, closed_patch(portrait, portrait_landmarks))
     closed_landmarks = find_landmarks(face_mesh, closed)
     warmer = np.clip(portrait * np.array([0.7, 0.9, 1.0]), 0, 255).astype(np.uint8)
     sources = ([(portrait, portrait_landmarks)] * 5 + [(closed, closed_landmarks)] * 6
@@ -643,3 +672,52 @@ def test_blend_patch_of_an_empty_box_changes_nothing():
     patch = FacePatch(box=(3, 2, 3, 8), image_bgr=np.zeros((6, 0, 3), np.uint8), mask=np.zeros((6, 0), np.float32))
     blend_patch(frame, patch, BlendConfig())
     assert np.array_equal(frame, np.full((10, 12, 3), 7, np.uint8))
+
+
+# ---------------------------------------------------------------------------- pauses
+
+
+@pytest.fixture(scope="module")
+def pause_inputs(tmp_path_factory, face_photo, speech_wav):
+    """A 4 s video of the portrait drifting slowly (her teeth showing in a smile), the English
+    sample's first 4 s (speech, its 0.9 s pause from 2.2 s on, speech again from 3.1 s) and 4 s
+    of silence."""
+    folder = tmp_path_factory.mktemp("pause")
+    video, speech = folder / "smiling presenter.mp4", folder / "speech with a pause.wav"
+    silence = folder / "silence.wav"
+    run_ffmpeg("-loop", "1", "-i", str(face_photo), "-vf",
+               "scale=330:250,crop=320:240:x='4+4*sin(t*3)':y='4+3*cos(t*2)',format=yuv420p",
+               "-r", "25", "-t", "4", "-c:v", "libx264", "-preset", "ultrafast", str(video))
+    run_ffmpeg("-i", str(speech_wav), "-t", "4", str(speech))
+    run_ffmpeg("-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono", "-t", "4", str(silence))
+    return video, speech, silence
+
+
+@pytest.mark.parametrize("render", ["numpy", "torch"])
+def test_a_video_face_keeps_its_own_mouth_in_a_pause(tmp_path, pause_inputs, render):
+    """In the middle of a pause the frames are the presenter's own (her smile, not lips pressed shut):
+    the bytes of a render of silence, which shows the video as filmed; where she speaks the mouth is
+    drawn; around the pause the handover takes a few frames."""
+    video, speech, silence = pause_inputs
+    options = {"run.avatar_cache": False, "engine.name": "landmark", "engine.device": "cpu", "media.crf": 0,
+               "run.render": render}
+    summary = generate(video, speech, tmp_path / "speech.mp4", overrides=options)
+    generate(video, silence, tmp_path / "silence.mp4", overrides=options)
+    spoken = decode_frames(tmp_path / "speech.mp4").astype(int)
+    kept = decode_frames(tmp_path / "silence.mp4").astype(int)
+    source = decode_frames(video).astype(int)
+    assert len(spoken) == len(kept) == len(source) == summary.frames == 100
+    # silence shows the video as filmed: within the colour conversions' rounding everywhere
+    assert np.abs(kept - source).max() <= 4
+    difference = np.abs(spoken - kept).max(axis=3)  # (N, H, W)
+
+    silent = set(silent_frames(speech, 25.0).tolist())
+    deep_in_pause = [index for index in range(len(spoken))
+                     if all(near in silent for near in range(index - 10, index + 6))]
+    assert len(deep_in_pause) >= 5, sorted(silent)
+    assert all(64 <= index <= 78 for index in deep_in_pause), deep_in_pause
+    for index in deep_in_pause:
+        assert difference[index].max() == 0, (index, difference[index].max())
+    speaking = [index for index in range(len(spoken)) if index not in silent and 10 <= index < 50]
+    moved = [int((difference[index] > 20).sum()) for index in speaking]
+    assert np.mean(moved) > 50, moved

@@ -67,6 +67,7 @@ class RegionFace:
     landmarks: np.ndarray  # (468, 2) float32 face-mesh points in frame pixels
     openness: float  # 0 (closed) .. ~1.5, mouth_strength applied
     width: float  # -1 (rounded) .. 1 (spread)
+    speaking: float  # 0 (the face's own mouth) .. 1 (all of that shape), see geometry.mouth_target
     origin: tuple[int, int]  # even (x, y) of its region's top-left pixel in the frame
 
 
@@ -99,7 +100,7 @@ class RegionLayout:
 
 
 def region_layout(jobs: list, frame_size: tuple[int, int], margin: float = REGION_MARGIN) -> RegionLayout | None:
-    """The regions for the landmark engine's ``jobs`` ((frame index, landmarks, openness, width), see
+    """The regions for the landmark engine's ``jobs`` ((frame index, landmarks, openness, width, speaking), see
     LandmarkEngine.mouth_jobs) in frames of ``frame_size`` (width, height): around each face the window the
     CPU engine reads (landmark.window_box), widened to even coordinates and to the batch's largest
     size (heygem.render.gpu_blend.face_canvas). None when no job has a patch."""
@@ -107,18 +108,18 @@ def region_layout(jobs: list, frame_size: tuple[int, int], margin: float = REGIO
 
     frame_width, frame_height = frame_size
     rows, boxes, kept = [], [], []
-    for index, landmarks, openness, width in jobs:
+    for index, landmarks, *shape in jobs:
         box = window_box(landmarks, frame_width, frame_height, margin)
         if box is not None:
             rows.append(index)
             boxes.append(box)
-            kept.append((landmarks, openness, width))
+            kept.append((landmarks, *shape))
     if not rows:
         return None
     canvas = face_canvas(np.arange(len(rows)), np.array(boxes, np.int64), frame_height, frame_width, "cpu")
     origins = canvas.origin.numpy()  # (F, 2)
-    faces = [RegionFace(landmarks=landmarks, openness=openness, width=width, origin=(int(x), int(y)))
-             for (landmarks, openness, width), (x, y) in zip(kept, origins)]
+    faces = [RegionFace(landmarks=landmarks, openness=openness, width=width, speaking=speaking, origin=(int(x), int(y)))
+             for (landmarks, openness, width, speaking), (x, y) in zip(kept, origins)]
     return RegionLayout(rows=rows, origins=origins, height=canvas.height, width=canvas.width, faces=faces)
 
 
@@ -164,7 +165,7 @@ def plan_face(face: RegionFace, region_i420: np.ndarray, frame_size: tuple[int, 
     x1, y1, x2, y2 = box[0] - origin_x, box[1] - origin_y, box[2] - origin_x, box[3] - origin_y
     if x1 < 0 or y1 < 0 or x2 > region_width or y2 > region_height:
         raise ValueError(f"the patch box {box} lies outside the region at {face.origin}")
-    target = mouth_target(geometry, face.openness, face.width)
+    target = mouth_target(geometry, face.openness, face.width, face.speaking)
     lips_rows, lips_columns = lips_window(target, geometry, box)
     source = None
     if _draws_interior(target, geometry):

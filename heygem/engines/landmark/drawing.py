@@ -335,7 +335,7 @@ def remap_bgr(source_bgr: np.ndarray, map_x: np.ndarray, map_y: np.ndarray) -> n
 
 def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
                source_origin: tuple[int, int] = (0, 0),
-               frame_size: tuple[int, int] | None = None) -> WarpedMouth | None:
+               frame_size: tuple[int, int] | None = None, speaking: float = 1.0) -> WarpedMouth | None:
     """The first half of animate_mouth: the warp, the mask and the inputs of the interior.
 
     ``source_bgr`` is the frame, or a region of it whose top-left corner is at
@@ -355,7 +355,7 @@ def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, w
     x1, y1, x2, y2 = box
     if x1 < origin_x or y1 < origin_y or x2 > origin_x + source_bgr.shape[1] or y2 > origin_y + source_bgr.shape[0]:
         raise RegionTooSmall
-    target = mouth_target(geometry, openness, width)
+    target = mouth_target(geometry, openness, width, speaking)
 
     # 1. The backward map: for each output pixel, where it comes from in the source. Coarse
     #    over the box (the field is smooth there), exact around the lips.
@@ -431,15 +431,17 @@ def remembered_teeth(warped: WarpedMouth | None, teeth_memory: TeethColour | Non
 
 
 def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
-                  face: Face | None = None, teeth_memory: TeethColour | None = None) -> FacePatch | None:
+                  face: Face | None = None, teeth_memory: TeethColour | None = None,
+                  speaking: float = 1.0) -> FacePatch | None:
     """New pixels for the lower face of ``frame_bgr`` with the mouth in the given shape.
 
     ``landmarks`` (468, 2) float32 are the frame's mediapipe face-mesh points in pixels;
-    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread). Returns None
+    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread), ``speaking`` 0 (the
+    face's own mouth) .. 1 (all of that shape; see geometry.mouth_target). Returns None
     when the face is too small or outside the frame. This is warp_mouth, then the teeth
     colour (the only state carried from frame to frame), then finish_mouth.
     """
-    warped = warp_mouth(frame_bgr, landmarks, openness, width)
+    warped = warp_mouth(frame_bgr, landmarks, openness, width, speaking=speaking)
     if warped is None:
         return None
     image, mask = finish_mouth(warped, remembered_teeth(warped, teeth_memory))
@@ -475,13 +477,13 @@ class WarpedWindow:
 
 
 def warp_window(window: np.ndarray, origin: tuple[int, int], frame_size: tuple[int, int], landmarks: np.ndarray,
-                openness: float, width: float) -> WarpedWindow | None:
+                openness: float, width: float, speaking: float = 1.0) -> WarpedWindow | None:
     """warp_mouth on a window of the frame at ``origin`` (x, y): a (h, w, 3) BGR region, or a
     (h * 3/2, w) I420 window at an even origin, converted to BGR first (I420 chroma is per 2x2
     block, so the window converts to the bytes the whole frame has there). None when there is
     no patch; raises RegionTooSmall when the warp reads outside the window."""
     window_bgr = cv2.cvtColor(window, cv2.COLOR_YUV2BGR_I420) if window.ndim == 2 else window  # (h, w, 3)
-    warped = warp_mouth(window_bgr, landmarks, openness, width, origin, frame_size)
+    warped = warp_mouth(window_bgr, landmarks, openness, width, origin, frame_size, speaking)
     if warped is None:
         return None
     return WarpedWindow(window_bgr=window_bgr, origin=origin, frame_size=frame_size, warped=warped)

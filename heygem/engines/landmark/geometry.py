@@ -164,8 +164,12 @@ def _column_levels(geometry: MouthGeometry, columns: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(levels, axis=0)
 
 
-def mouth_target(geometry: MouthGeometry, openness: float, width: float) -> MouthTarget:
-    """Move the levels toward a mouth opened by ``openness`` (0..~1.5) and spread by ``width`` (-1..1)."""
+def mouth_target(geometry: MouthGeometry, openness: float, width: float, speaking: float = 1.0) -> MouthTarget:
+    """Move the levels toward a mouth opened by ``openness`` (0..~1.5) and spread by ``width`` (-1..1).
+
+    ``speaking`` (0..1) is how much of that move is made: 0 leaves the face's own mouth as it is
+    (nothing moves, nothing is drawn inside), values between go part of the way and draw the
+    interior that much (the handover between a pause and the speech, see MouthShapeTracker)."""
     half_u = geometry.half_extent_u
     columns = np.arange(-np.ceil(half_u), np.ceil(half_u) + 1.0)  # (C,)
     source = _column_levels(geometry, columns)  # (7, C)
@@ -193,17 +197,18 @@ def mouth_target(geometry: MouthGeometry, openness: float, width: float) -> Mout
     moves[LOWER_OUTER] = (1.0 - UPPER_LIP_SHARE) * LOWER_LIP_STRETCH * gap_change + corners_down
     moves[JAW] = JAW_FOLLOWS * lower_drop_centre * jaw_profile
     moves *= fade_out
-    target = np.maximum.accumulate(source + moves, axis=0)
+    target = np.maximum.accumulate(source + speaking * moves, axis=0)
 
     spread = SPREAD if width > 0 else ROUNDING
     corner_shift = (width * spread - OPENING_NARROWS * min(openness, 1.0)) * mouth_width
+    interior = np.maximum(smoothstep(0.0, 1.5, gap_change), 1.0 - keep_source)
     return MouthTarget(
         columns=columns.astype(np.float32),
         source_levels=source.astype(np.float32),
         target_levels=target.astype(np.float32),
-        corner_shift=float(corner_shift),
-        closing=np.maximum(-gap_change, 0.0).astype(np.float32),
-        interior=np.maximum(smoothstep(0.0, 1.5, gap_change), 1.0 - keep_source).astype(np.float32),
+        corner_shift=float(speaking * corner_shift),
+        closing=(speaking * np.maximum(-gap_change, 0.0)).astype(np.float32),
+        interior=(speaking * interior).astype(np.float32),
     )
 
 

@@ -287,16 +287,17 @@ def test_mouth_shapes_follow_loudness_closure_and_vowels(speech_mel):
 
 
 def test_the_speech_lets_go_of_the_mouth_in_its_pauses_only(speech_mel):
-    """``speaking`` is 1 while the sample speaks, 0 in the middle of its 0.9 s pause (2.2 s to 3.1 s),
-    with a few frames of handover either side; a short break between words keeps it at 1."""
+    """``speaking`` is 1 while the sample speaks, 0 in its 0.9 s pause (2.2 s to 3.1 s) from a few
+    frames after the last word to the next, with a few frames of handover either side; a short break
+    between words keeps it at 1."""
     shapes = MouthShapeTracker(FPS).update(speech_windows(speech_mel, int(4.0 * FPS)))
     speaking = shapes.speaking
     assert np.all(speaking[int(1.0 * FPS):int(2.2 * FPS)] == 1.0)  # words and the breaks between them
-    assert np.all(speaking[int(2.55 * FPS):int(2.85 * FPS)] == 0.0)  # deep in the pause
-    assert np.all(speaking[int(3.1 * FPS):] == 1.0)  # back before the next word is heard
+    assert np.all(speaking[int(2.5 * FPS):int(3.05 * FPS)] == 0.0)  # the pause, up to the next word
+    assert np.all(speaking[int(3.25 * FPS):] == 1.0)  # the next words
     handover = np.flatnonzero((speaking > 0.0) & (speaking < 1.0))
     assert 4 <= len(handover) <= 10, handover
-    assert np.all(np.abs(np.diff(speaking)) <= 0.3)  # no jump from one mouth to the other
+    assert np.all(np.abs(np.diff(speaking)) <= 0.35)  # no jump from one mouth to the other
     # where the speech lets go, nothing is drawn: the engine gives those frames no patch
     engine = LandmarkEngine(EngineConfig(), FPS)
     windows = speech_windows(speech_mel, int(3.0 * FPS))

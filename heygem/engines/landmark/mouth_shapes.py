@@ -44,8 +44,8 @@ CLOSURE_RELEASE_SECONDS = 0.012  # m/b/p close the lips at once
 WIDTH_SECONDS = 0.06  # spreading and rounding change smoothly
 DEAD_ZONE = 0.02  # openness below this counts as closed, so silence leaves the face untouched
 HEARD_DB = -30.0  # a window column this close to the reference level (voiced or high band) is speech
-PAUSE_SECONDS = 0.4  # a silence at least this long (the window's look-ahead included) hands the mouth back
-HANDOVER_SECONDS = 0.15  # the mouth goes from the speech to the face's own (and back) over this long
+PAUSE_SECONDS = 0.35  # a silence at least this long (the window's look-ahead included) lets go of the mouth
+HANDOVER_SECONDS = 0.12  # the mouth goes from the speech to the face's own (and back) over this long
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,9 @@ class AudioCues:
     nasal_db: np.ndarray  # (N,) low band minus mid band: high for m/n murmur (and "oo")
     onset_db: np.ndarray  # (N,) how much louder the next ~70 ms is than now: high before a plosive burst
     now_db: np.ndarray  # (N,) voiced level of the window's first two columns
-    loudest_db: np.ndarray  # (N,) the loudest column of the whole window, voiced or high band
-    window_seconds: float  # how far the window looks ahead
+    heard_now_db: np.ndarray  # (N,) the louder of the voiced and high bands in the window's first two columns
+    heard_ahead_db: np.ndarray  # (N,) ... in the loudest column of the whole window
+    window_seconds: float  # how far the window reaches
 
 
 def audio_cues(mel_windows: np.ndarray) -> AudioCues:
@@ -149,7 +150,8 @@ def audio_cues(mel_windows: np.ndarray) -> AudioCues:
         nasal_db=_power_db(frame_power[:, bands.low].mean(axis=1)) - _power_db(frame_power[:, bands.mid].mean(axis=1)),
         onset_db=ahead_db - now_db,
         now_db=now_db,
-        loudest_db=np.maximum(voiced_per_column, high_per_column).max(axis=1, initial=-120.0),
+        heard_now_db=np.maximum(now_db, _power_db(power[:, bands.high, PLOSIVE_NOW_COLUMNS].mean(axis=(1, 2)))),
+        heard_ahead_db=np.maximum(voiced_per_column, high_per_column).max(axis=1, initial=-120.0),
         window_seconds=power.shape[2] / audio.MEL_FRAMES_PER_SECOND,
     )
 
@@ -157,11 +159,11 @@ def audio_cues(mel_windows: np.ndarray) -> AudioCues:
 class MouthShapeTracker:
     """Turns mel windows into smoothed mouth shapes, keeping state between batches.
 
-    The speech holds the mouth while it is heard and lets go in its pauses: once a silence has
-    lasted PAUSE_SECONDS (counted to the end of the window, which looks ahead), ``speaking``
-    falls to 0 over HANDOVER_SECONDS, and it rises again as soon as the window hears the next
-    words, so the mouth is the speech's again before they begin. Before the first words the
-    face is at rest (``speaking`` 0).
+    The speech holds the mouth while it is heard and lets go in its pauses: once a silence is
+    known to last PAUSE_SECONDS (the silence so far and the whole window after it), ``speaking``
+    falls to 0 over HANDOVER_SECONDS; it rises again over as long from the frame whose own
+    sound is speech, as the mouth starts to open for it. Before the first words the face is at
+    rest (``speaking`` 0).
     """
 
     def __init__(self, fps: float):
@@ -170,7 +172,8 @@ class MouthShapeTracker:
         self.openness = 0.0
         self.width = 0.0
         self.speaking = 0.0
-        self.quiet_seconds = float("inf")  # since the last window that heard speech
+        self.holds = False  # whether the speech holds the mouth (``speaking`` moves toward 1, else 0)
+        self.quiet_seconds = float("inf")  # since the last frame whose own sound was speech
 
     def _follow(self, current: float, target: float, seconds: float) -> float:
         return current + (target - current) * (1.0 - float(np.exp(-self.frame_seconds / seconds)))
@@ -209,13 +212,17 @@ class MouthShapeTracker:
             spread = float(np.clip((cues.second_formant_hz[index] - 1500.0) / 700.0, -1.0, 1.0))
             self.width = self._follow(self.width, spread * float(loudness), WIDTH_SECONDS)
 
-            heard = float(cues.loudest_db[index]) - self.reference_db > HEARD_DB
-            self.quiet_seconds = 0.0 if heard else self.quiet_seconds + self.frame_seconds
-            in_pause = self.quiet_seconds + cues.window_seconds >= PAUSE_SECONDS
-            if in_pause:
-                self.speaking = max(0.0, self.speaking - handover_step)
-            else:
+            heard_now = float(cues.heard_now_db[index]) - self.reference_db > HEARD_DB
+            heard_ahead = float(cues.heard_ahead_db[index]) - self.reference_db > HEARD_DB
+            self.quiet_seconds = 0.0 if heard_now else self.quiet_seconds + self.frame_seconds
+            if heard_now:
+                self.holds = True
+            elif not heard_ahead and self.quiet_seconds + cues.window_seconds >= PAUSE_SECONDS:
+                self.holds = False
+            if self.holds:
                 self.speaking = min(1.0, self.speaking + handover_step)
+            else:
+                self.speaking = max(0.0, self.speaking - handover_step)
 
             openness[index] = max(0.0, self.openness - DEAD_ZONE) / (1.0 - DEAD_ZONE)
             width[index] = self.width

@@ -19,7 +19,7 @@ from conftest import decode_frames, run_ffmpeg, silent_frames
 from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.landmark.drawing import animate_mouth
 from heygem.engines.landmark.engine import LandmarkEngine
-from heygem.engines.landmark.geometry import LOWER_INNER_LIP, UPPER_INNER_LIP
+from heygem.engines.landmark.geometry import JAW_LINE, LOWER_INNER_LIP, UPPER_INNER_LIP
 from heygem.engines.landmark.mouth_shapes import MouthShapeTracker
 from heygem.media.frames import (
     bgr_to_yuv420,
@@ -218,6 +218,53 @@ def test_louder_speech_opens_the_mouth_wider_and_shows_a_dark_interior(face_mesh
     # Inside the lips it is dark now, where her teeth were bright.
     loudest, loudest_landmarks = results[-1]
     assert inner_lip_luma(loudest, loudest_landmarks) < inner_lip_luma(portrait, portrait_landmarks) - 40
+
+
+def with_neck(image_bgr: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+    """The portrait with bare skin under her jaw (her collar hides her neck): a neck in the chin's
+    colour with a soft shadow under the jaw line, as a presenter's neck is lit from above."""
+    height, width = image_bgr.shape[:2]
+    jaw = landmarks[list(JAW_LINE)]
+    jaw = jaw[np.argsort(jaw[:, 0])]
+    width_of_mouth = mouth_width(landmarks)
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    below_jaw = ys - np.interp(xs, jaw[:, 0], jaw[:, 1])
+    neck = ((np.abs(xs - landmarks[152, 0]) < 0.8 * width_of_mouth) & (below_jaw > 0)
+            & (below_jaw < 1.5 * width_of_mouth))
+    skin = image_bgr[int(landmarks[152, 1]) - 8, int(landmarks[152, 0])].astype(np.float32)
+    shade = 1.0 - 0.45 * np.exp(-(((below_jaw - 0.08 * width_of_mouth) / (0.15 * width_of_mouth)) ** 2))
+    result = image_bgr.astype(np.float32)
+    result[neck] = skin * shade[neck][:, None]
+    return np.clip(result, 0, 255).astype(np.uint8)
+
+
+def under_chin_shadow(image_bgr: np.ndarray, landmarks: np.ndarray) -> tuple[int, float]:
+    """(rows, darkest luma) of the shadow under the chin, down the middle of the neck: the rows darker
+    than halfway between the darkest and the neck's skin further down."""
+    width_of_mouth = mouth_width(landmarks)
+    x, y = int(landmarks[152, 0]), int(landmarks[152, 1])
+    rows = slice(y - int(0.1 * width_of_mouth), y + int(0.8 * width_of_mouth))
+    columns = slice(x - int(0.2 * width_of_mouth), x + int(0.2 * width_of_mouth))
+    luma = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2GRAY)[rows, columns].astype(np.float32).mean(axis=1)
+    darkest, skin = float(luma.min()), float(np.median(luma[-10:]))
+    return int((luma < (darkest + skin) / 2).sum()), darkest
+
+
+def test_a_wide_opening_leaves_the_shadow_under_the_chin_a_shadow(portrait, portrait_landmarks):
+    """The chin drops with the jaw and the skin under it is squeezed, but not into a thin dark line:
+    the shadow under her chin keeps most of its height, even at mouth strength 2 on a loud vowel."""
+    frame = with_neck(cv2.resize(portrait, (1024, 1024), interpolation=cv2.INTER_CUBIC), portrait_landmarks * 2)
+    landmarks = portrait_landmarks * 2
+    shadow_rows, shadow_darkest = under_chin_shadow(frame, landmarks)
+    assert shadow_rows >= 15, shadow_rows
+    for openness in (1.0, 2.0):
+        patch = animate_mouth(frame, landmarks, openness, 0.0)
+        opened = frame.copy()
+        blend_patch(opened, patch, BlendConfig())
+        rows, darkest = under_chin_shadow(opened, landmarks)
+        assert rows >= 0.68 * shadow_rows, (openness, rows, shadow_rows)
+        assert darkest >= shadow_darkest - 3, (openness, darkest, shadow_darkest)
+        assert count_dark_mouth_pixels(opened, landmarks) > count_dark_mouth_pixels(frame, landmarks) + 300  # wide open
 
 
 def test_pixels_outside_the_mask_are_unchanged(portrait, portrait_landmarks, loud_window):

@@ -34,6 +34,9 @@ UPPER_LIP_STRETCH = 0.35  # the upper lip's outer edge moves this fraction of it
 LOWER_LIP_STRETCH = 0.9  # the lower lip's outer edge moves this fraction of its inner edge
 CORNER_DROP = 0.15  # the corners follow the lower lip down by this fraction
 JAW_FOLLOWS = 0.8  # the chin moves this fraction of the lower lip
+# The skin under the jaw keeps at least this share of its height when the chin drops: squeezed
+# harder, the shadow under the chin would become a thin dark line across the neck.
+UNDER_JAW_KEPT = 0.7
 TEETH_LENGTH = 0.12  # visible upper incisors at most, as a fraction of the mouth width
 GAP_SHAPE_POWER = 0.6  # profile of the opening across the mouth: (1 - s^2) ** power
 # The seven levels of every column across the mouth, top to bottom: rows of the (7, C) level arrays.
@@ -196,6 +199,7 @@ def mouth_target(geometry: MouthGeometry, openness: float, width: float, speakin
     moves[LOWER_INNER] = (1.0 - UPPER_LIP_SHARE) * gap_change + corners_down
     moves[LOWER_OUTER] = (1.0 - UPPER_LIP_SHARE) * LOWER_LIP_STRETCH * gap_change + corners_down
     moves[JAW] = JAW_FOLLOWS * lower_drop_centre * jaw_profile
+    moves[JAW] = np.minimum(moves[JAW], (1.0 - UNDER_JAW_KEPT) * (source[NECK] - source[JAW]))
     moves *= fade_out
     target = np.maximum.accumulate(source + speaking * moves, axis=0)
 

@@ -613,20 +613,24 @@ def test_a_stream_stopped_early_stops_its_processes(talking_sequence):
     assert engine._pool is None and not any(process.is_alive() for process in processes)
 
 
-def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talking_sequence):
+def test_finished_i420_windows_are_the_patches_mixed_into_the_decoded_bytes(talking_sequence):
+    """The windows, drawn here or in processes, and warped again with the whole frame where theirs is
+    too small, are the same bytes; they look as blending the patches into whole BGR frames does (the
+    mix is made in I420, so that bytes under a zero mask stay as decoded)."""
     frames_i420 = np.stack([bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
     blend = BlendConfig()
     expected = whole_frame_render(talking_sequence, frames_i420, blend)
     inline, windows = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence, frames_i420, blend)
-    assert np.array_equal(inline, expected)
+    difference = np.abs(i420_batch_to_bgr(inline).astype(int) - i420_batch_to_bgr(expected).astype(int))
+    assert difference.mean() < 0.05 and np.percentile(difference, 99.9) <= 4, (difference.mean(), difference.max())
     pooled, pooled_windows = window_render(LandmarkEngine(EngineConfig(), FPS, workers=2), talking_sequence,
                                            frames_i420, blend)
-    assert np.array_equal(pooled, expected)
+    assert np.array_equal(pooled, inline)
     # Windows too small for the warp are warped again with the whole frame, here or in the processes.
     for workers in (0, 2):
         engine = LandmarkEngine(EngineConfig(), FPS, workers=workers)
         engine.region_margin = -0.3
-        assert np.array_equal(window_render(engine, talking_sequence, frames_i420, blend)[0], expected)
+        assert np.array_equal(window_render(engine, talking_sequence, frames_i420, blend)[0], inline)
 
     assert windows[9] is None and np.array_equal(inline[9], frames_i420[9])  # no face: decoded bytes kept
     changed = [row for row in range(len(frames_i420)) if not np.array_equal(inline[row], frames_i420[row])]
@@ -646,10 +650,10 @@ def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talki
 
     # The blend options reach the processes: without colour matching the bytes differ, and still agree.
     plain = BlendConfig(color_match=False)
-    plain_expected = whole_frame_render(talking_sequence[:1], frames_i420, plain)
-    assert not np.array_equal(plain_expected, expected)
+    plain_inline = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence[:1], frames_i420, plain)[0]
+    assert not np.array_equal(plain_inline, inline)
     pooled_engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
-    assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_expected)
+    assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_inline)
 
 
 def test_remap_bgr_gives_the_bytes_of_a_three_channel_remap():

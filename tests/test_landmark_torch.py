@@ -315,3 +315,30 @@ def test_generate_with_the_torch_render_path(tmp_path, face_video, media_dir):
     # both paths draw the same mouths: measured 0.001 grey levels on average, 0.07 over the moved mouth
     assert np.abs(torch_frames - cpu_frames).mean() < 0.02
     assert np.abs(torch_frames - cpu_frames)[changed].mean() < 0.5
+
+
+def test_bytes_under_a_zero_mask_keep_their_decoded_values_even_outside_bgr(sample):
+    """Camera video often holds Y below 16 or above 235, which a conversion to BGR and back clips: such
+    bytes in the patch box but under a zero or all but zero mask (its edges, the neck under the chin) stay
+    as decoded on both paths, so the box's edge never shows as a line."""
+    frames_i420, landmarks = sample
+    count = 8
+    frames = frames_i420[:count].copy()
+    faces = with_faces(frames, landmarks[:count])
+    for frame, points in zip(frames, landmarks[:count]):
+        x1, y1, x2, y2 = patch_box(MouthGeometry.from_landmarks(points), WIDTH, HEIGHT)
+        luma = i420_planes(frame)[0]
+        for rows in (slice(y1, y1 + 8), slice(y2 - 8, y2 + 2)):  # the box's top and bottom, and just below
+            luma[rows, x1:x2] = np.where(np.arange(x1, x2) % 2 == 0, 4, 250).astype(np.uint8)[None]
+    windows = speech_windows(count + 40)[40:]
+    patches = LandmarkEngine(EngineConfig(), FPS).generate(EngineBatch(
+        frame_indices=np.arange(count), frames_bgr=i420_batch_to_bgr(frames), faces=faces, mel_windows=windows,
+        fps=FPS))
+    for drawn, _ in (cpu_render(frames, faces, windows), torch_render(frames, faces, windows)):
+        for index, patch in enumerate(patches):
+            x1, y1, x2, y2 = patch.box
+            mask = np.zeros((HEIGHT, WIDTH), np.float32)
+            mask[y1:y2, x1:x2] = patch.mask
+            change = np.abs(i420_planes(drawn[index])[0].astype(int) - i420_planes(frames[index])[0].astype(int))
+            assert change.max() > 40  # the mouth moved
+            assert change[mask < 0.005].max() <= 2, (index, change[mask < 0.005].max())

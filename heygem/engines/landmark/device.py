@@ -12,7 +12,7 @@ whichever device the regions are on:
    computes it coarsely away from the lips), one grid_sample for the whole batch, the warp
    mask, the interior drawing, the border fade, the mask softening (a separable Gaussian blur
    with each face's own kernel), the colour shift and the blend, and the conversion back to
-   I420, written only where the mask is above 0.
+   I420, mixed into the region's own bytes through the mask (unchanged where it is 0).
 
 Regions are (F, Hc * 3/2, Wc) uint8 I420 images, one face each, at even positions of their
 frames (as heygem.render cuts them). torch is imported by the caller's first use of a function.
@@ -233,7 +233,7 @@ def draw_mouths(planes, faces: list[RegionFace], frame_size: tuple[int, int], bl
     """Draw every face's mouth into its region of ``planes`` ((F, Hc * 3/2, Wc) uint8 I420 tensor,
     contiguous, one region per face, on any device), in place: the finished bytes of the CPU
     engine's generate_i420 for the same frames, up to rounding. Only Y bytes where a face's mask
-    is above 0, and U/V bytes of 2x2 blocks with such a pixel, change.
+    is above 0, and U/V bytes of 2x2 blocks whose top-left pixel's mask is, can change.
 
     ``regions_host`` is the same bytes on the host (read back from ``planes`` when None, which
     waits for the device). Returns (F,) bool: the regions that got a patch."""
@@ -532,19 +532,23 @@ def _draw(planes, inputs: DrawInputs, constants: DrawConstants, color_match: boo
     # 3. The softened mask: each face's own Gaussian (sigma max(1, 0.04 * mouth width)), then the fade.
     mask = torch.maximum(mask, _blur(mask[:, None], inputs.kernels)[:, 0]) * fade  # (P, Hc, Wc)
 
-    # 4. The blend as blend.blend_patch: the patch's colour shifted to the frame's over the mask's soft edge.
-    weights = mask[:, None]  # (P, 1, Hc, Wc)
-    if color_match:  # over the mask's soft edge, as blend.blend_patch
+    # 4. The patch's colour shifted to the frame's over the mask's soft edge (as blend.blend_patch), in I420
+    #    (OpenCV's chroma: each 2x2 block's top-left pixel).
+    if color_match:
         image = image + colour_shift(source, image, ((mask > 0.02) & (mask < 0.7))[:, None])[:, :, None, None]
-    mixed = (source * (1.0 - weights) + image * weights).round_().clamp_(0.0, 255.0)  # (P, 3, Hc, Wc)
+        image = image.round_().clamp_(0.0, 255.0)
+    new_y, new_u, new_v = bgr_to_i420(image, "top_left")
 
-    # 5. Back to I420 (OpenCV's chroma: each 2x2 block's top-left pixel), written where the mask is above 0.
-    new_y, new_u, new_v = bgr_to_i420(mixed, "top_left")
-    written = mask > 0  # (P, Hc, Wc)
-    written_blocks = functional.max_pool2d(written[:, None].float(), 2)[:, 0] > 0  # (P, Hc/2, Wc/2)
-    y_all[region] = torch.where(written, new_y, y)
-    u_all[region] = torch.where(written_blocks, new_u, u_plane)
-    v_all[region] = torch.where(written_blocks, new_v, v_plane)
+    # 5. Mixed into the region's own bytes through the mask (landmark.blend_window): a zero mask keeps a byte
+    #    exactly, also one that a conversion to BGR and back would change.
+    def mixed(before, after, weight):
+        before = before.float()
+        return (before + weight * (after.float() - before)).round_().clamp_(0.0, 255.0).to(torch.uint8)
+
+    block_mask = mask[:, 0::2, 0::2]  # (P, Hc/2, Wc/2) at each block's top-left pixel
+    y_all[region] = mixed(y, new_y, mask)
+    u_all[region] = mixed(u_plane, new_u, block_mask)
+    v_all[region] = mixed(v_plane, new_v, block_mask)
 
 
 __all__ = ["MouthPlan", "RegionFace", "RegionLayout", "draw_mouths", "plan_mouths", "region_layout", "render_mouths"]

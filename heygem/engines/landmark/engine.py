@@ -122,8 +122,9 @@ class LandmarkEngine:
                       blend: BlendConfig) -> list[I420Window | None]:
         """The frames' finished pixels: one I420Window per frame, None where the frame has no face,
         no landmarks or no patch. ``frames_i420`` (N, H * 3/2, W) uint8 are not changed; pasting
-        the windows into them (media.paste_i420_window) gives the bytes that generate(), then
-        blend.blend_patch and media.write_region_i420 on whole BGR frames give."""
+        the windows into them (media.paste_i420_window) gives the frames with generate()'s patches
+        mixed into their own I420 bytes (drawing.blend_window): bytes under a zero mask stay as
+        decoded."""
         jobs = self.mouth_jobs(faces, mel_windows)
         if self.draws_in_processes(jobs):
             return self._generate_in_processes(frames_i420, faces, jobs, blend)

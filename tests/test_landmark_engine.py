@@ -1,8 +1,9 @@
 """The built-in landmark engine on the bundled portrait, with landmarks from mediapipe's face mesh.
 
 The portrait smiles with her upper teeth showing (her lips are parted by about a sixth of
-the mouth's width), so silence closes her mouth; a closed mouth (that closed portrait,
-re-detected by the face mesh) is left exactly as it is.
+the mouth's width), so a closed target (a short break between words) closes her mouth; a closed
+mouth (that closed portrait, re-detected by the face mesh) is left exactly as it is. In a pause
+of the speech the engine lets go and her smile stays as it is.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import decode_frames, run_ffmpeg, silent_frames
 
 from heygem.config import BlendConfig, EngineConfig
+from heygem.engines.landmark.drawing import animate_mouth
 from heygem.engines.landmark.engine import LandmarkEngine
-from heygem.engines.landmark.geometry import LOWER_INNER_LIP, UPPER_INNER_LIP
+from heygem.engines.landmark.geometry import JAW_LINE, LOWER_INNER_LIP, UPPER_INNER_LIP
 from heygem.engines.landmark.mouth_shapes import MouthShapeTracker
 from heygem.media.frames import (
     bgr_to_yuv420,
@@ -27,6 +30,7 @@ from heygem.media.frames import (
     paste_i420_window,
     write_region_i420,
 )
+from heygem.pipeline import generate
 from heygem.render.blend import blend_patch
 from heygem.types import EngineBatch, Face, FacePatch
 
@@ -140,6 +144,11 @@ def held_patch(frame_bgr: np.ndarray, landmarks: np.ndarray, window: np.ndarray,
     return patches[-1]
 
 
+def closed_patch(frame_bgr: np.ndarray, landmarks: np.ndarray) -> FacePatch:
+    """The patch of a closed target while the speech holds the mouth (a short break between words)."""
+    return animate_mouth(frame_bgr, landmarks, 0.0, 0.0)
+
+
 def assert_patch_shape(patch: FacePatch, frame_bgr: np.ndarray) -> None:
     x1, y1, x2, y2 = patch.box
     assert 0 <= x1 < x2 <= frame_bgr.shape[1] and 0 <= y1 < y2 <= frame_bgr.shape[0]
@@ -160,8 +169,7 @@ def test_frames_without_a_face_or_landmarks_get_no_patch(portrait, portrait_land
 
 
 def test_patch_covers_the_lower_face_and_its_mask_is_zero_on_the_border(portrait, portrait_landmarks, loud_window):
-    for window in (SILENT_WINDOW, loud_window):
-        patch = held_patch(portrait, portrait_landmarks, window)
+    for patch in (closed_patch(portrait, portrait_landmarks), held_patch(portrait, portrait_landmarks, loud_window)):
         assert_patch_shape(patch, portrait)
         x1, y1, x2, y2 = patch.box
         assert portrait_landmarks[[145, 374], 1].max() < y1 < portrait_landmarks[0, 1]  # from under the eyes...
@@ -174,15 +182,15 @@ def test_patch_covers_the_lower_face_and_its_mask_is_zero_on_the_border(portrait
     assert_patch_shape(patch, cropped)
 
 
-def test_silence_closes_an_open_mouth_and_leaves_a_closed_one_untouched(face_mesh, portrait, portrait_landmarks):
+def test_a_closed_target_closes_an_open_mouth_and_leaves_a_closed_one_untouched(face_mesh, portrait,
+                                                                                portrait_landmarks):
     assert lip_gap(portrait_landmarks) > 0.12 * mouth_width(portrait_landmarks)  # she smiles with her teeth showing
 
-    closed_patch = held_patch(portrait, portrait_landmarks, SILENT_WINDOW)
-    closed = paste(portrait, closed_patch)
+    closed = paste(portrait, closed_patch(portrait, portrait_landmarks))
     closed_landmarks = find_landmarks(face_mesh, closed)
     assert lip_gap(closed_landmarks) < 0.07 * mouth_width(closed_landmarks)
 
-    untouched = held_patch(closed, closed_landmarks, SILENT_WINDOW)
+    untouched = closed_patch(closed, closed_landmarks)
     assert_patch_shape(untouched, closed)
     x1, y1, x2, y2 = untouched.box
     difference = np.abs(untouched.image_bgr.astype(int) - closed[y1:y2, x1:x2].astype(int))
@@ -212,6 +220,53 @@ def test_louder_speech_opens_the_mouth_wider_and_shows_a_dark_interior(face_mesh
     assert inner_lip_luma(loudest, loudest_landmarks) < inner_lip_luma(portrait, portrait_landmarks) - 40
 
 
+def with_neck(image_bgr: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+    """The portrait with bare skin under her jaw (her collar hides her neck): a neck in the chin's
+    colour with a soft shadow under the jaw line, as a presenter's neck is lit from above."""
+    height, width = image_bgr.shape[:2]
+    jaw = landmarks[list(JAW_LINE)]
+    jaw = jaw[np.argsort(jaw[:, 0])]
+    width_of_mouth = mouth_width(landmarks)
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    below_jaw = ys - np.interp(xs, jaw[:, 0], jaw[:, 1])
+    neck = ((np.abs(xs - landmarks[152, 0]) < 0.8 * width_of_mouth) & (below_jaw > 0)
+            & (below_jaw < 1.5 * width_of_mouth))
+    skin = image_bgr[int(landmarks[152, 1]) - 8, int(landmarks[152, 0])].astype(np.float32)
+    shade = 1.0 - 0.45 * np.exp(-(((below_jaw - 0.08 * width_of_mouth) / (0.15 * width_of_mouth)) ** 2))
+    result = image_bgr.astype(np.float32)
+    result[neck] = skin * shade[neck][:, None]
+    return np.clip(result, 0, 255).astype(np.uint8)
+
+
+def under_chin_shadow(image_bgr: np.ndarray, landmarks: np.ndarray) -> tuple[int, float]:
+    """(rows, darkest luma) of the shadow under the chin, down the middle of the neck: the rows darker
+    than halfway between the darkest and the neck's skin further down."""
+    width_of_mouth = mouth_width(landmarks)
+    x, y = int(landmarks[152, 0]), int(landmarks[152, 1])
+    rows = slice(y - int(0.1 * width_of_mouth), y + int(0.8 * width_of_mouth))
+    columns = slice(x - int(0.2 * width_of_mouth), x + int(0.2 * width_of_mouth))
+    luma = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2GRAY)[rows, columns].astype(np.float32).mean(axis=1)
+    darkest, skin = float(luma.min()), float(np.median(luma[-10:]))
+    return int((luma < (darkest + skin) / 2).sum()), darkest
+
+
+def test_a_wide_opening_leaves_the_shadow_under_the_chin_a_shadow(portrait, portrait_landmarks):
+    """The chin drops with the jaw and the skin under it is squeezed, but not into a thin dark line:
+    the shadow under her chin keeps most of its height, even at mouth strength 2 on a loud vowel."""
+    frame = with_neck(cv2.resize(portrait, (1024, 1024), interpolation=cv2.INTER_CUBIC), portrait_landmarks * 2)
+    landmarks = portrait_landmarks * 2
+    shadow_rows, shadow_darkest = under_chin_shadow(frame, landmarks)
+    assert shadow_rows >= 15, shadow_rows
+    for openness in (1.0, 2.0):
+        patch = animate_mouth(frame, landmarks, openness, 0.0)
+        opened = frame.copy()
+        blend_patch(opened, patch, BlendConfig())
+        rows, darkest = under_chin_shadow(opened, landmarks)
+        assert rows >= 0.68 * shadow_rows, (openness, rows, shadow_rows)
+        assert darkest >= shadow_darkest - 3, (openness, darkest, shadow_darkest)
+        assert count_dark_mouth_pixels(opened, landmarks) > count_dark_mouth_pixels(frame, landmarks) + 300  # wide open
+
+
 def test_pixels_outside_the_mask_are_unchanged(portrait, portrait_landmarks, loud_window):
     patch = held_patch(portrait, portrait_landmarks, loud_window)
     x1, y1, x2, y2 = patch.box
@@ -228,7 +283,7 @@ def test_a_tilted_face_opens_along_its_own_axis(face_mesh, portrait, portrait_la
     rotation = cv2.getRotationMatrix2D((256.0, 256.0), 20.0, 1.0)  # (2, 3)
     tilted = cv2.warpAffine(portrait, rotation, (512, 512), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
     landmarks = find_landmarks(face_mesh, tilted)
-    closed = find_landmarks(face_mesh, paste(tilted, held_patch(tilted, landmarks, SILENT_WINDOW)))
+    closed = find_landmarks(face_mesh, paste(tilted, closed_patch(tilted, landmarks)))
     patch = held_patch(tilted, landmarks, loud_window)
     assert_patch_shape(patch, tilted)
     opened = find_landmarks(face_mesh, paste(tilted, patch))
@@ -268,7 +323,7 @@ def test_mouth_strength_scales_the_opening(portrait, portrait_landmarks, loud_wi
 def test_mouth_shapes_follow_loudness_closure_and_vowels(speech_mel):
     tracker = MouthShapeTracker(FPS)
     silence = tracker.update(np.repeat(SILENT_WINDOW[None], 4, axis=0))
-    assert np.all(silence.openness == 0.0) and np.all(silence.width == 0.0)
+    assert np.all(silence.openness == 0.0) and np.all(silence.width == 0.0) and np.all(silence.speaking == 0.0)
 
     shapes = MouthShapeTracker(FPS).update(speech_windows(speech_mel, int(speech_mel.shape[1] * FPS / 80) - 1))
     assert shapes.openness.max() > 0.8
@@ -276,6 +331,28 @@ def test_mouth_shapes_follow_loudness_closure_and_vowels(speech_mel):
     pause = slice(int(2.4 * FPS), int(3.0 * FPS))  # the sample's 0.9 s break after "welcome to hey gem"
     assert np.all(shapes.openness[pause] == 0.0)
     assert shapes.width.min() < -0.2 and shapes.width.max() > 0.4  # rounded and spread vowels both occur
+
+
+def test_the_speech_lets_go_of_the_mouth_in_its_pauses_only(speech_mel):
+    """``speaking`` is 1 while the sample speaks, 0 in its 0.9 s pause (2.2 s to 3.1 s) from a few
+    frames after the last word to the next, with a few frames of handover either side; a short break
+    between words keeps it at 1."""
+    shapes = MouthShapeTracker(FPS).update(speech_windows(speech_mel, int(4.0 * FPS)))
+    speaking = shapes.speaking
+    assert np.all(speaking[int(1.0 * FPS):int(2.2 * FPS)] == 1.0)  # words and the breaks between them
+    assert np.all(speaking[int(2.5 * FPS):int(3.05 * FPS)] == 0.0)  # the pause, up to the next word
+    assert np.all(speaking[int(3.25 * FPS):] == 1.0)  # the next words
+    handover = np.flatnonzero((speaking > 0.0) & (speaking < 1.0))
+    assert 4 <= len(handover) <= 10, handover
+    assert np.all(np.abs(np.diff(speaking)) <= 0.35)  # no jump from one mouth to the other
+    # where the speech lets go, nothing is drawn: the engine gives those frames no patch
+    engine = LandmarkEngine(EngineConfig(), FPS)
+    windows = speech_windows(speech_mel, int(3.0 * FPS))
+    face = Face(box=(0, 0, 512, 512), landmarks=np.zeros((468, 2), np.float32))
+    jobs = engine.mouth_jobs([face] * len(windows), windows)
+    drawn = {index for index, *_ in jobs}
+    assert drawn.isdisjoint(range(int(2.55 * FPS), int(2.85 * FPS)))
+    assert set(range(int(1.0 * FPS), int(2.2 * FPS))) <= drawn
 
 
 # ---------------------------------------------------------------------------- rendering processes
@@ -287,7 +364,7 @@ def talking_sequence(face_mesh, portrait, portrait_landmarks, speech_mel):
     her closed-mouth version (no teeth) and the portrait in a warmer light (yellower teeth), with
     one frame without a face, over speech that opens and closes the mouth: the remembered teeth
     colour changes along the way."""
-    closed = paste(portrait, held_patch(portrait, portrait_landmarks, SILENT_WINDOW))
+    closed = paste(portrait, closed_patch(portrait, portrait_landmarks))
     closed_landmarks = find_landmarks(face_mesh, closed)
     warmer = np.clip(portrait * np.array([0.7, 0.9, 1.0]), 0, 255).astype(np.uint8)
     sources = ([(portrait, portrait_landmarks)] * 5 + [(closed, closed_landmarks)] * 6
@@ -536,20 +613,24 @@ def test_a_stream_stopped_early_stops_its_processes(talking_sequence):
     assert engine._pool is None and not any(process.is_alive() for process in processes)
 
 
-def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talking_sequence):
+def test_finished_i420_windows_are_the_patches_mixed_into_the_decoded_bytes(talking_sequence):
+    """The windows, drawn here or in processes, and warped again with the whole frame where theirs is
+    too small, are the same bytes; they look as blending the patches into whole BGR frames does (the
+    mix is made in I420, so that bytes under a zero mask stay as decoded)."""
     frames_i420 = np.stack([bgr_to_yuv420(frame) for batch in talking_sequence for frame in batch.frames_bgr])
     blend = BlendConfig()
     expected = whole_frame_render(talking_sequence, frames_i420, blend)
     inline, windows = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence, frames_i420, blend)
-    assert np.array_equal(inline, expected)
+    difference = np.abs(i420_batch_to_bgr(inline).astype(int) - i420_batch_to_bgr(expected).astype(int))
+    assert difference.mean() < 0.05 and np.percentile(difference, 99.9) <= 4, (difference.mean(), difference.max())
     pooled, pooled_windows = window_render(LandmarkEngine(EngineConfig(), FPS, workers=2), talking_sequence,
                                            frames_i420, blend)
-    assert np.array_equal(pooled, expected)
+    assert np.array_equal(pooled, inline)
     # Windows too small for the warp are warped again with the whole frame, here or in the processes.
     for workers in (0, 2):
         engine = LandmarkEngine(EngineConfig(), FPS, workers=workers)
         engine.region_margin = -0.3
-        assert np.array_equal(window_render(engine, talking_sequence, frames_i420, blend)[0], expected)
+        assert np.array_equal(window_render(engine, talking_sequence, frames_i420, blend)[0], inline)
 
     assert windows[9] is None and np.array_equal(inline[9], frames_i420[9])  # no face: decoded bytes kept
     changed = [row for row in range(len(frames_i420)) if not np.array_equal(inline[row], frames_i420[row])]
@@ -569,10 +650,10 @@ def test_finished_i420_windows_give_the_bytes_of_blending_whole_bgr_frames(talki
 
     # The blend options reach the processes: without colour matching the bytes differ, and still agree.
     plain = BlendConfig(color_match=False)
-    plain_expected = whole_frame_render(talking_sequence[:1], frames_i420, plain)
-    assert not np.array_equal(plain_expected, expected)
+    plain_inline = window_render(LandmarkEngine(EngineConfig(), FPS), talking_sequence[:1], frames_i420, plain)[0]
+    assert not np.array_equal(plain_inline, inline)
     pooled_engine = LandmarkEngine(EngineConfig(), FPS, workers=2)
-    assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_expected)
+    assert np.array_equal(window_render(pooled_engine, talking_sequence[:1], frames_i420, plain)[0], plain_inline)
 
 
 def test_remap_bgr_gives_the_bytes_of_a_three_channel_remap():
@@ -643,3 +724,52 @@ def test_blend_patch_of_an_empty_box_changes_nothing():
     patch = FacePatch(box=(3, 2, 3, 8), image_bgr=np.zeros((6, 0, 3), np.uint8), mask=np.zeros((6, 0), np.float32))
     blend_patch(frame, patch, BlendConfig())
     assert np.array_equal(frame, np.full((10, 12, 3), 7, np.uint8))
+
+
+# ---------------------------------------------------------------------------- pauses
+
+
+@pytest.fixture(scope="module")
+def pause_inputs(tmp_path_factory, face_photo, speech_wav):
+    """A 4 s video of the portrait drifting slowly (her teeth showing in a smile), the English
+    sample's first 4 s (speech, its 0.9 s pause from 2.2 s on, speech again from 3.1 s) and 4 s
+    of silence."""
+    folder = tmp_path_factory.mktemp("pause")
+    video, speech = folder / "smiling presenter.mp4", folder / "speech with a pause.wav"
+    silence = folder / "silence.wav"
+    run_ffmpeg("-loop", "1", "-i", str(face_photo), "-vf",
+               "scale=330:250,crop=320:240:x='4+4*sin(t*3)':y='4+3*cos(t*2)',format=yuv420p",
+               "-r", "25", "-t", "4", "-c:v", "libx264", "-preset", "ultrafast", str(video))
+    run_ffmpeg("-i", str(speech_wav), "-t", "4", str(speech))
+    run_ffmpeg("-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono", "-t", "4", str(silence))
+    return video, speech, silence
+
+
+@pytest.mark.parametrize("render", ["numpy", "torch"])
+def test_a_video_face_keeps_its_own_mouth_in_a_pause(tmp_path, pause_inputs, render):
+    """In the middle of a pause the frames are the presenter's own (her smile, not lips pressed shut):
+    the bytes of a render of silence, which shows the video as filmed; where she speaks the mouth is
+    drawn; around the pause the handover takes a few frames."""
+    video, speech, silence = pause_inputs
+    options = {"run.avatar_cache": False, "engine.name": "landmark", "engine.device": "cpu", "media.crf": 0,
+               "run.render": render}
+    summary = generate(video, speech, tmp_path / "speech.mp4", overrides=options)
+    generate(video, silence, tmp_path / "silence.mp4", overrides=options)
+    spoken = decode_frames(tmp_path / "speech.mp4").astype(int)
+    kept = decode_frames(tmp_path / "silence.mp4").astype(int)
+    source = decode_frames(video).astype(int)
+    assert len(spoken) == len(kept) == len(source) == summary.frames == 100
+    # silence shows the video as filmed: within the colour conversions' rounding everywhere
+    assert np.abs(kept - source).max() <= 4
+    difference = np.abs(spoken - kept).max(axis=3)  # (N, H, W)
+
+    silent = set(silent_frames(speech, 25.0).tolist())
+    deep_in_pause = [index for index in range(len(spoken))
+                     if all(near in silent for near in range(index - 10, index + 6))]
+    assert len(deep_in_pause) >= 5, sorted(silent)
+    assert all(64 <= index <= 78 for index in deep_in_pause), deep_in_pause
+    for index in deep_in_pause:
+        assert difference[index].max() == 0, (index, difference[index].max())
+    speaking = [index for index in range(len(spoken)) if index not in silent and 10 <= index < 50]
+    moved = [int((difference[index] > 20).sum()) for index in speaking]
+    assert np.mean(moved) > 50, moved

@@ -18,11 +18,13 @@ from conftest import ASSETS, decode_frames, run_ffmpeg
 from heygem.config import BlendConfig, EngineConfig, load_config
 from heygem.engines import ENGINES
 from heygem.engines.landmark.device import LandmarkDeviceRender, draw_mouths, region_layout
+from heygem.engines.landmark.drawing import animate_mouth
 from heygem.engines.landmark.engine import LandmarkEngine
 from heygem.engines.landmark.geometry import MouthGeometry, patch_box
 from heygem.errors import HeygemError
 from heygem.media.frames import bgr_to_yuv420, even_box, i420_batch_to_bgr, i420_planes, paste_i420_window
 from heygem.pipeline import generate
+from heygem.render.blend import blend_patch
 from heygem.render.cpu import CpuRender
 from heygem.render.prepared import Prepared
 from heygem.render.regions import region_windows
@@ -134,7 +136,7 @@ def test_torch_drawing_matches_the_cpu_engine_frame_by_frame(sample):
 def test_an_open_target_opens_the_mouth(sample):
     frames_i420, landmarks = sample
     frame = frames_i420[:1]
-    region = region_layout([(0, landmarks[0], 1.2, 0.0)], (WIDTH, HEIGHT))
+    region = region_layout([(0, landmarks[0], 1.2, 0.0, 1.0)], (WIDTH, HEIGHT))
     regions = np.empty((1, region.height * 3 // 2, region.width), np.uint8)
     for region_plane, frame_window in region_windows(regions, frame, region.rows, region.origins):
         region_plane[...] = frame_window
@@ -148,33 +150,66 @@ def test_an_open_target_opens_the_mouth(sample):
     assert after > before + 100, (before, after)
 
 
+def draw_one(frame_i420: np.ndarray, landmarks: np.ndarray, openness: float, speaking: float = 1.0) -> np.ndarray:
+    """(H * 3/2, W) the frame with its mouth drawn by heygem.engines.landmark.device for this shape."""
+    region = region_layout([(0, landmarks, openness, 0.0, speaking)], (WIDTH, HEIGHT))
+    regions = np.empty((1, region.height * 3 // 2, region.width), np.uint8)
+    for region_plane, frame_window in region_windows(regions, frame_i420[None], region.rows, region.origins):
+        region_plane[...] = frame_window
+    planes = torch.from_numpy(regions.copy())
+    draw_mouths(planes, region.faces, (WIDTH, HEIGHT), BLEND, None)
+    drawn = frame_i420[None].copy()
+    for region_plane, frame_window in region_windows(planes.numpy(), drawn, region.rows, region.origins):
+        frame_window[...] = region_plane
+    return drawn[0]
+
+
 @pytest.fixture(scope="module")
 def closed_sample(sample):
-    """The first frame with its mouth closed by the CPU engine (silence), and its re-detected landmarks."""
+    """The first frame with its mouth closed by the CPU engine (a closed target between words), and its
+    re-detected landmarks."""
     import mediapipe as mp
 
     frames_i420, landmarks = sample
-    silence = np.full((8, 80, 16), -4.0, np.float32)
-    frames = np.repeat(frames_i420[:1], 8, axis=0)
-    closed, _ = cpu_render(frames, with_faces(frames, [landmarks[0]] * 8), silence)
-    closed_bgr = cv2.cvtColor(closed[-1], cv2.COLOR_YUV2BGR_I420)
+    frame_bgr = cv2.cvtColor(frames_i420[0], cv2.COLOR_YUV2BGR_I420)
+    blend_patch(frame_bgr, animate_mouth(frame_bgr, landmarks[0], 0.0, 0.0), BLEND)
     with mp.solutions.face_mesh.FaceMesh(static_image_mode=True, max_num_faces=1) as mesh:
-        found = mesh.process(cv2.cvtColor(closed_bgr, cv2.COLOR_BGR2RGB)).multi_face_landmarks[0].landmark
+        found = mesh.process(cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2RGB)).multi_face_landmarks[0].landmark
     closed_landmarks = np.array([[point.x * WIDTH, point.y * HEIGHT] for point in found], np.float32)
-    return closed[-1:], closed_landmarks
+    return bgr_to_yuv420(frame_bgr)[None], closed_landmarks
 
 
 def test_a_closed_mouth_with_a_closed_target_keeps_its_bytes(closed_sample):
     frame, landmarks = closed_sample
+    patch = animate_mouth(cv2.cvtColor(frame[0], cv2.COLOR_YUV2BGR_I420), landmarks, 0.0, 0.0)
+    assert patch is not None and not patch.mask.any()  # the CPU engine's all-zero mask
+    np.testing.assert_array_equal(draw_one(frame[0], landmarks, 0.0), frame[0])
+
+
+def test_silence_keeps_every_byte_and_a_handover_draws_part_of_the_way(sample):
+    """Speech that has let go of the mouth (silence from the start) leaves the frames as they are on both
+    paths; halfway through a handover the mouth is opened part of the way, alike on both."""
+    frames_i420, landmarks = sample
+    frames = frames_i420[:4].copy()
+    faces = with_faces(frames, landmarks[:4])
     silence = np.full((4, 80, 16), -4.0, np.float32)
-    frames = np.repeat(frame, 4, axis=0)
-    faces = with_faces(frames, [landmarks] * 4)
     patches = LandmarkEngine(EngineConfig(), FPS).generate(EngineBatch(
         frame_indices=np.arange(4), frames_bgr=i420_batch_to_bgr(frames), faces=faces, mel_windows=silence,
         fps=FPS))
-    assert all(patch is not None and not patch.mask.any() for patch in patches)  # the CPU engine's all-zero masks
+    assert patches == [None] * 4
+    expected, _ = cpu_render(frames, faces, silence)
     drawn, _ = torch_render(frames, faces, silence)
+    np.testing.assert_array_equal(expected, frames)
     np.testing.assert_array_equal(drawn, frames)
+
+    np.testing.assert_array_equal(draw_one(frames[0], landmarks[0], 1.2, 0.0), frames[0])
+    x1, x2 = int(landmarks[0][61, 0]) - 4, int(landmarks[0][291, 0]) + 4  # the mouth, nose to chin
+    y1, y2 = int(landmarks[0][2, 1]), int(landmarks[0][152, 1])
+    moved = [np.abs(to_bgr(draw_one(frames[0], landmarks[0], 1.2, speaking)) - to_bgr(frames[0]))[y1:y2, x1:x2].mean()
+             for speaking in (0.25, 0.5, 1.0)]
+    assert 1.0 < moved[0] < moved[1] < moved[2], moved
+    opened = draw_one(frames[0], landmarks[0], 1.2, 1.0)
+    assert dark_pixels(opened, landmarks[0]) > dark_pixels(frames[0], landmarks[0]) + 100
 
 
 def test_frames_without_a_face_or_landmarks_keep_their_bytes(sample):
@@ -280,3 +315,30 @@ def test_generate_with_the_torch_render_path(tmp_path, face_video, media_dir):
     # both paths draw the same mouths: measured 0.001 grey levels on average, 0.07 over the moved mouth
     assert np.abs(torch_frames - cpu_frames).mean() < 0.02
     assert np.abs(torch_frames - cpu_frames)[changed].mean() < 0.5
+
+
+def test_bytes_under_a_zero_mask_keep_their_decoded_values_even_outside_bgr(sample):
+    """Camera video often holds Y below 16 or above 235, which a conversion to BGR and back clips: such
+    bytes in the patch box but under a zero or all but zero mask (its edges, the neck under the chin) stay
+    as decoded on both paths, so the box's edge never shows as a line."""
+    frames_i420, landmarks = sample
+    count = 8
+    frames = frames_i420[:count].copy()
+    faces = with_faces(frames, landmarks[:count])
+    for frame, points in zip(frames, landmarks[:count]):
+        x1, y1, x2, y2 = patch_box(MouthGeometry.from_landmarks(points), WIDTH, HEIGHT)
+        luma = i420_planes(frame)[0]
+        for rows in (slice(y1, y1 + 8), slice(y2 - 8, y2 + 2)):  # the box's top and bottom, and just below
+            luma[rows, x1:x2] = np.where(np.arange(x1, x2) % 2 == 0, 4, 250).astype(np.uint8)[None]
+    windows = speech_windows(count + 40)[40:]
+    patches = LandmarkEngine(EngineConfig(), FPS).generate(EngineBatch(
+        frame_indices=np.arange(count), frames_bgr=i420_batch_to_bgr(frames), faces=faces, mel_windows=windows,
+        fps=FPS))
+    for drawn, _ in (cpu_render(frames, faces, windows), torch_render(frames, faces, windows)):
+        for index, patch in enumerate(patches):
+            x1, y1, x2, y2 = patch.box
+            mask = np.zeros((HEIGHT, WIDTH), np.float32)
+            mask[y1:y2, x1:x2] = patch.mask
+            change = np.abs(i420_planes(drawn[index])[0].astype(int) - i420_planes(frames[index])[0].astype(int))
+            assert change.max() > 40  # the mouth moved
+            assert change[mask < 0.005].max() <= 2, (index, change[mask < 0.005].max())

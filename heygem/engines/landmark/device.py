@@ -12,7 +12,7 @@ whichever device the regions are on:
    computes it coarsely away from the lips), one grid_sample for the whole batch, the warp
    mask, the interior drawing, the border fade, the mask softening (a separable Gaussian blur
    with each face's own kernel), the colour shift and the blend, and the conversion back to
-   I420, written only where the mask is above 0.
+   I420, mixed into the region's own bytes through the mask (unchanged where it is 0).
 
 Regions are (F, Hc * 3/2, Wc) uint8 I420 images, one face each, at even positions of their
 frames (as heygem.render cuts them). torch is imported by the caller's first use of a function.
@@ -67,6 +67,7 @@ class RegionFace:
     landmarks: np.ndarray  # (468, 2) float32 face-mesh points in frame pixels
     openness: float  # 0 (closed) .. ~1.5, mouth_strength applied
     width: float  # -1 (rounded) .. 1 (spread)
+    speaking: float  # 0 (the face's own mouth) .. 1 (all of that shape), see geometry.mouth_target
     origin: tuple[int, int]  # even (x, y) of its region's top-left pixel in the frame
 
 
@@ -99,7 +100,7 @@ class RegionLayout:
 
 
 def region_layout(jobs: list, frame_size: tuple[int, int], margin: float = REGION_MARGIN) -> RegionLayout | None:
-    """The regions for the landmark engine's ``jobs`` ((frame index, landmarks, openness, width), see
+    """The regions for the landmark engine's ``jobs`` ((frame index, landmarks, openness, width, speaking), see
     LandmarkEngine.mouth_jobs) in frames of ``frame_size`` (width, height): around each face the window the
     CPU engine reads (landmark.window_box), widened to even coordinates and to the batch's largest
     size (heygem.render.gpu_blend.face_canvas). None when no job has a patch."""
@@ -107,18 +108,18 @@ def region_layout(jobs: list, frame_size: tuple[int, int], margin: float = REGIO
 
     frame_width, frame_height = frame_size
     rows, boxes, kept = [], [], []
-    for index, landmarks, openness, width in jobs:
+    for index, landmarks, *shape in jobs:
         box = window_box(landmarks, frame_width, frame_height, margin)
         if box is not None:
             rows.append(index)
             boxes.append(box)
-            kept.append((landmarks, openness, width))
+            kept.append((landmarks, *shape))
     if not rows:
         return None
     canvas = face_canvas(np.arange(len(rows)), np.array(boxes, np.int64), frame_height, frame_width, "cpu")
     origins = canvas.origin.numpy()  # (F, 2)
-    faces = [RegionFace(landmarks=landmarks, openness=openness, width=width, origin=(int(x), int(y)))
-             for (landmarks, openness, width), (x, y) in zip(kept, origins)]
+    faces = [RegionFace(landmarks=landmarks, openness=openness, width=width, speaking=speaking, origin=(int(x), int(y)))
+             for (landmarks, openness, width, speaking), (x, y) in zip(kept, origins)]
     return RegionLayout(rows=rows, origins=origins, height=canvas.height, width=canvas.width, faces=faces)
 
 
@@ -164,7 +165,7 @@ def plan_face(face: RegionFace, region_i420: np.ndarray, frame_size: tuple[int, 
     x1, y1, x2, y2 = box[0] - origin_x, box[1] - origin_y, box[2] - origin_x, box[3] - origin_y
     if x1 < 0 or y1 < 0 or x2 > region_width or y2 > region_height:
         raise ValueError(f"the patch box {box} lies outside the region at {face.origin}")
-    target = mouth_target(geometry, face.openness, face.width)
+    target = mouth_target(geometry, face.openness, face.width, face.speaking)
     lips_rows, lips_columns = lips_window(target, geometry, box)
     source = None
     if _draws_interior(target, geometry):
@@ -232,7 +233,7 @@ def draw_mouths(planes, faces: list[RegionFace], frame_size: tuple[int, int], bl
     """Draw every face's mouth into its region of ``planes`` ((F, Hc * 3/2, Wc) uint8 I420 tensor,
     contiguous, one region per face, on any device), in place: the finished bytes of the CPU
     engine's generate_i420 for the same frames, up to rounding. Only Y bytes where a face's mask
-    is above 0, and U/V bytes of 2x2 blocks with such a pixel, change.
+    is above 0, and U/V bytes of 2x2 blocks whose top-left pixel's mask is, can change.
 
     ``regions_host`` is the same bytes on the host (read back from ``planes`` when None, which
     waits for the device). Returns (F,) bool: the regions that got a patch."""
@@ -531,19 +532,23 @@ def _draw(planes, inputs: DrawInputs, constants: DrawConstants, color_match: boo
     # 3. The softened mask: each face's own Gaussian (sigma max(1, 0.04 * mouth width)), then the fade.
     mask = torch.maximum(mask, _blur(mask[:, None], inputs.kernels)[:, 0]) * fade  # (P, Hc, Wc)
 
-    # 4. The blend as blend.blend_patch: the patch's colour shifted to the frame's over the mask's soft edge.
-    weights = mask[:, None]  # (P, 1, Hc, Wc)
-    if color_match:  # over the mask's soft edge, as blend.blend_patch
+    # 4. The patch's colour shifted to the frame's over the mask's soft edge (as blend.blend_patch), in I420
+    #    (OpenCV's chroma: each 2x2 block's top-left pixel).
+    if color_match:
         image = image + colour_shift(source, image, ((mask > 0.02) & (mask < 0.7))[:, None])[:, :, None, None]
-    mixed = (source * (1.0 - weights) + image * weights).round_().clamp_(0.0, 255.0)  # (P, 3, Hc, Wc)
+        image = image.round_().clamp_(0.0, 255.0)
+    new_y, new_u, new_v = bgr_to_i420(image, "top_left")
 
-    # 5. Back to I420 (OpenCV's chroma: each 2x2 block's top-left pixel), written where the mask is above 0.
-    new_y, new_u, new_v = bgr_to_i420(mixed, "top_left")
-    written = mask > 0  # (P, Hc, Wc)
-    written_blocks = functional.max_pool2d(written[:, None].float(), 2)[:, 0] > 0  # (P, Hc/2, Wc/2)
-    y_all[region] = torch.where(written, new_y, y)
-    u_all[region] = torch.where(written_blocks, new_u, u_plane)
-    v_all[region] = torch.where(written_blocks, new_v, v_plane)
+    # 5. Mixed into the region's own bytes through the mask (landmark.blend_window): a zero mask keeps a byte
+    #    exactly, also one that a conversion to BGR and back would change.
+    def mixed(before, after, weight):
+        before = before.float()
+        return (before + weight * (after.float() - before)).round_().clamp_(0.0, 255.0).to(torch.uint8)
+
+    block_mask = mask[:, 0::2, 0::2]  # (P, Hc/2, Wc/2) at each block's top-left pixel
+    y_all[region] = mixed(y, new_y, mask)
+    u_all[region] = mixed(u_plane, new_u, block_mask)
+    v_all[region] = mixed(v_plane, new_v, block_mask)
 
 
 __all__ = ["MouthPlan", "RegionFace", "RegionLayout", "draw_mouths", "plan_mouths", "region_layout", "render_mouths"]

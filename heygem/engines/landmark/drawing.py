@@ -30,8 +30,8 @@ from heygem.engines.landmark.geometry import (
     warp_field,
 )
 from heygem.engines.landmark.mouth_shapes import clip, smoothstep
-from heygem.media.frames import bgr_to_yuv420, cut_i420_window, even_box
-from heygem.render.blend import blend_patch
+from heygem.media.frames import bgr_to_yuv420, cut_i420_window, even_box, i420_planes
+from heygem.render.blend import colour_shift
 from heygem.types import Box, Face, FacePatch, I420Window
 
 
@@ -335,7 +335,7 @@ def remap_bgr(source_bgr: np.ndarray, map_x: np.ndarray, map_y: np.ndarray) -> n
 
 def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
                source_origin: tuple[int, int] = (0, 0),
-               frame_size: tuple[int, int] | None = None) -> WarpedMouth | None:
+               frame_size: tuple[int, int] | None = None, speaking: float = 1.0) -> WarpedMouth | None:
     """The first half of animate_mouth: the warp, the mask and the inputs of the interior.
 
     ``source_bgr`` is the frame, or a region of it whose top-left corner is at
@@ -355,7 +355,7 @@ def warp_mouth(source_bgr: np.ndarray, landmarks: np.ndarray, openness: float, w
     x1, y1, x2, y2 = box
     if x1 < origin_x or y1 < origin_y or x2 > origin_x + source_bgr.shape[1] or y2 > origin_y + source_bgr.shape[0]:
         raise RegionTooSmall
-    target = mouth_target(geometry, openness, width)
+    target = mouth_target(geometry, openness, width, speaking)
 
     # 1. The backward map: for each output pixel, where it comes from in the source. Coarse
     #    over the box (the field is smooth there), exact around the lips.
@@ -431,15 +431,17 @@ def remembered_teeth(warped: WarpedMouth | None, teeth_memory: TeethColour | Non
 
 
 def animate_mouth(frame_bgr: np.ndarray, landmarks: np.ndarray, openness: float, width: float,
-                  face: Face | None = None, teeth_memory: TeethColour | None = None) -> FacePatch | None:
+                  face: Face | None = None, teeth_memory: TeethColour | None = None,
+                  speaking: float = 1.0) -> FacePatch | None:
     """New pixels for the lower face of ``frame_bgr`` with the mouth in the given shape.
 
     ``landmarks`` (468, 2) float32 are the frame's mediapipe face-mesh points in pixels;
-    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread). Returns None
+    ``openness`` 0 (closed) .. ~1.5, ``width`` -1 (rounded) .. 1 (spread), ``speaking`` 0 (the
+    face's own mouth) .. 1 (all of that shape; see geometry.mouth_target). Returns None
     when the face is too small or outside the frame. This is warp_mouth, then the teeth
     colour (the only state carried from frame to frame), then finish_mouth.
     """
-    warped = warp_mouth(frame_bgr, landmarks, openness, width)
+    warped = warp_mouth(frame_bgr, landmarks, openness, width, speaking=speaking)
     if warped is None:
         return None
     image, mask = finish_mouth(warped, remembered_teeth(warped, teeth_memory))
@@ -469,35 +471,56 @@ class WarpedWindow:
     """A window of a frame after the warp (see warp_window)."""
 
     window_bgr: np.ndarray  # (h, w, 3) uint8 BGR, the window as the frame shows it
+    window_i420: np.ndarray | None  # (h * 3/2, w) uint8, its decoded bytes (None for a BGR window)
     origin: tuple[int, int]  # (x, y) of its top-left corner in the frame
     frame_size: tuple[int, int]  # (width, height) of the frame
     warped: WarpedMouth  # its box and pixels in frame coordinates
 
 
 def warp_window(window: np.ndarray, origin: tuple[int, int], frame_size: tuple[int, int], landmarks: np.ndarray,
-                openness: float, width: float) -> WarpedWindow | None:
+                openness: float, width: float, speaking: float = 1.0) -> WarpedWindow | None:
     """warp_mouth on a window of the frame at ``origin`` (x, y): a (h, w, 3) BGR region, or a
     (h * 3/2, w) I420 window at an even origin, converted to BGR first (I420 chroma is per 2x2
     block, so the window converts to the bytes the whole frame has there). None when there is
     no patch; raises RegionTooSmall when the warp reads outside the window."""
     window_bgr = cv2.cvtColor(window, cv2.COLOR_YUV2BGR_I420) if window.ndim == 2 else window  # (h, w, 3)
-    warped = warp_mouth(window_bgr, landmarks, openness, width, origin, frame_size)
+    warped = warp_mouth(window_bgr, landmarks, openness, width, origin, frame_size, speaking)
     if warped is None:
         return None
-    return WarpedWindow(window_bgr=window_bgr, origin=origin, frame_size=frame_size, warped=warped)
+    return WarpedWindow(window_bgr=window_bgr, window_i420=window if window.ndim == 2 else None, origin=origin,
+                        frame_size=frame_size, warped=warped)
 
 
 def blend_window(warped: WarpedWindow, teeth_bgr: np.ndarray | None, blend: BlendConfig) -> I420Window:
-    """Finish the mouth (finish_mouth), blend the patch into the window as blend.blend_patch does
-    into a frame, and convert the patch box, widened to even coordinates, back to I420 as
-    media.write_region_i420 does: the bytes the whole-frame path writes there. Changes the
-    window's pixels."""
-    image, mask = finish_mouth(warped.warped, teeth_bgr)
+    """Finish the mouth (finish_mouth) and mix it into the window's own I420 bytes over the patch box,
+    widened to even coordinates: the patch's colour is shifted to the frame's over the mask's soft edge
+    (as blend.blend_patch does), converted to I420 (OpenCV's, chroma from each 2x2 block's top-left
+    pixel), and each byte becomes rint(byte + mask * (patch byte - byte)), with the mask at the pixel
+    for Y and at its block's top-left pixel for U and V. Bytes where the mask is 0 keep their decoded
+    values exactly, also those that a conversion to BGR and back would change (Y below 16 or above
+    235, colours outside BGR): such a change would show the box's edge as a line across the face or
+    the neck. ``warped`` must come from an I420 window (warp_window)."""
+    image, mask = finish_mouth(warped.warped, teeth_bgr)  # (h, w, 3) uint8, (h, w) float32 on the patch box
     origin_x, origin_y = warped.origin
     x1, y1, x2, y2 = warped.warped.box
-    local_box = (x1 - origin_x, y1 - origin_y, x2 - origin_x, y2 - origin_y)
-    blend_patch(warped.window_bgr, FacePatch(box=local_box, image_bgr=image, mask=mask), blend)
     even_x1, even_y1, even_x2, even_y2 = even_box(warped.warped.box, *warped.frame_size)
-    region = warped.window_bgr[even_y1 - origin_y:even_y2 - origin_y, even_x1 - origin_x:even_x2 - origin_x]
-    planes = bgr_to_yuv420(np.ascontiguousarray(region))  # ((y2 - y1) * 3/2, x2 - x1) I420
+    if blend.color_match:
+        shift = colour_shift(image, warped.window_bgr[y1 - origin_y:y2 - origin_y, x1 - origin_x:x2 - origin_x], mask)
+        if shift is not None:
+            image = clip(np.rint(image + shift), 0, 255).astype(np.uint8)
+    even_local = (even_x1 - origin_x, even_y1 - origin_y, even_x2 - origin_x, even_y2 - origin_y)
+    patched = warped.window_bgr[even_local[1]:even_local[3], even_local[0]:even_local[2]].copy()  # (he, we, 3)
+    inner = (slice(y1 - even_y1, y2 - even_y1), slice(x1 - even_x1, x2 - even_x1))
+    patched[inner] = image
+    weights = np.zeros(patched.shape[:2], np.float32)  # (he, we) the mask on the even box
+    weights[inner] = mask
+    height, width = weights.shape
+    own = i420_planes(cut_i420_window(warped.window_i420, even_local))  # the decoded bytes
+    new = i420_planes(bgr_to_yuv420(patched))  # Y (he, we), U and V (he/2, we/2)
+    chroma_weights = weights[0::2, 0::2]
+    planes = np.empty((height * 3 // 2, width), np.uint8)
+    for target, before, after, weight in zip(i420_planes(planes), own, new,
+                                             (weights, chroma_weights, chroma_weights)):
+        before = before.astype(np.float32)
+        target[...] = clip(np.rint(before + weight * (after.astype(np.float32) - before)), 0, 255)
     return I420Window(box=(even_x1, even_y1, even_x2, even_y2), planes=planes)

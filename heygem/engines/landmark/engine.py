@@ -18,7 +18,9 @@ vertically and the map between them is piecewise linear, which lets the lips par
 (a gap opens) or close (a gap collapses) without folding the skin around them.
 
 A frame whose source mouth is closed and whose target is closed comes back unchanged,
-with an all-zero mask.
+with an all-zero mask. In the speech's pauses the face keeps its own mouth: those frames get
+no patch at all (see MouthShapeTracker's ``speaking``), and the frames around a pause go
+from the speech's mouth to the face's own over a few frames.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class _InFlight:
 
     frames: np.ndarray  # (N, H * 3/2, W) I420 or (N, H, W, 3) BGR
     faces: list
-    jobs: list  # (frame index, landmarks, openness, width), see LandmarkEngine.mouth_jobs
+    jobs: list  # (frame index, landmarks, openness, width, speaking), see LandmarkEngine.mouth_jobs
     blend: BlendConfig | None  # None: patches back (generate), else finished I420 windows
     items_by_worker: list  # per process, its ("warp") items
 
@@ -93,11 +95,14 @@ class LandmarkEngine:
                      self.fps, self.mouth_strength, self.workers)
 
     def mouth_jobs(self, faces: list[Face | None], mel_windows: np.ndarray) -> list[tuple]:
-        """(frame index, landmarks, openness, width) of the frames with landmarks, in frame order."""
+        """(frame index, landmarks, openness, width, speaking) of the frames to draw, in frame order:
+        those with landmarks, but for the frames in the speech's pauses (``speaking`` 0), which keep
+        the face's own mouth, untouched."""
         shapes = self.shapes.update(mel_windows)  # advances with every frame, face or not
-        return [(index, face.landmarks, float(openness) * self.mouth_strength, float(width))
-                for index, (face, openness, width) in enumerate(zip(faces, shapes.openness, shapes.width))
-                if face is not None and face.landmarks is not None]
+        return [(index, face.landmarks, float(openness) * self.mouth_strength, float(width), float(speaking))
+                for index, (face, openness, width, speaking)
+                in enumerate(zip(faces, shapes.openness, shapes.width, shapes.speaking))
+                if face is not None and face.landmarks is not None and speaking > 0.0]
 
     def draws_in_processes(self, jobs: list) -> bool:
         return self.workers > 0 and len(jobs) >= POOL_MIN_FRAMES
@@ -108,17 +113,18 @@ class LandmarkEngine:
         if self.draws_in_processes(jobs):
             return self._generate_in_processes(batch.frames_bgr, batch.faces, jobs, blend=None)
         patches: list[FacePatch | None] = [None] * len(batch.faces)
-        for index, landmarks, openness, width in jobs:
+        for index, landmarks, openness, width, speaking in jobs:
             patches[index] = animate_mouth(batch.frames_bgr[index], landmarks, openness, width,
-                                           face=batch.faces[index], teeth_memory=self.teeth)
+                                           face=batch.faces[index], teeth_memory=self.teeth, speaking=speaking)
         return patches
 
     def generate_i420(self, frames_i420: np.ndarray, faces: list[Face | None], mel_windows: np.ndarray,
                       blend: BlendConfig) -> list[I420Window | None]:
         """The frames' finished pixels: one I420Window per frame, None where the frame has no face,
         no landmarks or no patch. ``frames_i420`` (N, H * 3/2, W) uint8 are not changed; pasting
-        the windows into them (media.paste_i420_window) gives the bytes that generate(), then
-        blend.blend_patch and media.write_region_i420 on whole BGR frames give."""
+        the windows into them (media.paste_i420_window) gives the frames with generate()'s patches
+        mixed into their own I420 bytes (drawing.blend_window): bytes under a zero mask stay as
+        decoded."""
         jobs = self.mouth_jobs(faces, mel_windows)
         if self.draws_in_processes(jobs):
             return self._generate_in_processes(frames_i420, faces, jobs, blend)
@@ -165,15 +171,16 @@ class LandmarkEngine:
         """generate_i420's work in this thread, for jobs already made (mouth_jobs)."""
         windows: list[I420Window | None] = [None] * len(faces)
         frame_size = frame_size_of(frames_i420)
-        for index, landmarks, openness, width in jobs:
+        for index, landmarks, openness, width, speaking in jobs:
             box = window_box(landmarks, *frame_size, self.region_margin)
             if box is None:
                 continue
             window, origin = cut_window(frames_i420[index], box)
+            shape = (openness, width, speaking)
             try:
-                warped = warp_window(window, origin, frame_size, landmarks, openness, width)
+                warped = warp_window(window, origin, frame_size, landmarks, *shape)
             except RegionTooSmall:  # rare: the whole frame is the window
-                warped = warp_window(frames_i420[index], (0, 0), frame_size, landmarks, openness, width)
+                warped = warp_window(frames_i420[index], (0, 0), frame_size, landmarks, *shape)
             if warped is not None:
                 windows[index] = blend_window(warped, remembered_teeth(warped.warped, self.teeth), blend)
         return windows
@@ -215,11 +222,11 @@ class LandmarkEngine:
         for run in np.array_split(np.arange(len(jobs)), pool.size):
             items = []
             for job in run:
-                index, landmarks, openness, width = jobs[job]
+                index, landmarks, openness, width, speaking = jobs[job]
                 box = window_box(landmarks, *frame_size, self.region_margin)
                 if box is not None:
                     window, origin = cut_window(frames[index], box)
-                    items.append((index, window, origin, frame_size, landmarks, openness, width))
+                    items.append((index, window, origin, frame_size, landmarks, openness, width, speaking))
             items_by_worker.append(items)
         return _InFlight(frames=frames, faces=faces, jobs=jobs, blend=blend, items_by_worker=items_by_worker)
 
@@ -240,8 +247,8 @@ class LandmarkEngine:
             teeth_colours = []
             for index, status, seen_teeth in pool.receive(worker, "observed"):
                 if status == "region too small":  # rare: warp with the whole frame as the window, here
-                    _, landmarks, openness, width = next(job for job in flight.jobs if job[0] == index)
-                    warped = warp_window(flight.frames[index], (0, 0), frame_size, landmarks, openness, width)
+                    _, landmarks, *shape = next(job for job in flight.jobs if job[0] == index)
+                    warped = warp_window(flight.frames[index], (0, 0), frame_size, landmarks, *shape)
                     if warped is not None:
                         warped_here.append((index, warped, remembered_teeth(warped.warped, self.teeth)))
                 elif status == "interior":

@@ -34,6 +34,9 @@ UPPER_LIP_STRETCH = 0.35  # the upper lip's outer edge moves this fraction of it
 LOWER_LIP_STRETCH = 0.9  # the lower lip's outer edge moves this fraction of its inner edge
 CORNER_DROP = 0.15  # the corners follow the lower lip down by this fraction
 JAW_FOLLOWS = 0.8  # the chin moves this fraction of the lower lip
+# The skin under the jaw keeps at least this share of its height when the chin drops: squeezed
+# harder, the shadow under the chin would become a thin dark line across the neck.
+UNDER_JAW_KEPT = 0.7
 TEETH_LENGTH = 0.12  # visible upper incisors at most, as a fraction of the mouth width
 GAP_SHAPE_POWER = 0.6  # profile of the opening across the mouth: (1 - s^2) ** power
 # The seven levels of every column across the mouth, top to bottom: rows of the (7, C) level arrays.
@@ -164,8 +167,12 @@ def _column_levels(geometry: MouthGeometry, columns: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(levels, axis=0)
 
 
-def mouth_target(geometry: MouthGeometry, openness: float, width: float) -> MouthTarget:
-    """Move the levels toward a mouth opened by ``openness`` (0..~1.5) and spread by ``width`` (-1..1)."""
+def mouth_target(geometry: MouthGeometry, openness: float, width: float, speaking: float = 1.0) -> MouthTarget:
+    """Move the levels toward a mouth opened by ``openness`` (0..~1.5) and spread by ``width`` (-1..1).
+
+    ``speaking`` (0..1) is how much of that move is made: 0 leaves the face's own mouth as it is
+    (nothing moves, nothing is drawn inside), values between go part of the way and draw the
+    interior that much (the handover between a pause and the speech, see MouthShapeTracker)."""
     half_u = geometry.half_extent_u
     columns = np.arange(-np.ceil(half_u), np.ceil(half_u) + 1.0)  # (C,)
     source = _column_levels(geometry, columns)  # (7, C)
@@ -192,18 +199,20 @@ def mouth_target(geometry: MouthGeometry, openness: float, width: float) -> Mout
     moves[LOWER_INNER] = (1.0 - UPPER_LIP_SHARE) * gap_change + corners_down
     moves[LOWER_OUTER] = (1.0 - UPPER_LIP_SHARE) * LOWER_LIP_STRETCH * gap_change + corners_down
     moves[JAW] = JAW_FOLLOWS * lower_drop_centre * jaw_profile
+    moves[JAW] = np.minimum(moves[JAW], (1.0 - UNDER_JAW_KEPT) * (source[NECK] - source[JAW]))
     moves *= fade_out
-    target = np.maximum.accumulate(source + moves, axis=0)
+    target = np.maximum.accumulate(source + speaking * moves, axis=0)
 
     spread = SPREAD if width > 0 else ROUNDING
     corner_shift = (width * spread - OPENING_NARROWS * min(openness, 1.0)) * mouth_width
+    interior = np.maximum(smoothstep(0.0, 1.5, gap_change), 1.0 - keep_source)
     return MouthTarget(
         columns=columns.astype(np.float32),
         source_levels=source.astype(np.float32),
         target_levels=target.astype(np.float32),
-        corner_shift=float(corner_shift),
-        closing=np.maximum(-gap_change, 0.0).astype(np.float32),
-        interior=np.maximum(smoothstep(0.0, 1.5, gap_change), 1.0 - keep_source).astype(np.float32),
+        corner_shift=float(speaking * corner_shift),
+        closing=(speaking * np.maximum(-gap_change, 0.0)).astype(np.float32),
+        interior=(speaking * interior).astype(np.float32),
     )
 
 

@@ -10,7 +10,9 @@ slightly before the sound they make. From them we read:
 - the second-formant region's centroid (700-3000 Hz): "ee" spreads the corners, "oo" rounds them;
 - the high band (3.5-7.6 kHz): fricatives (s, sh, f) part the lips a little;
 - nasal murmur (low band strong, mid band weak, quiet) and a near-silence just before a
-  sharp onset: the lips are closed (m, b, p).
+  sharp onset: the lips are closed (m, b, p);
+- a pause (no voice in the whole window for a while): the speech lets go of the mouth, and the
+  face shows its own mouth as filmed (a presenter's resting smile stays a smile).
 
 A :class:`MouthShapeTracker` keeps the state between batches: a slowly decaying
 reference level (so quiet and loud recordings both animate) and attack/release
@@ -41,6 +43,9 @@ RELEASE_SECONDS = 0.05  # closing a little slower
 CLOSURE_RELEASE_SECONDS = 0.012  # m/b/p close the lips at once
 WIDTH_SECONDS = 0.06  # spreading and rounding change smoothly
 DEAD_ZONE = 0.02  # openness below this counts as closed, so silence leaves the face untouched
+HEARD_DB = -30.0  # a window column this close to the reference level (voiced or high band) is speech
+PAUSE_SECONDS = 0.35  # a silence at least this long (the window's look-ahead included) lets go of the mouth
+HANDOVER_SECONDS = 0.12  # the mouth goes from the speech to the face's own (and back) over this long
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class MouthShapes:
 
     openness: np.ndarray  # (N,) float32, 0 closed .. 1 wide open ("ah" spoken loudly)
     width: np.ndarray  # (N,) float32, -1 rounded ("oo") .. 0 neutral .. +1 spread ("ee")
+    # (N,) float32, 1 while the speech moves the mouth .. 0 in a pause, where the face keeps its own mouth
+    speaking: np.ndarray
 
 
 try:  # np.clip's own ufunc, without the Python wrapper around it (~15 us a call; most arrays here are small)
@@ -116,6 +123,9 @@ class AudioCues:
     nasal_db: np.ndarray  # (N,) low band minus mid band: high for m/n murmur (and "oo")
     onset_db: np.ndarray  # (N,) how much louder the next ~70 ms is than now: high before a plosive burst
     now_db: np.ndarray  # (N,) voiced level of the window's first two columns
+    heard_now_db: np.ndarray  # (N,) the louder of the voiced and high bands in the window's first two columns
+    heard_ahead_db: np.ndarray  # (N,) ... in the loudest column of the whole window
+    window_seconds: float  # how far the window reaches
 
 
 def audio_cues(mel_windows: np.ndarray) -> AudioCues:
@@ -128,6 +138,7 @@ def audio_cues(mel_windows: np.ndarray) -> AudioCues:
     frame_power = (power[:, :, :columns] * weights).sum(axis=2)  # (N, 80)
 
     voiced_per_column = _power_db(power[:, bands.voiced, :].mean(axis=1))  # (N, 16)
+    high_per_column = _power_db(power[:, bands.high, :].mean(axis=1))  # (N, 16)
     now_db = _power_db(power[:, bands.voiced, PLOSIVE_NOW_COLUMNS].mean(axis=(1, 2)))
     ahead = voiced_per_column[:, PLOSIVE_AHEAD_COLUMNS]
     ahead_db = ahead.max(axis=1) if ahead.shape[1] else now_db
@@ -139,17 +150,30 @@ def audio_cues(mel_windows: np.ndarray) -> AudioCues:
         nasal_db=_power_db(frame_power[:, bands.low].mean(axis=1)) - _power_db(frame_power[:, bands.mid].mean(axis=1)),
         onset_db=ahead_db - now_db,
         now_db=now_db,
+        heard_now_db=np.maximum(now_db, _power_db(power[:, bands.high, PLOSIVE_NOW_COLUMNS].mean(axis=(1, 2)))),
+        heard_ahead_db=np.maximum(voiced_per_column, high_per_column).max(axis=1, initial=-120.0),
+        window_seconds=power.shape[2] / audio.MEL_FRAMES_PER_SECOND,
     )
 
 
 class MouthShapeTracker:
-    """Turns mel windows into smoothed mouth shapes, keeping state between batches."""
+    """Turns mel windows into smoothed mouth shapes, keeping state between batches.
+
+    The speech holds the mouth while it is heard and lets go in its pauses: once a silence is
+    known to last PAUSE_SECONDS (the silence so far and the whole window after it), ``speaking``
+    falls to 0 over HANDOVER_SECONDS; it rises again over as long from the frame whose own
+    sound is speech, as the mouth starts to open for it. Before the first words the face is at
+    rest (``speaking`` 0).
+    """
 
     def __init__(self, fps: float):
         self.frame_seconds = 1.0 / float(fps)
         self.reference_db = REFERENCE_START_DB
         self.openness = 0.0
         self.width = 0.0
+        self.speaking = 0.0
+        self.holds = False  # whether the speech holds the mouth (``speaking`` moves toward 1, else 0)
+        self.quiet_seconds = float("inf")  # since the last frame whose own sound was speech
 
     def _follow(self, current: float, target: float, seconds: float) -> float:
         return current + (target - current) * (1.0 - float(np.exp(-self.frame_seconds / seconds)))
@@ -160,6 +184,8 @@ class MouthShapeTracker:
         count = len(mel_windows)
         openness = np.zeros(count, np.float32)
         width = np.zeros(count, np.float32)
+        speaking = np.zeros(count, np.float32)
+        handover_step = self.frame_seconds / HANDOVER_SECONDS
         decay_db = REFERENCE_DECAY_DB_PER_SECOND * self.frame_seconds
         for index in range(count):
             voiced_db = float(cues.voiced_db[index])
@@ -186,6 +212,19 @@ class MouthShapeTracker:
             spread = float(np.clip((cues.second_formant_hz[index] - 1500.0) / 700.0, -1.0, 1.0))
             self.width = self._follow(self.width, spread * float(loudness), WIDTH_SECONDS)
 
+            heard_now = float(cues.heard_now_db[index]) - self.reference_db > HEARD_DB
+            heard_ahead = float(cues.heard_ahead_db[index]) - self.reference_db > HEARD_DB
+            self.quiet_seconds = 0.0 if heard_now else self.quiet_seconds + self.frame_seconds
+            if heard_now:
+                self.holds = True
+            elif not heard_ahead and self.quiet_seconds + cues.window_seconds >= PAUSE_SECONDS:
+                self.holds = False
+            if self.holds:
+                self.speaking = min(1.0, self.speaking + handover_step)
+            else:
+                self.speaking = max(0.0, self.speaking - handover_step)
+
             openness[index] = max(0.0, self.openness - DEAD_ZONE) / (1.0 - DEAD_ZONE)
             width[index] = self.width
-        return MouthShapes(openness=openness, width=width)
+            speaking[index] = self.speaking
+        return MouthShapes(openness=openness, width=width, speaking=speaking)

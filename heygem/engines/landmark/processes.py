@@ -5,7 +5,7 @@ Protocol, one pipe per process, one batch at a time (LandmarkEngine._generate_in
 overlapping in a stream (4.):
 
 1. engine -> process ``("warp", (blend, items))``, items ``(key, window, origin, frame_size,
-   landmarks, openness, width)``: ``window`` is the part of the frame the warp reads, either
+   landmarks, openness, width, speaking)``: ``window`` is the part of the frame the warp reads, either
    I420 bytes of an even-aligned box, packed as a (h * 3/2, w) image (converted to BGR here),
    or a (h, w, 3) BGR region; ``origin`` is its top-left (x, y) in a frame of ``frame_size``
    (width, height). The process warps each (warp_window) and keeps the result.
@@ -49,9 +49,9 @@ class LandmarkWorkerError(WorkerProcessError):
 def _warp_all(items: list, warped: dict[int, WarpedWindow]) -> list:
     """Step 1 of the protocol: warp every item into ``warped``; the reports for the engine."""
     observed = []
-    for key, window, origin, frame_size, landmarks, openness, width in items:
+    for key, window, origin, frame_size, landmarks, openness, width, speaking in items:
         try:
-            result = warp_window(window, origin, frame_size, landmarks, openness, width)
+            result = warp_window(window, origin, frame_size, landmarks, openness, width, speaking)
         except RegionTooSmall:
             observed.append((key, "region too small", None))
             continue

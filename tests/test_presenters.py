@@ -221,7 +221,7 @@ def test_a_preparation_left_unfinished_starts_again(clips, tmp_path):
     assert store.get(interrupted.id).status == READY
 
 
-USERS = "admin alice:alice-secret\nbob:bob-secret\ncarol:carol-secret\n"
+USERS = "admin alice:alice-long-secret\nbob:bob-long-secret\ncarol:carol-long-secret\n"
 
 
 def test_a_clip_that_fails_its_preparation_is_failed_with_its_reason_and_its_files_go(clips, tmp_path):
@@ -248,14 +248,14 @@ def server(tmp_path_factory, clips):
     # recorded by a server that stopped before preparing it: the next one prepares it
     PresenterStore(folder / "outputs").create(clips["photo"], "left over", submitter="bob")
     live = Server(folder / "outputs", folder / "app.log", extra_args=("--users", str(folder / "users.txt")),
-                  env={"HEYGEM_CACHE_DIR": str(folder / "cache")}, auth=("alice", "alice-secret")).wait_ready()
+                  env={"HEYGEM_CACHE_DIR": str(folder / "cache")}, auth=("alice", "alice-long-secret")).wait_ready()
     live.client.auth = None  # each request names its user
     yield live
     live.stop()
 
 
 def as_user(name: str) -> dict:
-    return {"Authorization": f"Bearer {name}-secret"}
+    return {"Authorization": f"Bearer {name}-long-secret"}
 
 
 def wait_for(server, path: str, user: str, done, timeout: float = 180) -> dict:

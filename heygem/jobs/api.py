@@ -12,7 +12,8 @@
     GET    /api/jobs/{id}/stream.m3u8  -> HLS of the frames encoded so far (heygem.jobs.stream)
     DELETE /api/jobs/{id}          -> cancels a queued or running job; deletes a finished (done, failed,
                                    cancelled) one with its files -> {"id", "status": "deleted"}
-    POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again
+    POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again (admitted as a new job:
+                                   queue full -> 429 with Retry-After, disk short -> 507)
 
 Every error is JSON ``{"error": message}``. With ``auth`` set, every route
 needs HTTP basic auth with the same user and password as the web UI. With
@@ -264,6 +265,10 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
         find_job(job_id, request)
         try:
             return store.retry(job_id).to_dict()
+        except QueueFull as error:
+            raise ApiError(429, str(error), headers={"Retry-After": str(error.retry_after)}) from None
+        except NotEnoughDisk as error:
+            raise ApiError(507, str(error)) from None
         except HeygemError as error:
             raise ApiError(409, str(error)) from None
 

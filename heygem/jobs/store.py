@@ -513,13 +513,17 @@ class JobStore:
 
     def _check_room(self) -> None:
         """Refuse a job while the queue is full or the disk is short (nothing is written then)."""
-        limits = self.limits
-        if limits.min_free_bytes is not None:
-            free = shutil.disk_usage(self.outputs_dir).free
-            if free < limits.min_free_bytes:
-                raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
-                                    f"{human_size(limits.min_free_bytes)}); try again once old jobs are cleaned")
+        self._check_disk()
         self._check_queue(self._connect())
+
+    def _check_disk(self) -> None:
+        """NotEnoughDisk when the outputs folder's disk has less free space than min_free_bytes."""
+        needed = self.limits.min_free_bytes
+        if needed is not None:
+            free = shutil.disk_usage(self.outputs_dir).free
+            if free < needed:
+                raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
+                                    f"{human_size(needed)}); try again once old jobs are cleaned")
 
     def _check_queue(self, db: sqlite3.Connection) -> None:
         """QueueFull when max_queued jobs wait (in create_job's insert transaction: parallel submissions hold it)."""
@@ -566,11 +570,14 @@ class JobStore:
         return self.get(job_id)
 
     def retry(self, job_id: str) -> Job:
-        """Queue a failed or cancelled job again, at the back of the queue."""
+        """Queue a failed or cancelled job again, at the back of the queue: admitted as a new job is (QueueFull
+        when max_queued jobs wait, counted under the write lock; NotEnoughDisk below min_free_bytes)."""
+        self._check_disk()
         with self._transaction() as db:
             row = _status_row(db, job_id)
             if row["status"] not in (FAILED, CANCELLED):
                 raise HeygemError(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be retried")
+            self._check_queue(db)
             db.execute(
                 "UPDATE jobs SET status = ?, queued = ?, progress = 0, stage = '', error = NULL, started = NULL, "
                 "finished = NULL, owner = NULL, worker = NULL, device = NULL, cancel_requested = 0 WHERE id = ?",

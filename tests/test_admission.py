@@ -1,0 +1,64 @@
+"""What a server lets in, at every door: a retried job passes the same queue and disk checks as a new one,
+the Batch tab's server folders stay inside their roots, and the command line refuses outputs and inputs
+it cannot use with one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ASSETS, run_ffmpeg
+
+from heygem.jobs.store import JobLimits, JobStore
+
+FACE = ASSETS / "astronaut.jpg"
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("admission inputs") / "speech.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "1.0", str(path))
+    return path
+
+
+def rest_client(store: JobStore, **router_options):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from heygem.jobs.api import create_router
+
+    return TestClient(FastAPI(routes=create_router(store, **router_options).routes))
+
+
+def post_job(client, speech: Path, face: Path = FACE):
+    return client.post("/api/jobs", files={"face": (face.name, face.read_bytes()),
+                                           "audio": (speech.name, speech.read_bytes())}, data={"options": "{}"})
+
+
+# ---------------------------------------------------------------------- retry is admitted as a new job
+
+
+def test_a_retry_counts_against_max_queued(tmp_path, speech):
+    store = JobStore(tmp_path / "outputs", limits=JobLimits(max_queued=3))
+    client = rest_client(store)
+    first = [post_job(client, speech).json()["id"] for _ in range(3)]
+    for job_id in first:
+        assert client.delete(f"/api/jobs/{job_id}").json()["status"] == "cancelled"
+    assert [post_job(client, speech).status_code for _ in range(3)] == [201] * 3
+    answers = [client.post(f"/api/jobs/{job_id}/retry") for job_id in first]
+    assert [answer.status_code for answer in answers] == [429] * 3, [answer.text for answer in answers]
+    assert answers[0].headers["Retry-After"] == "60"
+    assert "waiting" in answers[0].json()["error"]
+    assert store.counts()["queued"] == 3 and store.counts()["cancelled"] == 3
+
+
+def test_a_retry_needs_the_free_disk_a_new_job_needs(tmp_path, speech):
+    store = JobStore(tmp_path / "outputs")
+    client = rest_client(store)
+    job_id = post_job(client, speech).json()["id"]
+    client.delete(f"/api/jobs/{job_id}")
+    store.limits = JobLimits(min_free_bytes=1 << 60)  # more than any disk has
+    answer = client.post(f"/api/jobs/{job_id}/retry")
+    assert answer.status_code == 507, answer.text
+    assert "disk" in answer.json()["error"]
+    assert store.get(job_id).status == "cancelled"

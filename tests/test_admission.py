@@ -62,3 +62,40 @@ def test_a_retry_needs_the_free_disk_a_new_job_needs(tmp_path, speech):
     assert answer.status_code == 507, answer.text
     assert "disk" in answer.json()["error"]
     assert store.get(job_id).status == "cancelled"
+
+
+# ---------------------------------------------------------------------- the Batch tab's server folders
+
+
+@pytest.fixture()
+def folder_with_links(tmp_path, speech) -> Path:
+    """A batch root holding one real pair and links to another user's files outside it."""
+    import shutil
+
+    elsewhere = tmp_path / "another user's job"
+    elsewhere.mkdir()
+    shutil.copy(FACE, elsewhere / "secret.jpg")
+    shutil.copy(speech, elsewhere / "secret.wav")
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(FACE, root / "mine.jpg")
+    shutil.copy(speech, root / "mine.wav")
+    (root / "stolen.jpg").symlink_to(elsewhere / "secret.jpg")
+    (root / "stolen.wav").symlink_to(elsewhere / "secret.wav")
+    return root
+
+
+@pytest.mark.parametrize("pairing", ["stem", "cross"])
+def test_a_server_folder_never_pairs_a_file_that_links_outside_it(tmp_path, folder_with_links, pairing):
+    from heygem.jobs.batch import collect_files, plan_items, submit_items
+
+    items = plan_items(collect_files(folder_with_links), pairing, base_dir=folder_with_links)
+    runnable = [item for item in items if not item.problem]
+    used = {path.name for item in runnable for path in (item.face_path, item.audio_path) if path is not None}
+    assert used == {"mine.jpg", "mine.wav"}, items
+    refused = [item.problem for item in items if "stolen" in (item.problem or "")]
+    assert len(refused) == 2 and all("outside the batch folder" in problem for problem in refused), refused
+    store = JobStore(tmp_path / "outputs")
+    outcome = submit_items(store, items, {}, "batch", remote=True)
+    queued = [store.get(value) for value in outcome.values() if isinstance(value, str)]
+    assert [(job.face_name, job.audio_name) for job in queued] == [("mine.jpg", "mine.wav")]

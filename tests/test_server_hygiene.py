@@ -1,0 +1,79 @@
+"""What a server keeps to itself: it reaches no other machine, its users see no server paths or tracebacks,
+and what a job leaves behind (its work files, its uploads) stays under --outputs and goes with the job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from conftest import REPO
+from faults import free_port
+
+RECORDER = '''
+import os, socket
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "", None}
+_RECORD = os.environ["HEYGEM_TEST_NETWORK_RECORD"]
+
+
+def _note(host):
+    if isinstance(host, bytes):
+        host = host.decode()
+    if host not in _LOOPBACK and not str(host).startswith("127."):
+        with open(_RECORD, "a") as record:
+            record.write(f"{host}\\n")
+        raise OSError("no network in this test")
+
+
+_getaddrinfo, _connect, _create_connection = socket.getaddrinfo, socket.socket.connect, socket.create_connection
+
+
+def getaddrinfo(host, *args, **kwargs):
+    _note(host)
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+def connect(self, address):
+    if isinstance(address, tuple):
+        _note(address[0])
+    return _connect(self, address)
+
+
+socket.getaddrinfo, socket.socket.connect = getaddrinfo, connect
+'''
+
+
+def test_the_app_reaches_no_other_machine_while_it_starts_and_serves(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(RECORDER)
+    record = tmp_path / "hosts.txt"
+    record.touch()
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("GRADIO_", "HF_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(REPO)]), PYTHONUNBUFFERED="1",
+               HEYGEM_TEST_NETWORK_RECORD=str(record))
+    port = free_port()
+    with open(tmp_path / "app.log", "wb") as log:
+        app = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port), "--outputs",
+                                str(tmp_path / "outputs"), "--workers", "0"], cwd=REPO, env=env, stdout=log,
+                               stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert app.poll() is None, (tmp_path / "app.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/jobs", timeout=10).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "app.log").read_text()
+            time.sleep(0.2)
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=30).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/config", timeout=30).status_code == 200
+    finally:
+        app.terminate()
+        app.wait(30)
+    assert record.read_text() == "", record.read_text()

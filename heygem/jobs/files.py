@@ -27,6 +27,7 @@ from typing import BinaryIO
 
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
+from heygem.media.probing import check_regular_file
 
 DEFAULT_OUTPUTS = Path(os.environ.get("HEYGEM_OUTPUTS", REPO_ROOT / "outputs"))
 DATABASE_NAME = "jobs.db"
@@ -129,8 +130,7 @@ def store_input(source: Path | str | Upload, directory: Path, role: str, taken: 
         original_name, stream, close = source.name, source.stream, False
     else:
         path = Path(source)
-        if not path.is_file():
-            raise HeygemError(f"{role} file not found: {path}")
+        check_regular_file(path, f"{role} file")
         original_name, stream, close = path.name, open(path, "rb"), True
     name = sanitize_filename(original_name, fallback=role)
     if name in RESERVED_NAMES or name in taken:

@@ -99,3 +99,70 @@ def test_a_server_folder_never_pairs_a_file_that_links_outside_it(tmp_path, fold
     outcome = submit_items(store, items, {}, "batch", remote=True)
     queued = [store.get(value) for value in outcome.values() if isinstance(value, str)]
     assert [(job.face_name, job.audio_name) for job in queued] == [("mine.jpg", "mine.wav")]
+
+
+# ---------------------------------------------------------------------- the command line's files
+
+
+def heygem(*args, timeout: float = 300):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", "heygem", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def one_line_exit_2(result, words: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("clash", ["face", "audio", "summary beside it"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, speech, clash):
+    import shutil
+
+    face, audio = tmp_path / "f.jpg", tmp_path / "a.wav"
+    shutil.copy(FACE, face)
+    shutil.copy(speech, audio)
+    before = face.read_bytes(), audio.read_bytes()
+    output = {"face": face, "audio": tmp_path / "." / "a.wav", "summary beside it": tmp_path / "a.json"}[clash]
+    if clash == "summary beside it":
+        audio = audio.rename(tmp_path / "a.json")
+    one_line_exit_2(heygem("generate", "-o", output, "--face", face, "--audio", audio), "input")
+    assert (face.read_bytes(), audio.read_bytes()) == before
+
+
+def test_an_output_that_is_a_folder_is_one_line(tmp_path, speech):
+    (tmp_path / "videos").mkdir()
+    one_line_exit_2(heygem("generate", "-o", tmp_path / "videos", "--face", FACE, "--audio", speech), "folder")
+
+
+@pytest.mark.parametrize("kind, words", [("folder", "is a folder"), ("fifo", "not a regular file"),
+                                         ("device", "not a regular file")])
+def test_an_input_that_is_no_file_says_what_it_is(tmp_path, speech, kind, words):
+    import os
+
+    if kind == "folder":
+        path = tmp_path / "faces.jpg"
+        path.mkdir()
+    elif kind == "fifo":
+        path = tmp_path / "pipe.wav"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    result = heygem("generate", "-o", tmp_path / "out.mp4", "--face", FACE, "--audio", path)
+    one_line_exit_2(result, words)
+    from heygem.jobs.files import store_input
+
+    with pytest.raises(Exception, match=words):
+        store_input(path, tmp_path, "audio", set())
+
+
+def test_a_text_file_is_read_no_further_than_its_limit(tmp_path):
+    """/dev/zero never ends: the command reads the limit and one character more, then refuses it."""
+    result = heygem("generate", "-o", tmp_path / "out.mp4", "--face", FACE, "--text-file", "/dev/zero",
+                    "--max-text-chars", "100", timeout=120)
+    one_line_exit_2(result, "100")

@@ -166,3 +166,24 @@ def test_a_text_file_is_read_no_further_than_its_limit(tmp_path):
     result = heygem("generate", "-o", tmp_path / "out.mp4", "--face", FACE, "--text-file", "/dev/zero",
                     "--max-text-chars", "100", timeout=120)
     one_line_exit_2(result, "100")
+
+
+# ---------------------------------------------------------------------- REST's rough edges
+
+
+@pytest.mark.parametrize("character", ["\u0085", "\u2028", "\u2029"])
+def test_an_upload_name_with_a_unicode_line_break_is_refused(tmp_path, speech, character):
+    store = JobStore(tmp_path / "outputs")
+    answer = rest_client(store).post("/api/jobs", files={"face": (f"face{character}x.jpg", FACE.read_bytes()),
+                                                         "audio": (speech.name, speech.read_bytes())})
+    assert answer.status_code == 400, answer.text
+    assert "control characters" in answer.json()["error"]
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("query", ["limit=abc", "limit=1e999", "limit="])
+def test_a_bad_query_parameter_is_a_400_with_an_error_line(tmp_path, query):
+    answer = rest_client(JobStore(tmp_path / "outputs")).get(f"/api/jobs?{query}")
+    assert answer.status_code == 400, answer.text
+    assert set(answer.json()) == {"error"} and "limit" in answer.json()["error"], answer.json()
+    assert "\n" not in answer.json()["error"]

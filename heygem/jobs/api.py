@@ -15,8 +15,8 @@
     POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again (admitted as a new job:
                                    queue full -> 429 with Retry-After, disk short -> 507)
 
-Every error is JSON ``{"error": message}``. With ``auth`` set, every route
-needs HTTP basic auth with the same user and password as the web UI. With
+Every error is JSON ``{"error": message}`` (a query parameter of the wrong type too: 400). With
+``auth`` set, every route needs HTTP basic auth with the same user and password as the web UI. With
 ``users`` (heygem.jobs.users), every route needs one of those users (basic auth
 NAME:SECRET, or ``Authorization: Bearer SECRET``); each job belongs to the user
 who submitted it, a user sees and touches only their own (another's answers
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import UploadFile
@@ -83,6 +84,16 @@ def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
     password_ok = secrets.compare_digest(password.encode(), expected_password.encode())
     if not (user_ok and password_ok):
         raise ApiError(401, "wrong user name or password", challenge)
+
+
+def validation_message(error: RequestValidationError) -> str:
+    """FastAPI's list of what failed validation, as one line: limit='abc': Input should be a valid integer."""
+    problems = []
+    for problem in error.errors():
+        name = ".".join(str(part) for part in problem.get("loc", ())[1:]) or "the request"
+        given = f"={problem['input']!r}" if isinstance(problem.get("input"), (str, int, float)) else ""
+        problems.append(f"{name}{given}: {problem.get('msg', 'not valid')}"[:200])
+    return "; ".join(problems).replace("\n", " ") or "the request is not valid"
 
 
 def counted_request(request: Request, max_bytes: int) -> Request:
@@ -137,6 +148,8 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
                     return await handler(request)
                 except ApiError as error:
                     return error_response(error.status, error.message, error.headers)
+                except RequestValidationError as error:  # a query or path parameter of the wrong type
+                    return error_response(400, validation_message(error))
 
             return guarded
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from pathlib import Path
 
 from heygem.config import Config, apply_overrides, iter_options
@@ -221,11 +222,11 @@ def check_upload_name(name: str, role: str) -> None:
     """HeygemError unless ``name`` is a plain file name of a type the ``role`` ("face" or "audio") takes.
 
     A remote client's file name is never a path: one with folder parts, control characters (NUL,
-    newlines), only dots, or over 255 bytes is refused rather than quietly renamed, and so is an
-    extension that is not a video, image or audio type (the contents are probed as well, once the
-    file is stored)."""
+    newlines, U+0085, the Unicode line and paragraph separators), only dots, or over 255 bytes is refused
+    rather than quietly renamed, and so is an extension that is not a video, image or audio type (the
+    contents are probed as well, once the file is stored)."""
     shown = repr(name[:60] + ("..." if len(name) > 60 else ""))
-    if any(ord(character) < 32 or ord(character) == 127 for character in name):
+    if any(unicodedata.category(character) in ("Cc", "Cs", "Zl", "Zp") for character in name):
         raise HeygemError(f"the {role} file name {shown} has control characters (such as NUL or a line break); "
                           "rename the file")
     if "/" in name or "\\" in name or name.strip(" .") == "":

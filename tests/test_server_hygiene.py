@@ -76,3 +76,77 @@ def test_the_app_reaches_no_other_machine_while_it_starts_and_serves(tmp_path):
         app.terminate()
         app.wait(30)
     assert record.read_text() == "", record.read_text()
+
+
+# ---------------------------------------------------------------------- what a job's owner reads
+
+
+def queued_job(tmp_path):
+    from conftest import ASSETS
+
+    from heygem.jobs.store import JobStore, process_owner
+
+    store = JobStore(tmp_path / "outputs")
+    store.create_job(ASSETS / "astronaut.jpg", ASSETS / "speech_en.wav")
+    owner = process_owner("worker-test")
+    return store, store.claim_next(owner), owner
+
+
+def server_log_lines():
+    """The records the heygem logger hands the server's own handlers, with their tracebacks."""
+    import logging
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(logging.Formatter().format(record))
+
+    return records, Keep()
+
+
+def test_a_full_disk_mid_job_says_so_and_the_traceback_stays_in_the_server_log(tmp_path):
+    import logging
+    import sqlite3
+
+    from heygem.jobs.worker import run_job
+
+    store, job, owner = queued_job(tmp_path)
+
+    def generate(face, audio, output, *, progress, **_):
+        progress("render", 0.5)
+        raise sqlite3.OperationalError("database or disk is full")
+
+    records, handler = server_log_lines()
+    logging.getLogger("heygem").addHandler(handler)
+    try:
+        assert run_job(store, job, owner, generate=generate) == "failed"
+    finally:
+        logging.getLogger("heygem").removeHandler(handler)
+    error = store.get(job.id).error
+    assert "disk is full" in error and "OperationalError" not in error, error
+    log = job.log_path.read_text()
+    assert "disk is full" in log and "Traceback" not in log, log
+    assert any("Traceback" in record for record in records), records
+
+
+def test_an_unexpected_error_keeps_its_traceback_out_of_the_job_log(tmp_path):
+    import logging
+
+    from heygem.jobs.worker import run_job
+
+    store, job, owner = queued_job(tmp_path)
+
+    def generate(face, audio, output, **_):
+        raise KeyError("a bug")
+
+    records, handler = server_log_lines()
+    logging.getLogger("heygem").addHandler(handler)
+    try:
+        assert run_job(store, job, owner, generate=generate) == "failed"
+    finally:
+        logging.getLogger("heygem").removeHandler(handler)
+    assert "unexpected error" in store.get(job.id).error
+    log = job.log_path.read_text()
+    assert "unexpected error" in log and "Traceback" not in log and "line " not in log, log
+    assert any("Traceback" in record and "KeyError" in record for record in records), records

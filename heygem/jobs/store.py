@@ -280,7 +280,7 @@ class NotEnoughDisk(HeygemError):
     """The outputs folder's disk has less free space than a job needs."""
 
 
-def _is_disk_full(problem: BaseException) -> bool:
+def is_disk_full(problem: BaseException) -> bool:
     """Whether a write failed for want of space (a full disk, a quota, a file size limit)."""
     if isinstance(problem, sqlite3.OperationalError):
         return "full" in str(problem)  # "database or disk is full"
@@ -498,7 +498,7 @@ class JobStore:
                      config.engine.name, batch, label, item_key, submitter))
         except (OSError, sqlite3.OperationalError) as problem:
             shutil.rmtree(directory, ignore_errors=True)
-            if _is_disk_full(problem):
+            if is_disk_full(problem):
                 raise NotEnoughDisk(f"the server's disk is full: the upload could not be stored ({problem}); try "
                                     "again once old jobs are cleaned") from None
             raise

@@ -21,7 +21,17 @@ from pathlib import Path
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
 from heygem.jobs.speech import keep_speech, kept_text, speak_whole
-from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
+from heygem.jobs.store import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    Job,
+    JobStore,
+    is_disk_full,
+    job_device,
+    owner_worker,
+    process_owner,
+)
 from heygem.media.stream import stream_folder
 from heygem.runtime import timeline
 from heygem.runtime.device import pick_device, worker_devices
@@ -36,14 +46,26 @@ IDLE_POLL_INTERVAL = 1.0  # seconds an idle worker waits before looking for jobs
 DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
+class _OneLine(logging.Formatter):
+    """A record's time, level and message only: its traceback (from logger.exception) stays in the
+    server's own log, as job.log is read by the job's owner."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.asctime = self.formatTime(record, self.datefmt)
+        return f"{record.asctime} {record.levelname} {record.getMessage()}"
+
+
+SERVER_ONLY = {"server_only": True}  # logger.error(..., extra=SERVER_ONLY): a record kept out of job.log
+
+
 class _JobLogHandler(logging.FileHandler):
-    """Copies the heygem log records of one thread into a job's job.log."""
+    """Copies the heygem log records of one thread into a job's job.log, one line each."""
 
     def __init__(self, path: Path):
         super().__init__(path, mode="a", encoding="utf-8")
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        self.setFormatter(_OneLine(datefmt="%Y-%m-%d %H:%M:%S"))
         thread_id = threading.get_ident()
-        self.addFilter(lambda record: record.thread == thread_id)
+        self.addFilter(lambda record: record.thread == thread_id and not getattr(record, "server_only", False))
 
 
 FINISH_RETRY_SECONDS = (1.0, 2.0, 4.0, 8.0)  # waits between tries to record an outcome the store could not take
@@ -69,9 +91,9 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
 
     ``device`` (e.g. "cuda:1", the worker's) pins the job to one GPU when its
     options leave the device on auto; result.json records the worker and the
-    device the job ran with. A HeygemError becomes the job's error message; any
-    other exception is logged with its traceback and recorded as well, so the
-    worker can go on with the next job.
+    device the job ran with. A HeygemError becomes the job's error message; a full disk
+    says so; any other exception is recorded as an unexpected error with its traceback in the server's
+    log only (job.log gets one line per record), so the worker can go on with the next job.
     """
     local = generate is None  # the pipeline in this process (else a renderer such as a Ray node's)
     if generate is None:
@@ -135,9 +157,16 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
         except HeygemError as problem:
             logger.error("job %s failed: %s", job.id, problem)
             status, error, engine = FAILED, str(problem), None
-        except Exception as problem:  # a bug, not the user's input: keep the traceback in job.log
-            logger.exception("job %s failed with an unexpected error", job.id)
-            status, error, engine = FAILED, f"unexpected error ({type(problem).__name__}: {problem}); see job.log", None
+        except Exception as problem:
+            if is_disk_full(problem):  # the job store or a file could not be written
+                logger.warning("job %s: %s", job.id, problem, exc_info=True)  # the traceback: server log only
+                error = "the disk is full: the server could not write the job's files; retry it once old jobs " \
+                        "are cleaned"
+                logger.error("job %s failed: %s", job.id, error)
+            else:  # a bug, not the user's input: its traceback goes to the server's log (not to job.log)
+                logger.exception("job %s failed with an unexpected error", job.id)
+                error = f"unexpected error ({type(problem).__name__}); the server's log has the details"
+            status, engine = FAILED, None
         else:
             subtitles = job.directory / SUBTITLES_NAME
             if job.result_path.is_file() and subtitles.is_file():  # made from text: the cues go along

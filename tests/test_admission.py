@@ -116,7 +116,7 @@ def heygem(*args, timeout: float = 300):
 
 def one_line_exit_2(result, words: str) -> None:
     assert result.returncode == 2, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
+    lines = [line for line in result.stderr.strip().splitlines() if "%|" not in line]  # not the progress bars
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
 
 
@@ -187,3 +187,9 @@ def test_a_bad_query_parameter_is_a_400_with_an_error_line(tmp_path, query):
     assert answer.status_code == 400, answer.text
     assert set(answer.json()) == {"error"} and "limit" in answer.json()["error"], answer.json()
     assert "\n" not in answer.json()["error"]
+
+
+def test_a_face_index_past_the_faces_found_says_how_many_there_are(tmp_path, speech):
+    result = heygem("generate", "-o", tmp_path / "out.mp4", "--face", FACE, "--audio", speech, "--face-index", "3")
+    one_line_exit_2(result, "face_index 3: only 1 face was found")
+    assert not (tmp_path / "out.mp4").exists()

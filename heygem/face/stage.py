@@ -61,6 +61,7 @@ class FaceStage:
         self.builder = TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
                                           work_dir / "landmarks.npy", track=cached.track if cached else None)
         self._pool: FinderPool | None = None
+        self._first_frame = None  # the first new source frame tracked, (1, ...) I420
         if cached is not None and cached.covers(source.tracking_capacity):
             self.builder.end()
             logger.info("faces: %d frames from the avatar cache", self.builder.tracked)
@@ -135,12 +136,15 @@ class FaceStage:
         new_frames = batch.frames_i420[batch.source_indices >= start]
         if self.source.is_still:
             new_frames = new_frames[:1]
+        if self._first_frame is None and len(new_frames):
+            self._first_frame = new_frames[:1].copy()  # faces counted there when face_index finds none
         return batch, start, self._pool.track_run(I420Frames(new_frames))
 
     def _end_of_video(self) -> None:
         builder = self.builder
         builder.end()
         if not builder.any_face:
+            self._check_face_index()
             raise HeygemError(f"no face was found in {self.source.info.path.name}: use a photo or video where one "
                               "face is clearly visible, looks at the camera and is not tiny")
         logger.info("faces found in %d of %d source frames", int(builder.track.found[: builder.tracked].sum()),
@@ -150,6 +154,19 @@ class FaceStage:
 
             whole_video = self.source.frame_count is not None and builder.tracked >= self.source.frame_count
             avatar_cache.store_track(self.cache_key, builder.finished_track(), whole_video)
+
+    def _check_face_index(self) -> None:
+        """HeygemError saying how many faces there are when face.face_index asks for one past them."""
+        index = self.config.face.face_index
+        if index is None or self._first_frame is None:
+            return
+        from heygem.face.finder import count_faces
+
+        found = count_faces(self.config.face, next(iter(I420Frames(self._first_frame))), self._shared_detector())
+        if 0 < found <= index:
+            raise HeygemError(f"face_index {index}: only {found} face{' was' if found == 1 else 's were'} found in "
+                              f"{self.source.info.path.name} (counted from 0, left to right): give "
+                              f"{'0' if found == 1 else f'0 to {found - 1}'}, or leave it empty for the largest face")
 
     def _attach(self, batch: FrameBatch) -> FrameBatch:
         batch.faces = [self.builder.face(int(index)) for index in batch.source_indices]

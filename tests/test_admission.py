@@ -193,3 +193,23 @@ def test_a_face_index_past_the_faces_found_says_how_many_there_are(tmp_path, spe
     result = heygem("generate", "-o", tmp_path / "out.mp4", "--face", FACE, "--audio", speech, "--face-index", "3")
     one_line_exit_2(result, "face_index 3: only 1 face was found")
     assert not (tmp_path / "out.mp4").exists()
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"engine.name": "wav2lip"}, "Wav2Lip checkpoint"),
+    ({"restore.method": "gfpgan", "restore.enabled": True}, "GFPGANv1.4.pth"),
+    ({"face.detector": "s3fd"}, "s3fd.pth"),
+])
+def test_a_missing_weights_file_is_refused_at_the_door_in_a_remote_clients_words(tmp_path, speech, no_weights,
+                                                                                   options, words):
+    import json
+
+    store = JobStore(tmp_path / "outputs")
+    answer = rest_client(store).post("/api/jobs", files={"face": (FACE.name, FACE.read_bytes()),
+                                                         "audio": (speech.name, speech.read_bytes())},
+                                     data={"options": json.dumps(options)})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert words in error and "server" in error, error
+    assert str(no_weights) not in error and "--" not in error and "python -m" not in error, error
+    assert store.list() == []

@@ -150,3 +150,33 @@ def test_an_unexpected_error_keeps_its_traceback_out_of_the_job_log(tmp_path):
     log = job.log_path.read_text()
     assert "unexpected error" in log and "Traceback" not in log and "line " not in log, log
     assert any("Traceback" in record and "KeyError" in record for record in records), records
+
+
+def test_a_jobs_error_and_the_rest_answers_carry_no_server_path(tmp_path):
+    from conftest import ASSETS
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from heygem.errors import HeygemError
+    from heygem.jobs.api import create_router
+    from heygem.jobs.files import without_server_paths
+    from heygem.jobs.worker import run_job
+    from heygem.weights import weights_dir
+
+    store, job, owner = queued_job(tmp_path)
+    elsewhere = tmp_path / "srv" / "cache.npy"
+
+    def generate(face, audio, output, **_):
+        raise HeygemError(f"checkpoint not found: {weights_dir() / 'my wav2lip.pth'}; the job folder is "
+                          f"{output.parent}; {elsewhere} is damaged")
+
+    assert run_job(store, job, owner, generate=generate) == "failed"
+    client = TestClient(FastAPI(routes=create_router(store).routes))
+    shown = client.get(f"/api/jobs/{job.id}").json()["error"]
+    assert shown == f"checkpoint not found: weights/my wav2lip.pth; the job folder is {job.id}; cache.npy is " \
+                    "damaged", shown
+    listed = client.get("/api/jobs").json()["jobs"][0]["error"]
+    assert listed == shown
+    assert without_server_paths("see /api/jobs/ID/result or outputs/x.mp4 (16:9)") == \
+        "see /api/jobs/ID/result or outputs/x.mp4 (16:9)"
+    assert without_server_paths(f"'{ASSETS / 'astronaut.jpg'}' is bad") == "'astronaut.jpg' is bad"

@@ -43,7 +43,7 @@ from starlette.datastructures import UploadFile
 
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
-from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size
+from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size, without_server_paths
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
 from heygem.jobs.stream import add_stream_routes
@@ -66,7 +66,7 @@ class ApiError(Exception):
 
 
 def error_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return JSONResponse({"error": without_server_paths(message)}, status_code=status, headers=headers)
 
 
 def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:

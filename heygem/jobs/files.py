@@ -90,6 +90,28 @@ def keep_server_files_under(outputs_dir: Path) -> dict[str, str]:
     return chosen
 
 
+# An absolute path in a message: folders, then a last part that may be empty (a folder's trailing slash).
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.\-/])/(?:[^\s'\"/:;,()<>]+/)+(?P<name>[^\s'\"/:;,()<>]*)")
+
+
+def without_server_paths(text: str | None, folders: dict[Path, str] | None = None) -> str | None:
+    """``text`` (a message for a client of the server) without the server's absolute paths: each of
+    ``folders`` written as its short name (longest first), any other path as its last part. A path is
+    one whose first folder exists here (/srv/..., /tmp/...), so /api/jobs/ID stays as it is."""
+    if not text:
+        return text
+    for folder in sorted(folders or {}, key=lambda path: len(str(path)), reverse=True):
+        text = text.replace(str(folder), folders[folder])
+
+    def shorten(match: re.Match) -> str:
+        path = match.group(0)
+        if not Path("/", path.split("/")[1]).exists():
+            return path
+        return match.group("name") or Path(path).name
+
+    return _ABSOLUTE_PATH.sub(shorten, text)
+
+
 def human_size(size: float) -> str:
     """1536 -> '1.5 kB', 734003200 -> '700 MB' (binary units, as upload limits are given)."""
     for unit in ("bytes", "kB", "MB", "GB"):

@@ -42,6 +42,7 @@ from heygem.jobs.files import (
     append_log,
     human_size,
     store_input,
+    without_server_paths,
 )
 from heygem.jobs.limits import ProcessCaps
 from heygem.jobs.request import check_options, check_speech, check_speed, finite_json
@@ -170,7 +171,7 @@ class Job:
             "status": self.status,
             "progress": round(self.progress, 4) if math.isfinite(self.progress) else 0.0,
             "stage": self.stage,
-            "error": self.error,
+            "error": without_server_paths(self.error),
             "created": iso_time(self.created),
             "started": iso_time(self.started),
             "finished": iso_time(self.finished),
@@ -519,11 +520,9 @@ class JobStore:
     def _check_disk(self) -> None:
         """NotEnoughDisk when the outputs folder's disk has less free space than min_free_bytes."""
         needed = self.limits.min_free_bytes
-        if needed is not None:
-            free = shutil.disk_usage(self.outputs_dir).free
-            if free < needed:
-                raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
-                                    f"{human_size(needed)}); try again once old jobs are cleaned")
+        if needed is not None and (free := shutil.disk_usage(self.outputs_dir).free) < needed:
+            raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
+                                f"{human_size(needed)}); try again once old jobs are cleaned")
 
     def _check_queue(self, db: sqlite3.Connection) -> None:
         """QueueFull when max_queued jobs wait (in create_job's insert transaction: parallel submissions hold it)."""
@@ -570,8 +569,7 @@ class JobStore:
         return self.get(job_id)
 
     def retry(self, job_id: str) -> Job:
-        """Queue a failed or cancelled job again, at the back of the queue: admitted as a new job is (QueueFull
-        when max_queued jobs wait, counted under the write lock; NotEnoughDisk below min_free_bytes)."""
+        """Queue a failed or cancelled job again, at the back of the queue, admitted as create_job admits one."""
         self._check_disk()
         with self._transaction() as db:
             row = _status_row(db, job_id)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
+from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME, without_server_paths
 from heygem.jobs.speech import keep_speech, kept_text, speak_whole
 from heygem.jobs.store import (
     CANCELLED,
@@ -37,6 +37,7 @@ from heygem.runtime import timeline
 from heygem.runtime.device import pick_device, worker_devices
 from heygem.runtime.kept import KEPT
 from heygem.speech.subtitles import add_subtitles, read_srt
+from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -138,7 +139,6 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             kept = kept_text(job.directory)
             if kept is not None and local:  # spoken sentence by sentence while the video is made
                 from heygem.spoken import generate_spoken
-                from heygem.weights import weights_dir
 
                 summary, speech = generate_spoken(
                     job.face_path, kept["text"], job.result_path, voice=kept["voice"], speed=kept["speed"],
@@ -187,6 +187,8 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             else:
                 status, error, engine = FAILED, "the pipeline finished without writing result.mp4; see job.log", None
                 logger.error("job %s: %s", job.id, error)
+        error = without_server_paths(error, {job.directory: job.id, store.outputs_dir: "outputs",
+                                             weights_dir(): "weights"})  # the owner reads it: no server paths
         if not finish_when_the_store_can(store, job.id, owner, status, error=error, engine=engine):
             logger.warning("job %s was cancelled, deleted or taken over while running; its outcome is dropped",
                            job.id)

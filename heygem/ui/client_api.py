@@ -17,6 +17,7 @@ import logging
 import gradio as gr
 
 from heygem.errors import HeygemError
+from heygem.jobs.files import without_server_paths
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
 from heygem.ui.access import PageAccess
@@ -28,7 +29,7 @@ logger = logging.getLogger("heygem")
 def user_error(message: str) -> gr.Error:
     """The error a client sees for its own mistake: one line in the log, no traceback."""
     logger.warning("gradio_client request refused: %s", message)
-    return gr.Error(message, print_exception=False)
+    return gr.Error(without_server_paths(message), print_exception=False)
 
 
 def client_api(store: JobStore, access: PageAccess) -> None:

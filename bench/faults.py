@@ -574,7 +574,7 @@ def uploads_part(work: Path, inputs: Inputs) -> list[Row]:
     finally:
         server.stop()
     job_folders = [path.name for path in outputs.iterdir()  # the server's own folders are no jobs
-                   if path.is_dir() and path.name not in ("avatar-cache", "gradio-temp")]
+                   if path.is_dir() and path.name not in ("avatar-cache", "gradio-temp", "voice-cache", "tmp")]
     outside_after = set(os.listdir(work)) - outside_before - {log_path.name}
     stray = [str(path) for path in (Path("/etc/passwd.mp4"), work / "passwd.mp4", outputs.parent / "etc")
              if path.exists()]

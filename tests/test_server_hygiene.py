@@ -180,3 +180,67 @@ def test_a_jobs_error_and_the_rest_answers_carry_no_server_path(tmp_path):
     assert without_server_paths("see /api/jobs/ID/result or outputs/x.mp4 (16:9)") == \
         "see /api/jobs/ID/result or outputs/x.mp4 (16:9)"
     assert without_server_paths(f"'{ASSETS / 'astronaut.jpg'}' is bad") == "'astronaut.jpg' is bad"
+
+
+# ---------------------------------------------------------------------- what a job leaves behind
+
+
+SERVER_FOLDER_VARIABLES = ("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR", "HEYGEM_VOICE_CACHE", "HEYGEM_WORK_DIR")
+
+
+def clear_server_folders(monkeypatch) -> None:
+    for name in SERVER_FOLDER_VARIABLES:
+        monkeypatch.setenv(name, "recorded")  # so that the end of the test restores what was there before
+        monkeypatch.delenv(name)
+
+
+def test_the_voice_cache_and_the_work_folders_go_under_the_servers_outputs(tmp_path, monkeypatch):
+    from heygem.jobs.files import keep_server_files_under
+    from heygem.speech.tts import voice_cache_dir
+
+    clear_server_folders(monkeypatch)
+    outputs = (tmp_path / "outputs").resolve()
+    keep_server_files_under(outputs)
+    assert voice_cache_dir() == outputs / "voice-cache"
+    from heygem.runtime.workdir import new_work_dir
+
+    work = new_work_dir()
+    assert work.parent == outputs / "tmp", work
+
+
+def test_a_start_sweeps_the_work_folders_of_processes_that_are_gone(tmp_path, monkeypatch):
+    import socket
+
+    from heygem.jobs.files import keep_server_files_under
+
+    clear_server_folders(monkeypatch)
+    outputs = (tmp_path / "outputs").resolve()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    left = outputs / "tmp" / f"heygem-{dead_pid}@{socket.gethostname()}-abc123"
+    live = outputs / "tmp" / f"heygem-{os.getpid()}@{socket.gethostname()}-def456"
+    other_host = outputs / "tmp" / f"heygem-{dead_pid}@another-machine-ghi789"
+    for folder in (left, live, other_host):
+        folder.mkdir(parents=True)
+        (folder / "frames.yuv").write_bytes(b"\0" * 1024)
+    keep_server_files_under(outputs)
+    assert not left.exists() and live.exists() and other_host.exists()
+
+
+def test_a_rerun_removes_what_the_interrupted_attempt_left_in_the_job_folder(tmp_path):
+    from heygem.jobs.worker import run_job
+
+    store, job, owner = queued_job(tmp_path)
+    partial = job.directory / ".result.0f3a.partial.mp4"
+    partial.write_bytes(b"\0" * 4096)
+    parts = job.directory / ".result.k2j3.parts"
+    parts.mkdir()
+    (parts / "part-0.mp4").write_bytes(b"\0")
+
+    def generate(face, audio, output, **_):
+        output.write_bytes(b"video")
+        return None
+
+    assert run_job(store, job, owner, generate=generate) == "done"
+    assert not partial.exists() and not parts.exists()
+    assert sorted(path.name for path in job.directory.iterdir() if path.name.startswith(".")) == []

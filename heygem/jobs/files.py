@@ -28,6 +28,7 @@ from typing import BinaryIO
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
 from heygem.media.probing import check_regular_file
+from heygem.runtime.workdir import WORK_DIR_VARIABLE, sweep_work_dirs
 
 DEFAULT_OUTPUTS = Path(os.environ.get("HEYGEM_OUTPUTS", REPO_ROOT / "outputs"))
 DATABASE_NAME = "jobs.db"
@@ -77,16 +78,20 @@ def sanitize_filename(name: str, fallback: str) -> str:
 
 def keep_server_files_under(outputs_dir: Path) -> dict[str, str]:
     """Point the files a server keeps besides its jobs into ``outputs_dir``: the avatar cache
-    (``avatar-cache/``, $HEYGEM_CACHE_DIR) and Gradio's copies of uploads and results (``gradio-temp/``,
-    $GRADIO_TEMP_DIR), unless the environment already names a place for them. Call it before gradio is
-    imported (Gradio reads its folder then). Returns the variables it set."""
+    (``avatar-cache/``, $HEYGEM_CACHE_DIR), the voices optimised for this machine (``voice-cache/``,
+    $HEYGEM_VOICE_CACHE), the jobs' work folders (``tmp/``, $HEYGEM_WORK_DIR; those of processes that are
+    gone are removed now) and Gradio's copies of uploads and results (``gradio-temp/``, $GRADIO_TEMP_DIR),
+    unless the environment already names a place for them. Call it before gradio is imported (Gradio
+    reads its folder then). Returns the variables it set."""
     outputs_dir = Path(outputs_dir).resolve()
-    wanted = {"HEYGEM_CACHE_DIR": outputs_dir / "avatar-cache", "GRADIO_TEMP_DIR": outputs_dir / "gradio-temp"}
+    wanted = {"HEYGEM_CACHE_DIR": outputs_dir / "avatar-cache", "HEYGEM_VOICE_CACHE": outputs_dir / "voice-cache",
+              WORK_DIR_VARIABLE: outputs_dir / "tmp", "GRADIO_TEMP_DIR": outputs_dir / "gradio-temp"}
     chosen = {}
     for name, folder in wanted.items():
         if not os.environ.get(name):
             folder.mkdir(parents=True, exist_ok=True)
             os.environ[name] = chosen[name] = str(folder)
+    sweep_work_dirs(Path(os.environ[WORK_DIR_VARIABLE]))  # left by a server killed mid-job
     return chosen
 
 

@@ -113,6 +113,10 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
                       job.result_path.with_suffix(".wav")):
             stale.unlink(missing_ok=True)
         shutil.rmtree(stream_folder(job.result_path), ignore_errors=True)
+        for stale in job.directory.glob(".*.partial*"):  # an encode's or a summary's unfinished file
+            stale.unlink(missing_ok=True)
+        for stale in job.directory.glob(".*.parts"):  # a spoken job's parts (heygem.spoken)
+            shutil.rmtree(stale, ignore_errors=True)
         overrides = dict(job.options)
         overrides.setdefault("media.stream", True)  # watched while it renders (heygem.jobs.stream)
         timeline.clear()  # the job's start-up marks, logged at its end (times since the server started)

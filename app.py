@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     from heygem.ui import build_ui, page_style
 
     max_upload_bytes = int(args.max_upload_mb * 2**20)
-    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=job_limits(args))
+    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=job_limits(args),
+                     upload_folder=Path(os.environ["GRADIO_TEMP_DIR"]))
     if args.ray is not None:
         try:
             start_ray_workers(store, args.ray)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 from conftest import REPO
@@ -244,3 +245,51 @@ def test_a_rerun_removes_what_the_interrupted_attempt_left_in_the_job_folder(tmp
     assert run_job(store, job, owner, generate=generate) == "done"
     assert not partial.exists() and not parts.exists()
     assert sorted(path.name for path in job.directory.iterdir() if path.name.startswith(".")) == []
+
+
+def test_deleting_a_job_deletes_the_servers_copies_of_its_uploads(tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import ASSETS
+
+    from heygem.jobs.store import JobStore
+
+    clear_server_folders(monkeypatch)
+    outputs = tmp_path / "outputs"
+    from heygem.jobs.files import keep_server_files_under
+
+    keep_server_files_under(outputs)
+    uploads = Path(os.environ["GRADIO_TEMP_DIR"])
+    (uploads / "3fa2c1").mkdir(parents=True)
+    face = uploads / "3fa2c1" / "my face.jpg"
+    shutil.copy(ASSETS / "astronaut.jpg", face)
+    speech = ASSETS / "speech_en.wav"  # a file of the server's own, not an upload
+    store = JobStore(outputs, upload_folder=uploads)
+    job_id = store.create_job(face, speech)
+    store.cancel(job_id)
+    store.delete(job_id)
+    assert not face.exists() and not (uploads / "3fa2c1").exists()
+    assert speech.is_file() and uploads.is_dir()
+
+
+def test_a_job_deleted_over_rest_takes_the_pages_copies_of_its_uploads_along(tmp_path):
+    from conftest import ASSETS
+    from faults import Server
+    from gradio_client import Client, handle_file
+
+    face = tmp_path / "only mine.jpg"
+    face.write_bytes((ASSETS / "astronaut.jpg").read_bytes() + b"this upload and no other")
+    server = Server(tmp_path / "outputs", tmp_path / "server.log", extra_args=("--workers", "0"),
+                    drop_env=SERVER_FOLDER_VARIABLES).wait_ready()
+    try:
+        client = Client(server.url, verbose=False)
+        job_id = client.predict(face=handle_file(str(face)), audio=handle_file(str(ASSETS / "speech_en.wav")),
+                                api_name="/submit_job")
+        copies = list((tmp_path / "outputs" / "gradio-temp").rglob(face.name))
+        assert copies
+        assert server.client.delete(f"/api/jobs/{job_id}").json()["status"] == "cancelled"
+        assert server.client.delete(f"/api/jobs/{job_id}").json()["status"] == "deleted"
+        left = [path for path in (tmp_path / "outputs" / "gradio-temp").rglob("*") if path.name == face.name]
+        assert not left, left
+    finally:
+        server.stop()

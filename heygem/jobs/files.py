@@ -17,8 +17,11 @@ folder or take the name of a file the job itself writes.
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import re
+import sqlite3
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,10 +39,11 @@ DATABASE_NAME = "jobs.db"
 RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME = "result.mp4", "result.json", "options.json", "job.log"
 SPEECH_NAME, SUBTITLES_NAME = "speech.wav", "speech.srt"  # a job made from text: its speech and the cues
 TEXT_NAME = "speech.json"  # a job made from text: its words, voice and speed, until its worker speaks them
+UPLOADS_NAME = "uploads.json"  # the server's copies of the client's uploads (the page's), removed with the job
 RESULT_SUBTITLES_NAME = "result.srt"
 RESULT_STREAM_NAME = "result.hls"  # the folder of the stream published while the job is encoded
 RESERVED_NAMES = {RESULT_NAME, SUMMARY_NAME, OPTIONS_NAME, LOG_NAME, DATABASE_NAME, SPEECH_NAME, SUBTITLES_NAME,
-                  TEXT_NAME, RESULT_SUBTITLES_NAME, RESULT_STREAM_NAME}
+                  TEXT_NAME, UPLOADS_NAME, RESULT_SUBTITLES_NAME, RESULT_STREAM_NAME}
 MAX_NAME_BYTES = 120  # longest sanitised input file name, in UTF-8 bytes
 
 
@@ -117,6 +121,13 @@ def without_server_paths(text: str | None, folders: dict[Path, str] | None = Non
     return _ABSOLUTE_PATH.sub(shorten, text)
 
 
+def is_disk_full(problem: BaseException) -> bool:
+    """Whether a write failed for want of space (a full disk, a quota, a file size limit)."""
+    if isinstance(problem, sqlite3.OperationalError):
+        return "full" in str(problem)  # "database or disk is full"
+    return getattr(problem, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def human_size(size: float) -> str:
     """1536 -> '1.5 kB', 734003200 -> '700 MB' (binary units, as upload limits are given)."""
     for unit in ("bytes", "kB", "MB", "GB"):
@@ -168,6 +179,35 @@ def store_input(source: Path | str | Upload, directory: Path, role: str, taken: 
         if close:
             stream.close()
     return name
+
+
+def note_uploads(directory: Path, sources: list, upload_folder: Path | None) -> None:
+    """Write the job folder's list of its inputs that are the server's copies of a client's uploads
+    (files in ``upload_folder``, Gradio's), so that :func:`remove_uploads` takes them with the job."""
+    if upload_folder is None:
+        return
+    folder = Path(upload_folder).resolve()
+    copies = [str(Path(source).resolve()) for source in sources if isinstance(source, (str, Path))
+              and Path(source).resolve().is_relative_to(folder)]
+    if copies:
+        (directory / UPLOADS_NAME).write_text(json.dumps(copies) + "\n", encoding="utf-8")
+
+
+def remove_uploads(directory: Path, upload_folder: Path | None) -> None:
+    """Remove the uploads :func:`note_uploads` listed for a job (only files inside ``upload_folder``), and
+    the folders Gradio made for them when they are left empty."""
+    listed = directory / UPLOADS_NAME
+    if upload_folder is None or not listed.is_file():
+        return
+    folder = Path(upload_folder).resolve()
+    with contextlib.suppress(OSError, ValueError):
+        for name in json.loads(listed.read_text(encoding="utf-8")):
+            path = Path(name).resolve()
+            if path.is_relative_to(folder) and path != folder:
+                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # not empty: another upload is there too
+                    if path.parent != folder:
+                        path.parent.rmdir()
 
 
 def download_name(job) -> str:

@@ -13,7 +13,6 @@ The database (``outputs/jobs.db``) is in WAL mode with one connection per thread
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
@@ -41,6 +40,9 @@ from heygem.jobs.files import (
     Upload,
     append_log,
     human_size,
+    is_disk_full,
+    note_uploads,
+    remove_uploads,
     store_input,
     without_server_paths,
 )
@@ -281,13 +283,6 @@ class NotEnoughDisk(HeygemError):
     """The outputs folder's disk has less free space than a job needs."""
 
 
-def is_disk_full(problem: BaseException) -> bool:
-    """Whether a write failed for want of space (a full disk, a quota, a file size limit)."""
-    if isinstance(problem, sqlite3.OperationalError):
-        return "full" in str(problem)  # "database or disk is full"
-    return getattr(problem, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 class JobStore:
     """Jobs in ``outputs_dir``: create, read, cancel, retry, delete, clean.
 
@@ -297,8 +292,9 @@ class JobStore:
     """
 
     def __init__(self, outputs_dir: str | Path = DEFAULT_OUTPUTS, *, max_upload_bytes: int | None = None,
-                 base_config: Config | None = None, limits: JobLimits | None = None):
-        self.outputs_dir = Path(outputs_dir).resolve()
+                 base_config: Config | None = None, limits: JobLimits | None = None,
+                 upload_folder: Path | None = None):  # the page's copies of uploads: deleted with their job
+        self.outputs_dir, self.upload_folder = Path(outputs_dir).resolve(), upload_folder
         self.limits = limits if limits is not None else JobLimits()
         self.outputs_dir.mkdir(parents=True, exist_ok=True)
         self.database_path = self.outputs_dir / DATABASE_NAME
@@ -487,6 +483,7 @@ class JobStore:
             face_info, audio_info = probe_inputs(directory / face_name, None if audio_name is None
                                                  else directory / audio_name, picture_only=spoken_later)
             self._check_size(face_info, audio_info, config)
+            note_uploads(directory, [face, audio], self.upload_folder)
             (directory / OPTIONS_NAME).write_text(
                 json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
             now = time.time()
@@ -585,12 +582,13 @@ class JobStore:
         return self.get(job_id)
 
     def delete(self, job_id: str) -> None:
-        """Remove a job that is not running, with its folder."""
+        """Remove a job that is not running, with its folder and the page's copies of its uploads."""
         with self._transaction() as db:
             row = _status_row(db, job_id)
             if row["status"] == RUNNING:
                 raise HeygemError(f"job {job_id} is running: cancel it first")
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        remove_uploads(self.outputs_dir / job_id, self.upload_folder)
         shutil.rmtree(self.outputs_dir / job_id, ignore_errors=True)
         logger.info("job %s deleted", job_id)
 

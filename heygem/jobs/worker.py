@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME, without_server_paths
+from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME, is_disk_full, without_server_paths
 from heygem.jobs.speech import keep_speech, kept_text, speak_whole
 from heygem.jobs.store import (
     CANCELLED,
@@ -27,7 +27,6 @@ from heygem.jobs.store import (
     FAILED,
     Job,
     JobStore,
-    is_disk_full,
     job_device,
     owner_worker,
     process_owner,

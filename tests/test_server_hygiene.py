@@ -293,3 +293,34 @@ def test_a_job_deleted_over_rest_takes_the_pages_copies_of_its_uploads_along(tmp
         assert not left, left
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------- forged page requests
+
+
+def test_forged_page_requests_leave_one_line_each_in_the_server_log(tmp_path):
+    from faults import Server
+
+    server = Server(tmp_path / "outputs", tmp_path / "server.log", extra_args=("--workers", "0")).wait_ready()
+    try:
+        client = server.client
+        dependencies = client.get("/config").json()["dependencies"]
+        submit = next(index for index, event in enumerate(dependencies) if event.get("api_name") == "submit_job")
+        before = len(server.log_text().splitlines())
+        forged = [{"data": [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}], "fn_index": submit,
+                   "session_hash": "forged1"},
+                  {"data": ["not a file", 5], "fn_index": submit, "session_hash": "forged2"}]
+        for request in forged:
+            assert client.post("/gradio_api/queue/join", json=request).status_code == 200
+            with client.stream("GET", "/gradio_api/queue/data", params={"session_hash": request["session_hash"]},
+                               timeout=60) as events:
+                assert any("process_completed" in line for line in events.iter_lines())
+        for path, request in (("/gradio_api/queue/join", {"data": [], "fn_index": 9999, "session_hash": "forged3"}),
+                              ("/gradio_api/run/predict", {"data": [1, 2], "fn_index": submit})):
+            assert httpx.post(server.url + path, json=request, timeout=60).status_code >= 400  # a connection each
+        assert client.get("/api/jobs").status_code == 200  # still serving
+    finally:
+        server.stop()
+    lines = server.log_text().splitlines()[before:]
+    assert not [line for line in lines if "Traceback" in line or line.startswith(" ")], "\n".join(lines)
+    assert sum("input values" in line for line in lines) >= 3 and any("KeyError" in line for line in lines), lines

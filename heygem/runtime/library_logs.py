@@ -167,3 +167,4 @@ class _StderrFilter:
             except (OSError, ValueError):
                 pass
             sys.stderr = self._python_stderr
+

@@ -34,8 +34,8 @@ engine and small inputs made from assets/ (a photo and a short piece of speech):
           each lists their own jobs, the admin all; no server path for a user;
           the job folders refused on the page; DELETE and `jobs delete` remove a
           finished job; a users file in the wrong format ends the server (exit 2).
-  probe2  what a second probe found (the numbers of docs/reliability.md's second
-          table): a retry past --max-queued, ?limit=abc, a Unicode line break in a
+  probe2  what a second probe found (rows B4 to B22, as in docs/reliability.md's
+          second table): a retry past --max-queued, ?limit=abc, a Unicode line break in a
           name, wav2lip without its checkpoint, forged page requests, a deleted
           job's upload, the network at start, links out of a --batch-root, and the
           command line's -o, --text-file and non-file inputs.
@@ -378,7 +378,7 @@ def load_part(work: Path, inputs: Inputs, submissions: int, timeout: float) -> t
             figures.results_checked == figures.done and figures.results_good == figures.results_checked),
         Row("server log during the load run", "no traceback",
             f"{traceback_lines} tracebacks" if traceback_lines else "none", traceback_lines == 0),
-        Row("10. work folders and unfinished encodes after the kill and the rerun", "none left",
+        Row("B10. work folders and unfinished encodes after the kill and the rerun", "none left",
             f"{len(work_folders)} work folders (--outputs/tmp, the temp folder), {len(partials)} partial files in "
             "job folders",
             not work_folders and not partials),
@@ -1212,23 +1212,24 @@ def second_probe_part(work: Path, inputs: Inputs) -> list[Row]:
         answers = [client.post(f"/api/jobs/{job_id}/retry") for job_id in first]
         codes = [answer.status_code for answer in answers]
         queued = server.counts()["queued"]
-        rows.append(Row("4. --max-queued 3: three jobs cancelled, three more queued, then each cancelled one retried",
+        rows.append(Row("B4. --max-queued 3: three jobs cancelled, three more queued, then each cancelled one retried",
                         "each retry 429 with Retry-After; 3 queued", f"new jobs {others}; retries {codes}; "
                         f"Retry-After {answers[0].headers.get('retry-after')}; {queued} queued",
                         others == [201] * 3 and codes == [429] * 3 and queued == 3
                         and answers[0].headers.get("retry-after") == "60"))
         for job_id in first + [answer.json().get("id") for answer in more if answer.status_code == 201]:
             client.delete(f"/api/jobs/{job_id}")  # cancelled (queued) or deleted (cancelled): the queue is empty
-        rows.append(error_row("22. GET /api/jobs?limit=abc", client.get("/api/jobs", params={"limit": "abc"}), 400,
+        rows.append(error_row("B22. GET /api/jobs?limit=abc", client.get("/api/jobs", params={"limit": "abc"}), 400,
                               "limit"))
-        rows.append(error_row("22. an upload named face\\u2028x.jpg (a Unicode line separator)",
+        rows.append(error_row("B22. an upload named face\\u2028x.jpg (a Unicode line separator)",
                               post_options(server, inputs, "{}", face_name="face\u2028x.jpg".encode()), 400,
                               "control characters"))
         wav2lip = post_options(server, inputs, '{"engine.name": "wav2lip"}')
-        rows.append(error_row("13. engine.name wav2lip on a server without its checkpoint", wav2lip, 400,
+        rows.append(error_row("B13. engine.name wav2lip on a server without its checkpoint", wav2lip, 400,
                               "this server does not have"))
-        rows.append(Row("12. that answer", "no server path, no command-line advice", error_text(wav2lip)[:140],
-                        str(weights) not in error_text(wav2lip) and "--" not in error_text(wav2lip)))
+        rows.append(Row("B12. that answer", "no server path, no command-line advice", error_text(wav2lip)[:140],
+                        wav2lip.status_code == 400 and str(weights) not in error_text(wav2lip)
+                        and "--" not in error_text(wav2lip)))
         dependencies = client.get("/config").json()["dependencies"]
         submit = next(index for index, event in enumerate(dependencies) if event.get("api_name") == "submit_job")
         log_start = len(server.log_text().splitlines())
@@ -1249,7 +1250,7 @@ def second_probe_part(work: Path, inputs: Inputs) -> list[Row]:
         client.delete(f"/api/jobs/{job_id}")
         deleted = client.delete(f"/api/jobs/{job_id}").json().get("status")
         after = list((outputs / "gradio-temp").rglob(face.name))
-        rows.append(Row("16. a job made from a page upload, then deleted over REST",
+        rows.append(Row("B16. a job made from a page upload, then deleted over REST",
                         "the page's copy of the upload goes with the job",
                         f"{len(before)} copies before, job {deleted}, {len(after)} after",
                         len(before) == 1 and deleted == "deleted" and not after))
@@ -1258,13 +1259,13 @@ def second_probe_part(work: Path, inputs: Inputs) -> list[Row]:
     log_text = server.log_text()
     forged_log = log_text.splitlines()[log_start:]
     said = [line for line in forged_log if "input values" in line or "KeyError: 9999" in line]
-    rows.append(Row("19. forged page requests (too few inputs; an unknown event number)",
+    rows.append(Row("B19. forged page requests (too few inputs; an unknown event number)",
                     "refused; one line each in the server log", f"{forged_answers[0]}; {len(said)} lines: "
                     + " / ".join(line.partition(" WARNING ")[2] or line for line in said)[:160],
                     forged_answers[1] and len(said) == 2 and not any(line.startswith((" ", "Traceback"))
                                                                      for line in forged_log)))
     looked_up = sorted(set(hosts.read_text(encoding="utf-8").split()))
-    rows.append(Row("6. python app.py from its start to its stop (every lookup and connection recorded)",
+    rows.append(Row("B6. python app.py from its start to its stop (every lookup and connection recorded)",
                     "no host but this machine", ", ".join(looked_up) or "none", not looked_up))
     rows.append(Row("server log during these requests", "no traceback",
                     f"{log_text.count('Traceback')} tracebacks" if "Traceback" in log_text else "none",
@@ -1282,7 +1283,7 @@ def second_probe_part(work: Path, inputs: Inputs) -> list[Row]:
         used = sorted({path.name for item in items if not item.problem
                        for path in (item.face_path, item.audio_path) if path is not None})
         said = [item.problem for item in items if "theirs" in (item.problem or "")]
-        rows.append(Row(f"5. a --batch-root folder with a link to another user's file ({pairing} pairing)",
+        rows.append(Row(f"B5. a --batch-root folder with a link to another user's file ({pairing} pairing)",
                         "the link skipped with a line saying so", f"paired {used}; {'; '.join(said)[:100]}",
                         used == ["mine.jpg", "mine.wav"] and len(said) == 1 and "outside" in said[0]))
 
@@ -1292,20 +1293,20 @@ def second_probe_part(work: Path, inputs: Inputs) -> list[Row]:
     os.mkfifo(fifo)
     kept = face_copy.read_bytes()
     overwrite = heygem_command("generate", "-o", face_copy, "--face", face_copy, "--audio", inputs.short_speech)
-    rows.append(one_line_exit_2_row("8. python -m heygem generate -o f.jpg --face f.jpg", overwrite, "input", work))
-    rows.append(Row("8. f.jpg after it", "unchanged", "unchanged" if face_copy.read_bytes() == kept else "overwritten",
+    rows.append(one_line_exit_2_row("B8. python -m heygem generate -o f.jpg --face f.jpg", overwrite, "input", work))
+    rows.append(Row("B8. f.jpg after it", "unchanged", "unchanged" if face_copy.read_bytes() == kept else "overwritten",
                     face_copy.read_bytes() == kept))
-    rows.append(one_line_exit_2_row("20. generate -o naming a folder", heygem_command(
+    rows.append(one_line_exit_2_row("B20. generate -o naming a folder", heygem_command(
         "generate", "-o", folder, "--face", inputs.face, "--audio", inputs.short_speech), "folder", work))
-    rows.append(one_line_exit_2_row("21. generate --text-file /dev/zero --max-text-chars 100", heygem_command(
+    rows.append(one_line_exit_2_row("B21. generate --text-file /dev/zero --max-text-chars 100", heygem_command(
         "generate", "-o", folder / "out.mp4", "--face", inputs.face, "--text-file", "/dev/zero",
         "--max-text-chars", "100"), "more than 100", work))
-    for label, path, words in (("22. a folder as --audio", folder, "is a folder"),
-                               ("22. a FIFO as --audio", fifo, "not a regular file"),
-                               ("22. /dev/zero as --audio", Path("/dev/zero"), "not a regular file")):
+    for label, path, words in (("B22. a folder as --audio", folder, "is a folder"),
+                               ("B22. a FIFO as --audio", fifo, "not a regular file"),
+                               ("B22. /dev/zero as --audio", Path("/dev/zero"), "not a regular file")):
         rows.append(one_line_exit_2_row(label, heygem_command(
             "generate", "-o", folder / "out.mp4", "--face", inputs.face, "--audio", path), words, work))
-    rows.append(one_line_exit_2_row("14. generate --face-index 3 on a photo of one face", heygem_command(
+    rows.append(one_line_exit_2_row("B14. generate --face-index 3 on a photo of one face", heygem_command(
         "generate", "-o", folder / "out.mp4", "--face", inputs.face, "--audio", inputs.short_speech,
         "--face-index", "3"), "only 1 face", work))
     return rows

@@ -21,16 +21,7 @@ from pathlib import Path
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME, is_disk_full, without_server_paths
 from heygem.jobs.speech import keep_speech, kept_text, speak_whole
-from heygem.jobs.store import (
-    CANCELLED,
-    DONE,
-    FAILED,
-    Job,
-    JobStore,
-    job_device,
-    owner_worker,
-    process_owner,
-)
+from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
 from heygem.media.stream import stream_folder
 from heygem.runtime import timeline
 from heygem.runtime.device import pick_device, worker_devices

@@ -167,4 +167,3 @@ class _StderrFilter:
             except (OSError, ValueError):
                 pass
             sys.stderr = self._python_stderr
-

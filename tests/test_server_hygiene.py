@@ -178,6 +178,9 @@ def test_a_jobs_error_and_the_rest_answers_carry_no_server_path(tmp_path):
                     "damaged", shown
     listed = client.get("/api/jobs").json()["jobs"][0]["error"]
     assert listed == shown
+    echoed = client.post("/api/jobs", files={"face": ("a.jpg", (ASSETS / "astronaut.jpg").read_bytes())},
+                         data={"options": '{"engine.device": "/dev/sda"}'}).json()["error"]
+    assert "'/dev/sda'" in echoed, echoed  # the client's own words come back as they were
     assert without_server_paths("see /api/jobs/ID/result or outputs/x.mp4 (16:9)") == \
         "see /api/jobs/ID/result or outputs/x.mp4 (16:9)"
     assert without_server_paths(f"'{ASSETS / 'astronaut.jpg'}' is bad") == "'astronaut.jpg' is bad"

@@ -43,6 +43,7 @@ from starlette.datastructures import UploadFile
 
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
+from heygem.jobs import files
 from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size, without_server_paths
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
@@ -66,7 +67,7 @@ class ApiError(Exception):
 
 
 def error_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": without_server_paths(message)}, status_code=status, headers=headers)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def check_basic_auth(request: Request, credentials: tuple[str, str]) -> None:
@@ -146,14 +147,16 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
                 try:
                     request.state.user = signed_in(request)
                     return await handler(request)
-                except ApiError as error:
-                    return error_response(error.status, error.message, error.headers)
+                except ApiError as error:  # no server folder in it: a client may quote its own paths
+                    message = without_server_paths(error.message, door_folders, every_path=False)
+                    return error_response(error.status, message, error.headers)
                 except RequestValidationError as error:  # a query or path parameter of the wrong type
                     return error_response(400, validation_message(error))
 
             return guarded
 
     router = APIRouter(prefix="/api", route_class=GuardedRoute)
+    door_folders = files.server_folders(store.outputs_dir)
 
     def find_job(job_id: str, request: Request):
         """The job, when it exists and the request's user may see it; else 404 (the same answer for both,

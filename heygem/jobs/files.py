@@ -103,14 +103,19 @@ def keep_server_files_under(outputs_dir: Path) -> dict[str, str]:
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.\-/])/(?:[^\s'\"/:;,()<>]+/)+(?P<name>[^\s'\"/:;,()<>]*)")
 
 
-def without_server_paths(text: str | None, folders: dict[Path, str] | None = None) -> str | None:
+def without_server_paths(text: str | None, folders: dict[Path, str] | None = None,
+                         every_path: bool = True) -> str | None:
     """``text`` (a message for a client of the server) without the server's absolute paths: each of
-    ``folders`` written as its short name (longest first), any other path as its last part. A path is
-    one whose first folder exists here (/srv/..., /tmp/...), so /api/jobs/ID stays as it is."""
+    ``folders`` written as its short name (longest first); with ``every_path``, any other path as its
+    last part too. A path is one whose first folder exists here (/srv/..., /tmp/...), so /api/jobs/ID
+    stays as it is. An answer to a request (which may quote the client's own words) passes
+    ``every_path=False``; a job's error (the server's words) does not."""
     if not text:
         return text
     for folder in sorted(folders or {}, key=lambda path: len(str(path)), reverse=True):
         text = text.replace(str(folder), folders[folder])
+    if not every_path:
+        return text
 
     def shorten(match: re.Match) -> str:
         path = match.group(0)
@@ -119,6 +124,17 @@ def without_server_paths(text: str | None, folders: dict[Path, str] | None = Non
         return match.group("name") or Path(path).name
 
     return _ABSOLUTE_PATH.sub(shorten, text)
+
+
+def server_folders(outputs_dir: Path) -> dict[Path, str]:
+    """The server's own folders as a client reads them: its outputs, its weights, the checkout it runs
+    from, and the page's copies of uploads ($GRADIO_TEMP_DIR)."""
+    from heygem.weights import weights_dir
+
+    folders = {Path(outputs_dir).resolve(): "outputs", weights_dir().resolve(): "weights", REPO_ROOT: "heygem"}
+    if os.environ.get("GRADIO_TEMP_DIR"):
+        folders[Path(os.environ["GRADIO_TEMP_DIR"]).resolve()] = "uploads"
+    return folders
 
 
 def is_disk_full(problem: BaseException) -> bool:

@@ -109,9 +109,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     keep_server_files_under(Path(args.outputs))  # before gradio is imported: it reads its folder then
     from heygem.ui import build_ui, page_style
+    from heygem.ui.request_log import one_line_request_errors
+
+    one_line_request_errors()  # a forged page request: one line in the log, not a traceback
 
     max_upload_bytes = int(args.max_upload_mb * 2**20)
-    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=job_limits(args))
+    store = JobStore(args.outputs, max_upload_bytes=max_upload_bytes, limits=job_limits(args),
+                     upload_folder=Path(os.environ["GRADIO_TEMP_DIR"]))
     if args.ray is not None:
         try:
             start_ray_workers(store, args.ray)

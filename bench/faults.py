@@ -37,6 +37,11 @@ engine and small inputs made from assets/ (a photo and a short piece of speech):
           a secret under 12 characters (file or --auth) too; a POST from another
           site's page is refused (403); a user removed from the file loses access
           within seconds; repeated wrong passwords are refused for a while (429).
+  probe2  what a second probe found (rows B4 to B22, as in docs/reliability.md's
+          second table): a retry past --max-queued, ?limit=abc, a Unicode line break in a
+          name, wav2lip without its checkpoint, forged page requests, a deleted
+          job's upload, the network at start, links out of a --batch-root, and the
+          command line's -o, --text-file and non-file inputs.
 
     python bench/faults.py                                   # the full run (50 submissions)
     python bench/faults.py --quick                           # 8 submissions, shorter jobs
@@ -79,7 +84,7 @@ from heygem.media.probing import probe  # noqa: E402 - found through the sys.pat
 ASSETS = REPO / "assets"
 FINISHED = ("done", "failed", "cancelled")
 OPTIONS = {"media.output_height": 256, "engine.name": "landmark"}
-PARTS = ("load", "ffmpeg", "disk", "uploads", "requests", "users")
+PARTS = ("load", "ffmpeg", "disk", "uploads", "requests", "users", "probe2")
 
 
 @dataclass
@@ -274,7 +279,9 @@ def load_part(work: Path, inputs: Inputs, submissions: int, timeout: float) -> t
     outputs = work / "load-outputs"
     log_path = work / "load-server.log"
     figures = LoadFigures(submitted=submissions)
-    server = Server(outputs, log_path).wait_ready()
+    private_tmp = work / "load-tmp"  # the system temp folder as the server sees it: nothing of a job may stay there
+    private_tmp.mkdir()
+    server = Server(outputs, log_path, env={"TMPDIR": str(private_tmp)}).wait_ready()
     port = server.port
     lock = threading.Lock()
     server_up = threading.Event()
@@ -327,7 +334,7 @@ def load_part(work: Path, inputs: Inputs, submissions: int, timeout: float) -> t
         figures.kills = 1
         server.stop()
         restart = time.monotonic()
-        server = Server(outputs, log_path, port=port).wait_ready()
+        server = Server(outputs, log_path, port=port, env={"TMPDIR": str(private_tmp)}).wait_ready()
         figures.restart_seconds = time.monotonic() - restart
         server_up.set()
         for future in futures:
@@ -359,6 +366,9 @@ def load_part(work: Path, inputs: Inputs, submissions: int, timeout: float) -> t
             figures.results_good += result_is_good(outputs / job_id / "result.mp4", speech_seconds)
     figures.seconds = time.monotonic() - started
     traceback_lines = server.log_text().count("Traceback")
+    # the restart sweeps those of the killed server
+    work_folders = list((outputs / "tmp").glob("heygem-*")) + list(private_tmp.glob("heygem-*"))
+    partials = list(outputs.glob("*/.*.partial*"))  # the rerun of the interrupted job removes its own
     rows = [
         Row(f"{submissions} concurrent REST submissions, SIGKILL after {max(1, submissions // 3)} accepted, restart",
             "every accepted job done exactly once; none lost; none duplicated",
@@ -371,6 +381,10 @@ def load_part(work: Path, inputs: Inputs, submissions: int, timeout: float) -> t
             figures.results_checked == figures.done and figures.results_good == figures.results_checked),
         Row("server log during the load run", "no traceback",
             f"{traceback_lines} tracebacks" if traceback_lines else "none", traceback_lines == 0),
+        Row("B10. work folders and unfinished encodes after the kill and the rerun", "none left",
+            f"{len(work_folders)} work folders (--outputs/tmp, the temp folder), {len(partials)} partial files in "
+            "job folders",
+            not work_folders and not partials),
     ]
     return rows, figures
 
@@ -577,7 +591,7 @@ def uploads_part(work: Path, inputs: Inputs) -> list[Row]:
     finally:
         server.stop()
     job_folders = [path.name for path in outputs.iterdir()  # the server's own folders are no jobs
-                   if path.is_dir() and path.name not in ("avatar-cache", "gradio-temp")]
+                   if path.is_dir() and path.name not in ("avatar-cache", "gradio-temp", "voice-cache", "tmp")]
     outside_after = set(os.listdir(work)) - outside_before - {log_path.name}
     stray = [str(path) for path in (Path("/etc/passwd.mp4"), work / "passwd.mp4", outputs.parent / "etc")
              if path.exists()]
@@ -1199,6 +1213,171 @@ def users_part(work: Path, inputs: Inputs, timeout: float) -> list[Row]:
 # ---------------------------------------------------------------------- report
 
 
+# ---------------------------------------------------------------------- 7. what a second probe found
+
+NETWORK_RECORDER = """
+import os, socket
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "", None}
+
+
+def _note(host):
+    host = host.decode() if isinstance(host, bytes) else host
+    if host not in _LOOPBACK and not str(host).startswith("127."):
+        with open(os.environ["HEYGEM_FAULTS_HOSTS"], "a") as record:
+            record.write(f"{host}\\n")
+        raise OSError("no network for this server")
+
+
+_getaddrinfo, _connect = socket.getaddrinfo, socket.socket.connect
+socket.getaddrinfo = lambda host, *args, **kwargs: (_note(host), _getaddrinfo(host, *args, **kwargs))[1]
+socket.socket.connect = lambda self, address: (_note(address[0]) if isinstance(address, tuple) else None,
+                                               _connect(self, address))[1]
+"""
+
+
+def heygem_command(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "heygem", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def one_line_exit_2_row(label: str, finished: subprocess.CompletedProcess, words: str, work: Path) -> Row:
+    """A command that must end with exit status 2 and one ``error:`` line (progress bars aside) holding ``words``."""
+    lines = [line for line in finished.stderr.strip().splitlines() if "%|" not in line]
+    said = " ".join(lines).replace(str(work), "<tmp>")
+    return Row(label, "exit 2, one line", f"exit {finished.returncode}: {said[:140]}",
+               finished.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in said)
+
+
+def second_probe_part(work: Path, inputs: Inputs) -> list[Row]:
+    """What a second outside probe of the server and the command line found (the numbers of its report)."""
+    from gradio_client import Client, handle_file
+
+    from heygem.jobs.batch import collect_files, plan_items
+
+    site, hosts = work / "probe2-site", work / "probe2-hosts.txt"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NETWORK_RECORDER, encoding="utf-8")
+    hosts.write_text("", encoding="utf-8")
+    weights = work / "probe2-weights"  # no checkpoint at all
+    weights.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "HEYGEM_FAULTS_HOSTS": str(hosts),
+           "GRADIO_ANALYTICS_ENABLED": "True", "HEYGEM_WEIGHTS": str(weights)}  # as Gradio is when left alone
+    outputs = work / "probe2-outputs"
+    rows: list[Row] = []
+    server = Server(outputs, work / "probe2.log", env=env, extra_args=("--workers", "0", "--max-queued", "3"),
+                    drop_env=("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR", "HEYGEM_VOICE_CACHE", "HEYGEM_WORK_DIR",
+                              "HF_HUB_DISABLE_TELEMETRY")).wait_ready()
+    try:
+        client = server.client
+        first = [post_options(server, inputs, "{}").json()["id"] for _ in range(3)]
+        for job_id in first:
+            client.delete(f"/api/jobs/{job_id}")
+        more = [post_options(server, inputs, "{}") for _ in range(3)]
+        others = [answer.status_code for answer in more]
+        answers = [client.post(f"/api/jobs/{job_id}/retry") for job_id in first]
+        codes = [answer.status_code for answer in answers]
+        queued = server.counts()["queued"]
+        rows.append(Row("B4. --max-queued 3: three jobs cancelled, three more queued, then each cancelled one retried",
+                        "each retry 429 with Retry-After; 3 queued", f"new jobs {others}; retries {codes}; "
+                        f"Retry-After {answers[0].headers.get('retry-after')}; {queued} queued",
+                        others == [201] * 3 and codes == [429] * 3 and queued == 3
+                        and answers[0].headers.get("retry-after") == "60"))
+        for job_id in first + [answer.json().get("id") for answer in more if answer.status_code == 201]:
+            client.delete(f"/api/jobs/{job_id}")  # cancelled (queued) or deleted (cancelled): the queue is empty
+        rows.append(error_row("B22. GET /api/jobs?limit=abc", client.get("/api/jobs", params={"limit": "abc"}), 400,
+                              "limit"))
+        rows.append(error_row("B22. an upload named face\\u2028x.jpg (a Unicode line separator)",
+                              post_options(server, inputs, "{}", face_name="face\u2028x.jpg".encode()), 400,
+                              "control characters"))
+        wav2lip = post_options(server, inputs, '{"engine.name": "wav2lip"}')
+        rows.append(error_row("B13. engine.name wav2lip on a server without its checkpoint", wav2lip, 400,
+                              "this server does not have"))
+        rows.append(Row("B12. that answer", "no server path, no command-line advice", error_text(wav2lip)[:140],
+                        wav2lip.status_code == 400 and str(weights) not in error_text(wav2lip)
+                        and "--" not in error_text(wav2lip)))
+        dependencies = client.get("/config").json()["dependencies"]
+        submit = next(index for index, event in enumerate(dependencies) if event.get("api_name") == "submit_job")
+        log_start = len(server.log_text().splitlines())
+        joined = client.post("/gradio_api/queue/join", json={"data": ["not a file", 5], "fn_index": submit,
+                                                            "session_hash": "forged"})
+        with client.stream("GET", "/gradio_api/queue/data", params={"session_hash": "forged"}, timeout=60) as events:
+            completed = any("process_completed" in line for line in events.iter_lines())
+        unknown = httpx.post(f"{server.url}/gradio_api/queue/join", timeout=60,
+                             json={"data": [], "fn_index": 9999, "session_hash": "forged-2"})
+        forged_answers = (f"HTTP {joined.status_code} then {'completed' if completed else 'no answer'}, "
+                          f"HTTP {unknown.status_code}", completed and unknown.status_code >= 400)
+        face = work / "probe2 face.jpg"
+        face.write_bytes(inputs.face.read_bytes() + b"this upload only")
+        job_id = Client(server.url, verbose=False).predict(face=handle_file(str(face)),
+                                                           audio=handle_file(str(inputs.short_speech)),
+                                                           api_name="/submit_job")
+        before = list((outputs / "gradio-temp").rglob(face.name))
+        client.delete(f"/api/jobs/{job_id}")
+        deleted = client.delete(f"/api/jobs/{job_id}").json().get("status")
+        after = list((outputs / "gradio-temp").rglob(face.name))
+        rows.append(Row("B16. a job made from a page upload, then deleted over REST",
+                        "the page's copy of the upload goes with the job",
+                        f"{len(before)} copies before, job {deleted}, {len(after)} after",
+                        len(before) == 1 and deleted == "deleted" and not after))
+    finally:
+        server.stop()
+    log_text = server.log_text()
+    forged_log = log_text.splitlines()[log_start:]
+    said = [line for line in forged_log if "input values" in line or "KeyError: 9999" in line]
+    rows.append(Row("B19. forged page requests (too few inputs; an unknown event number)",
+                    "refused; one line each in the server log", f"{forged_answers[0]}; {len(said)} lines: "
+                    + " / ".join(line.partition(" WARNING ")[2] or line for line in said)[:160],
+                    forged_answers[1] and len(said) == 2 and not any(line.startswith((" ", "Traceback"))
+                                                                     for line in forged_log)))
+    looked_up = sorted(set(hosts.read_text(encoding="utf-8").split()))
+    rows.append(Row("B6. python app.py from its start to its stop (every lookup and connection recorded)",
+                    "no host but this machine", ", ".join(looked_up) or "none", not looked_up))
+    rows.append(Row("server log during these requests", "no traceback",
+                    f"{log_text.count('Traceback')} tracebacks" if "Traceback" in log_text else "none",
+                    "Traceback" not in log_text))
+
+    root, elsewhere = work / "probe2-batch-root", work / "probe2-another-users-job"
+    root.mkdir()
+    elsewhere.mkdir()
+    shutil.copyfile(inputs.face, root / "mine.jpg")
+    shutil.copyfile(inputs.short_speech, root / "mine.wav")
+    shutil.copyfile(inputs.face, elsewhere / "face.jpg")
+    (root / "theirs.jpg").symlink_to(elsewhere / "face.jpg")
+    for pairing in ("stem", "cross"):
+        items = plan_items(collect_files(root), pairing, base_dir=root)
+        used = sorted({path.name for item in items if not item.problem
+                       for path in (item.face_path, item.audio_path) if path is not None})
+        said = [item.problem for item in items if "theirs" in (item.problem or "")]
+        rows.append(Row(f"B5. a --batch-root folder with a link to another user's file ({pairing} pairing)",
+                        "the link skipped with a line saying so", f"paired {used}; {'; '.join(said)[:100]}",
+                        used == ["mine.jpg", "mine.wav"] and len(said) == 1 and "outside" in said[0]))
+
+    face_copy, folder, fifo = work / "probe2 f.jpg", work / "probe2 videos", work / "probe2 pipe.wav"
+    shutil.copyfile(inputs.face, face_copy)
+    folder.mkdir()
+    os.mkfifo(fifo)
+    kept = face_copy.read_bytes()
+    overwrite = heygem_command("generate", "-o", face_copy, "--face", face_copy, "--audio", inputs.short_speech)
+    rows.append(one_line_exit_2_row("B8. python -m heygem generate -o f.jpg --face f.jpg", overwrite, "input", work))
+    rows.append(Row("B8. f.jpg after it", "unchanged", "unchanged" if face_copy.read_bytes() == kept else "overwritten",
+                    face_copy.read_bytes() == kept))
+    rows.append(one_line_exit_2_row("B20. generate -o naming a folder", heygem_command(
+        "generate", "-o", folder, "--face", inputs.face, "--audio", inputs.short_speech), "folder", work))
+    rows.append(one_line_exit_2_row("B21. generate --text-file /dev/zero --max-text-chars 100", heygem_command(
+        "generate", "-o", folder / "out.mp4", "--face", inputs.face, "--text-file", "/dev/zero",
+        "--max-text-chars", "100"), "more than 100", work))
+    for label, path, words in (("B22. a folder as --audio", folder, "is a folder"),
+                               ("B22. a FIFO as --audio", fifo, "not a regular file"),
+                               ("B22. /dev/zero as --audio", Path("/dev/zero"), "not a regular file")):
+        rows.append(one_line_exit_2_row(label, heygem_command(
+            "generate", "-o", folder / "out.mp4", "--face", inputs.face, "--audio", path), words, work))
+    rows.append(one_line_exit_2_row("B14. generate --face-index 3 on a photo of one face", heygem_command(
+        "generate", "-o", folder / "out.mp4", "--face", inputs.face, "--audio", inputs.short_speech,
+        "--face-index", "3"), "only 1 face", work))
+    return rows
+
+
 def markdown_tables(report: dict) -> str:
     lines = []
     figures = report.get("load")
@@ -1279,6 +1458,8 @@ def main(argv: list[str] | None = None) -> int:
             report["rows"] += [asdict(row) for row in requests_part(work, inputs, timeout)]
         if "users" in args.parts:
             report["rows"] += [asdict(row) for row in users_part(work, inputs, timeout)]
+        if "probe2" in args.parts:
+            report["rows"] += [asdict(row) for row in second_probe_part(work, inputs)]
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)

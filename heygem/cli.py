@@ -136,6 +136,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
         args.face = presenter_face(args, option_overrides(args))
     config = check_options(option_overrides(args), load_config(args.config))[1]  # as every job request is checked
+    check_output_path(args)
     bars: dict[str, tqdm] = {}
     stage_spans = {}
 
@@ -183,10 +184,7 @@ def generate_from_text(args: argparse.Namespace, config, progress):
     from heygem.weights import weights_dir
 
     if args.text_file is not None:
-        try:
-            text = args.text_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise HeygemError(f"cannot read {args.text_file}: {error}") from None
+        text = read_text_file(args.text_file, config.text.max_characters)
     else:
         text = args.text
     output_path = Path(args.output)
@@ -198,6 +196,45 @@ def generate_from_text(args: argparse.Namespace, config, progress):
     add_subtitles(output_path, subtitles, speech.cues, config.text.subtitles, crf=config.media.crf,
                   preset=config.media.preset, size=config.text.subtitle_size, position=config.text.subtitle_position)
     return summary
+
+
+def check_output_path(args: argparse.Namespace) -> None:
+    """HeygemError when ``generate -o`` names a folder, or when the video or a file written beside it (the
+    .json summary; with text, the .wav and .srt) is one of the inputs: it would be overwritten."""
+    output = Path(args.output)
+    if output.is_dir():
+        raise HeygemError(f"-o {output} is a folder: give the MP4 file to write, such as {output / 'result.mp4'}")
+    written = [output, output.with_suffix(".json")]
+    if args.audio is None:
+        written += [output.with_suffix(".wav"), output.with_suffix(".srt")]
+    inputs = {"--face": args.face, "--audio": args.audio, "--text-file": args.text_file}
+    for path in written:
+        for flag, source in inputs.items():
+            if source is not None and _same_file(path, Path(source)):
+                whose = "-o" if path == output else f"{path.name}, written beside the video,"
+                raise HeygemError(f"{whose} would overwrite the input {flag} {source}: write the video elsewhere")
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    """Whether two paths name one file (links followed; hard links too, when both exist)."""
+    try:
+        return first.samefile(second)
+    except OSError:
+        return first.resolve() == second.resolve()
+
+
+def read_text_file(path: Path, max_characters: int) -> str:
+    """A UTF-8 text file's words, reading at most ``max_characters`` and one more (0: no limit), so a file
+    that never ends (/dev/zero, a pipe) is refused instead of filling the memory."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read(max_characters + 1 if max_characters else -1)
+    except (OSError, UnicodeDecodeError) as error:
+        raise HeygemError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    if max_characters and len(text) > max_characters:
+        raise HeygemError(f"{path} holds more than {max_characters} characters; at most {max_characters} are "
+                          "spoken (--max-text-chars): shorten it or split it into several videos")
+    return text
 
 
 def run_doctor(args: argparse.Namespace) -> int:

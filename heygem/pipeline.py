@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +41,7 @@ from heygem.render.prepared import Prepared
 from heygem.render.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator, timeline
 from heygem.runtime.flow import Stage, StageClock, run_stages
+from heygem.runtime.workdir import new_work_dir
 from heygem.speech import audio
 from heygem.types import FrameBatch, GenerationSummary
 from heygem.weights import require_s3fd_checkpoint
@@ -148,7 +148,7 @@ def generate(
     timeline.mark("3 engine chosen")
     report("prepare", 1.0)
 
-    work_dir = Path(tempfile.mkdtemp(prefix="heygem-"))
+    work_dir = new_work_dir()
     encoder = None
     source = None
     finished = False

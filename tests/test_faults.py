@@ -15,7 +15,7 @@ from conftest import REPO
 
 def test_the_quick_fault_run_loses_and_duplicates_nothing(tmp_path):
     report_path = tmp_path / "faults.json"
-    parts = ["load", "uploads", "requests", "users"] + (["disk"] if os.getuid() == 0 else [])  # disk: a tmpfs mount
+    parts = ["load", "uploads", "requests", "users", "probe2"] + (["disk"] if os.getuid() == 0 else [])  # disk: tmpfs
     finished = subprocess.run([sys.executable, "bench/faults.py", "--quick", "--parts", *parts,
                                "--json", str(report_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
                               check=False)
@@ -35,6 +35,8 @@ def test_the_quick_fault_run_loses_and_duplicates_nothing(tmp_path):
         assert sum(row["outcome"].startswith("HTTP 507") for row in report["rows"]) == 2
     numbered = {row["fault"].split(".", 1)[0] for row in report["rows"] if row["fault"][:2].rstrip(".").isdigit()}
     assert numbered >= {str(case) for case in range(1, 13)}, numbered  # every case of the probe
+    second = {row["fault"].split(".", 1)[0] for row in report["rows"] if row["fault"].startswith("B")}
+    assert second >= {f"B{case}" for case in (4, 5, 6, 8, 10, 12, 13, 14, 16, 19, 20, 21, 22)}, second
     users = [name for name in rows if name.startswith("9. ")]
     for words in ("without credentials", "carol's GET /api/jobs/<bob's job>", "carol's DELETE", "/result", "/log",
                   "the admin's GET", "job JSON", "/gradio_api/file=", "bob's DELETE",

@@ -499,11 +499,12 @@ def test_a_server_keeps_its_caches_under_its_outputs(tmp_path, monkeypatch):
     from heygem.face.avatar_cache import cache_dir
     from heygem.jobs.files import keep_server_files_under
 
-    for name in ("HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR"):
+    folders = {"HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR", "HEYGEM_VOICE_CACHE", "HEYGEM_WORK_DIR"}
+    for name in folders:
         monkeypatch.setenv(name, "recorded")  # so that the end of the test restores what was there before
         monkeypatch.delenv(name)
     outputs = (tmp_path / "outputs").resolve()
-    assert set(keep_server_files_under(outputs)) == {"HEYGEM_CACHE_DIR", "GRADIO_TEMP_DIR"}
+    assert set(keep_server_files_under(outputs)) == folders
     assert cache_dir() == outputs / "avatar-cache" and os.environ["GRADIO_TEMP_DIR"] == str(outputs / "gradio-temp")
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "elsewhere"))  # an operator's own choice is kept
     assert "GRADIO_TEMP_DIR" not in keep_server_files_under(tmp_path / "other")

@@ -154,10 +154,12 @@ def test_cancel_in_the_store_stops_the_ray_task(tmp_path, media):
         import time as clock
         from pathlib import Path as FilePath
 
+        progress("engine", 0.0)  # reported at once (a new stage), before the loop
         FilePath(started_path).write_text("", encoding="utf-8")
         try:
-            for step in range(600):  # never looks at should_stop: only ray.cancel can end it early
-                progress("engine", step / 600)
+            # Never looks at should_stop: only ray.cancel can end it early. Nothing but Python's own sleep runs
+            # here, so the interrupt always lands in the test's code, never in Ray's (a progress message).
+            for _ in range(6000):  # ten minutes
                 clock.sleep(0.1)
         except BaseException as interruption:
             FilePath(ended_path).write_text(type(interruption).__name__, encoding="utf-8")
@@ -167,19 +169,16 @@ def test_cancel_in_the_store_stops_the_ray_task(tmp_path, media):
     job_id = store.create_job(media["face"], media["speech"], {})
     workers = start_ray_workers(store, generate=endless_generate)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a bound for a loaded machine, not a measurement
         while not (started.exists() and store.get(job_id).stage == "engine") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert store.get(job_id).status == RUNNING and started.exists()
-        cancelled_at = time.monotonic()
         store.cancel(job_id)
-        follow(store, [job_id], timeout=30)
-        took = time.monotonic() - cancelled_at
+        follow(store, [job_id], timeout=300)  # well before the task's own end
     finally:
         stop(workers)
     job = store.get(job_id)
     assert job.status == CANCELLED and not job.result_path.exists(), job
-    assert took < 10, took
     assert ended.read_text(encoding="utf-8") == "KeyboardInterrupt"  # ray.cancel interrupted the task
     assert "cancelled after" in job.log_path.read_text(encoding="utf-8")
 

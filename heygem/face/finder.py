@@ -219,6 +219,15 @@ def pool_key(config: FaceConfig, size: int, still_images: bool, detector: FaceDe
     return config.min_confidence, max(1, size), still_images, detector
 
 
+def count_faces(config: FaceConfig, frame: Frame, detector: FaceDetector | None = None) -> int:
+    """How many faces the detector finds in ``frame`` (for a message: a face_index past them)."""
+    finder = FaceFinder(config, still_images=True, detector=detector)
+    try:
+        return len(finder.detect(frame))
+    finally:
+        finder.close()
+
+
 def choose_face(boxes: np.ndarray, face_index: int | None) -> int | None:
     """Index into ``boxes`` (K, 4): the largest face, or the ``face_index``-th from the left."""
     if face_index is None:

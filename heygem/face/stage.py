@@ -70,6 +70,7 @@ class FaceStage:
                                     complete=complete)
         self.first_frame = first_frame
         self._pool: FinderPool | None = None
+        self._first_new_i420 = None  # the first new source frame tracked, (1, ...) I420
         if complete:
             self.builder.end()
             logger.info("faces: %d frames from the avatar cache", self.builder.tracked)
@@ -164,12 +165,15 @@ class FaceStage:
         new_frames = batch.frames_i420[batch.source_indices >= start]
         if self.source.is_still:
             new_frames = new_frames[:1]
+        if self._first_new_i420 is None and len(new_frames):
+            self._first_new_i420 = new_frames[:1].copy()  # faces counted there when face_index finds none
         return batch, start, self._pool.track_run(I420Frames(new_frames))
 
     def _end_of_video(self) -> None:
         builder = self.builder
         builder.end()
         if not builder.any_face:
+            self._check_face_index()
             raise HeygemError(f"no face was found in {self.source.info.path.name}: use a photo or video where one "
                               "face is clearly visible, looks at the camera and is not tiny")
         logger.info("faces found in %d of %d source frames", int(builder.track.found[: builder.tracked].sum()),
@@ -179,6 +183,19 @@ class FaceStage:
 
             whole_video = self.source.frame_count is not None and builder.tracked >= self.source.frame_count
             avatar_cache.store_track(self.cache_key, builder.finished_track(), whole_video)
+
+    def _check_face_index(self) -> None:
+        """HeygemError saying how many faces there are when face.face_index asks for one past them."""
+        index = self.config.face.face_index
+        if index is None or self._first_new_i420 is None:
+            return
+        from heygem.face.finder import count_faces
+
+        found = count_faces(self.config.face, next(iter(I420Frames(self._first_new_i420))), self._shared_detector())
+        if 0 < found <= index:
+            raise HeygemError(f"face_index {index}: only {found} face{' was' if found == 1 else 's were'} found in "
+                              f"{self.source.info.path.name} (counted from 0, left to right): give "
+                              f"{'0' if found == 1 else f'0 to {found - 1}'}, or leave it empty for the largest face")
 
     def _attach(self, batch: FrameBatch) -> FrameBatch:
         if not self._faces_counted:

@@ -12,12 +12,13 @@
     GET    /api/jobs/{id}/stream.m3u8  -> HLS of the frames encoded so far (heygem.jobs.stream)
     DELETE /api/jobs/{id}          -> cancels a queued or running job; deletes a finished (done, failed,
                                    cancelled) one with its files -> {"id", "status": "deleted"}
-    POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again
+    POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again (admitted as a new job:
+                                   queue full -> 429 with Retry-After, disk short -> 507)
     /api/presenters...             saved presenters, and presenter=ID instead of face in POST /api/jobs
                                    (heygem.presenters.api)
 
-Every error is JSON ``{"error": message}``. With ``auth`` set, every route
-needs HTTP basic auth with the same user and password as the web UI. With
+Every error is JSON ``{"error": message}`` (a query parameter of the wrong type too: 400). With
+``auth`` set, every route needs HTTP basic auth with the same user and password as the web UI. With
 ``users`` (heygem.jobs.users), every route needs one of those users (basic auth
 NAME:SECRET, or ``Authorization: Bearer NAME:SECRET``, or ``Bearer SECRET`` for a
 secret written plain), checked in a worker thread; repeated failures from one
@@ -41,13 +42,15 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import UploadFile
 
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
-from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size
+from heygem.jobs import files
+from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size, without_server_paths
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
 from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
 from heygem.jobs.stream import add_stream_routes
@@ -100,6 +103,16 @@ def refuse_foreign_origin(request: Request) -> None:
     if origin is not None:
         logger.warning("refused %s %s from another site's page (%s)", request.method, request.url.path, origin)
         raise ApiError(403, "this API takes no requests from other sites' pages")
+
+
+def validation_message(error: RequestValidationError) -> str:
+    """FastAPI's list of what failed validation, as one line: limit='abc': Input should be a valid integer."""
+    problems = []
+    for problem in error.errors():
+        name = ".".join(str(part) for part in problem.get("loc", ())[1:]) or "the request"
+        given = f"={problem['input']!r}" if isinstance(problem.get("input"), (str, int, float)) else ""
+        problems.append(f"{name}{given}: {problem.get('msg', 'not valid')}"[:200])
+    return "; ".join(problems).replace("\n", " ") or "the request is not valid"
 
 
 def counted_request(request: Request, max_bytes: int) -> Request:
@@ -169,13 +182,17 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
                     refuse_foreign_origin(request)
                     request.state.user = await run_in_threadpool(signed_in, request)
                     return await handler(request)
-                except ApiError as error:
-                    return error_response(error.status, error.message, error.headers)
+                except ApiError as error:  # no server folder in it: a client may quote its own paths
+                    message = without_server_paths(error.message, door_folders, every_path=False)
+                    return error_response(error.status, message, error.headers)
+                except RequestValidationError as error:  # a query or path parameter of the wrong type
+                    return error_response(400, validation_message(error))
 
             return guarded
 
     router = APIRouter(prefix="/api", route_class=GuardedRoute)
     presenters = presenters or PresenterStore(store.outputs_dir, max_upload_bytes=max_upload_bytes)
+    door_folders = files.server_folders(store.outputs_dir)
 
     def find_job(job_id: str, request: Request):
         """The job, when it exists and the request's user may see it; else 404 (the same answer for both,
@@ -309,6 +326,10 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
         find_job(job_id, request)
         try:
             return store.retry(job_id).to_dict()
+        except QueueFull as error:
+            raise ApiError(429, str(error), headers={"Retry-After": str(error.retry_after)}) from None
+        except NotEnoughDisk as error:
+            raise ApiError(507, str(error)) from None
         except HeygemError as error:
             raise ApiError(409, str(error)) from None
 

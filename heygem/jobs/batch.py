@@ -164,9 +164,14 @@ def plan_items(files: list[Path], pairing: str = "stem", base_dir: Path | None =
     """Turn files into batch items by ``pairing``: "stem", "cross" or a manifest CSV's path.
 
     Files with problems become items with ``problem`` set, so that they show
-    in the summary instead of silently disappearing.
+    in the summary instead of silently disappearing. With ``base_dir`` (a folder of files, not uploads),
+    a file whose real path (links followed) is outside it is never paired, in every pairing.
     """
     files = [Path(path) for path in files]
+    escaped = []  # a manifest's rows are checked one by one (_pair_by_manifest)
+    if base_dir is not None and pairing in PAIRINGS:
+        escaped = _outside(files, Path(base_dir))
+    files = [path for path in files if path not in escaped]
     faces = [path for path in files if file_role(path) in ("image", "video")]
     audios = [path for path in files if file_role(path) == "audio"]
     texts = [path for path in files if file_role(path) == "text"]
@@ -181,9 +186,19 @@ def plan_items(files: list[Path], pairing: str = "stem", base_dir: Path | None =
         if manifest.suffix.lower() != ".csv":
             raise HeygemError(f"pairing must be stem, cross or a .csv manifest, not {pairing!r}")
         items = _pair_by_manifest(manifest, files, base_dir)
+    items += [BatchItem(name=path.stem, face_path=path if file_role(path) in ("image", "video") else None,
+                        audio_path=path if file_role(path) == "audio" else None,
+                        text_path=path if file_role(path) == "text" else None,
+                        problem=f"{path.name} links to a file outside the batch folder: skipped") for path in escaped]
     if not items:
         raise HeygemError("no faces (videos or images) and audio or text files to pair were found")
     return _unique_names(items)
+
+
+def _outside(files: list[Path], folder: Path) -> list[Path]:
+    """The files whose real path (links followed) is not inside ``folder``'s."""
+    root = folder.resolve()
+    return [path for path in files if not path.resolve().is_relative_to(root)]
 
 
 def read_text_file(path: Path) -> tuple[str | None, str | None]:

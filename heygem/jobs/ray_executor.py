@@ -34,7 +34,7 @@ from typing import Any
 from heygem.errors import GenerationCancelled, HeygemError, first_line
 from heygem.jobs.files import RESULT_NAME
 from heygem.jobs.store import JobStore
-from heygem.jobs.worker import Worker
+from heygem.jobs.worker import SERVER_ONLY, Worker
 
 logger = logging.getLogger("heygem")
 
@@ -225,7 +225,7 @@ def generate_on_node(key: str, channel, face_name: str, face_bytes: bytes, audio
 
 
 class RemoteFailure(Exception):
-    """An unexpected error inside a Ray task (its traceback is in the job log)."""
+    """An unexpected error inside a Ray task (its traceback is in the server's log)."""
 
 
 @functools.cache
@@ -328,7 +328,7 @@ class RayGeneration:
         if outcome["outcome"] == "failed":
             raise HeygemError(outcome["error"])
         if outcome["outcome"] == "error":
-            logger.error("the traceback on the node:\n%s", outcome["traceback"])
+            logger.error("the traceback on the node:\n%s", outcome["traceback"], extra=SERVER_ONLY)
             raise RemoteFailure(outcome["error"])
         if outcome["summary"] is not None:
             summary = _moved(json.loads(outcome["summary"]), outcome["folder"], output_path.parent)

@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from pathlib import Path
 
 from heygem.config import Config, apply_overrides, iter_options
 from heygem.errors import HeygemError
 from heygem.jobs.limits import PROCESS_OPTIONS, ProcessCaps, check_process_caps
 from heygem.media.probing import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES
-from heygem.weights import require_gfpgan_checkpoint, require_s3fd_checkpoint, weights_dir
+from heygem.weights import (
+    WAV2LIP_FILE_NAMES,
+    find_wav2lip_checkpoint,
+    require_gfpgan_checkpoint,
+    require_s3fd_checkpoint,
+    weights_dir,
+)
 
 # Options whose value names a file on the server (kind "weights file" in heygem.config). A remote client
 # may give only the name of a checkpoint file in the server's weights folder; paths are for the local
@@ -151,19 +158,46 @@ def check_device(name: str) -> None:
                           f"(cuda:0 to cuda:{count - 1})")
 
 
-def check_weight_files(config: Config, folder: Path | None = None) -> None:
-    """HeygemError when an option asks for a weights file the weights folder lacks (--restorer gfpgan,
-    --detector s3fd, --engine musetalk)."""
-    if config.restore.enabled and config.restore.method == "gfpgan":
-        require_gfpgan_checkpoint(folder)
-    if config.face.detector == "s3fd":
-        require_s3fd_checkpoint(folder)
+def check_weight_files(config: Config, folder: Path | None = None, remote: bool = False) -> None:
+    """HeygemError when an option asks for a weights file the weights folder lacks (--engine wav2lip
+    without --checkpoint, --engine musetalk, --restorer gfpgan, --detector s3fd). ``remote``: the
+    message is for a client of a server: what the server lacks and what to choose instead, not where
+    its files are or which command fetches them."""
+    missing = _missing_weights(config, folder)
+    if missing is None:
+        return
+    local_message, asked, needed, instead = missing
+    if remote:
+        raise HeygemError(f"{asked} needs {needed}, which this server does not have: choose {instead}, or ask the "
+                          "server's operator to add it")
+    raise HeygemError(local_message)
+
+
+def _missing_weights(config: Config, folder: Path | None) -> tuple[str, str, str, str] | None:
+    """(the command line's message, the option asked for, what it needs, what to choose instead) for the
+    first weights file an option needs and the folder lacks; None when nothing is missing."""
+    folder = Path(folder) if folder is not None else weights_dir()
+    if config.engine.name == "wav2lip" and not config.engine.checkpoint and find_wav2lip_checkpoint(folder) is None:
+        return (f"--engine wav2lip needs a checkpoint: put {' or '.join(WAV2LIP_FILE_NAMES)} into {folder} or pass "
+                "--checkpoint PATH", "engine.name wav2lip", f"a Wav2Lip checkpoint ({' or '.join(WAV2LIP_FILE_NAMES)})",
+                "engine.name auto or landmark")
     if config.engine.name == "musetalk":  # its libraries and files, before the job is queued
         from heygem.engines.musetalk import MuseTalkKind
 
-        problem = MuseTalkKind().missing(Path(folder) if folder is not None else None)
+        problem = MuseTalkKind().missing(folder)
         if problem:
-            raise HeygemError(problem)
+            return problem, "engine.name musetalk", "MuseTalk's files and libraries", "engine.name auto or landmark"
+    if config.restore.enabled and config.restore.method == "gfpgan":
+        try:
+            require_gfpgan_checkpoint(folder)
+        except HeygemError as problem:
+            return str(problem), "restore.method gfpgan", "GFPGANv1.4.pth", "restore.method auto, sharpen or none"
+    if config.face.detector == "s3fd":
+        try:
+            require_s3fd_checkpoint(folder)
+        except HeygemError as problem:
+            return str(problem), "face.detector s3fd", "the S3FD detector's s3fd.pth", "face.detector mediapipe"
+    return None
 
 
 def check_options(options: dict | None, base: Config, *, remote: bool = False,
@@ -184,7 +218,7 @@ def check_options(options: dict | None, base: Config, *, remote: bool = False,
         check_process_caps({key: getattr(config.run, key.split(".", 1)[1]) for key in PROCESS_OPTIONS if key in flat},
                            caps)
     check_device(config.engine.device)
-    check_weight_files(config, folder)
+    check_weight_files(config, folder, remote)
     return flat, config
 
 
@@ -221,11 +255,11 @@ def check_upload_name(name: str, role: str) -> None:
     """HeygemError unless ``name`` is a plain file name of a type the ``role`` ("face" or "audio") takes.
 
     A remote client's file name is never a path: one with folder parts, control characters (NUL,
-    newlines), only dots, or over 255 bytes is refused rather than quietly renamed, and so is an
-    extension that is not a video, image or audio type (the contents are probed as well, once the
-    file is stored)."""
+    newlines, U+0085, the Unicode line and paragraph separators), only dots, or over 255 bytes is refused
+    rather than quietly renamed, and so is an extension that is not a video, image or audio type (the
+    contents are probed as well, once the file is stored)."""
     shown = repr(name[:60] + ("..." if len(name) > 60 else ""))
-    if any(ord(character) < 32 or ord(character) == 127 for character in name):
+    if any(unicodedata.category(character) in ("Cc", "Cs", "Zl", "Zp") for character in name):
         raise HeygemError(f"the {role} file name {shown} has control characters (such as NUL or a line break); "
                           "rename the file")
     if "/" in name or "\\" in name or name.strip(" .") == "":

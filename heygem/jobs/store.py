@@ -13,7 +13,6 @@ The database (``outputs/jobs.db``) is in WAL mode with one connection per thread
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
@@ -41,7 +40,11 @@ from heygem.jobs.files import (
     Upload,
     append_log,
     human_size,
+    is_disk_full,
+    note_uploads,
+    remove_uploads,
     store_input,
+    without_server_paths,
 )
 from heygem.jobs.limits import ProcessCaps
 from heygem.jobs.request import check_options, check_speech, check_speed, finite_json
@@ -170,7 +173,7 @@ class Job:
             "status": self.status,
             "progress": round(self.progress, 4) if math.isfinite(self.progress) else 0.0,
             "stage": self.stage,
-            "error": self.error,
+            "error": without_server_paths(self.error),
             "created": iso_time(self.created),
             "started": iso_time(self.started),
             "finished": iso_time(self.finished),
@@ -281,13 +284,6 @@ class NotEnoughDisk(HeygemError):
     """The outputs folder's disk has less free space than a job needs."""
 
 
-def _is_disk_full(problem: BaseException) -> bool:
-    """Whether a write failed for want of space (a full disk, a quota, a file size limit)."""
-    if isinstance(problem, sqlite3.OperationalError):
-        return "full" in str(problem)  # "database or disk is full"
-    return getattr(problem, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 class JobStore:
     """Jobs in ``outputs_dir``: create, read, cancel, retry, delete, clean.
 
@@ -297,8 +293,9 @@ class JobStore:
     """
 
     def __init__(self, outputs_dir: str | Path = DEFAULT_OUTPUTS, *, max_upload_bytes: int | None = None,
-                 base_config: Config | None = None, limits: JobLimits | None = None):
-        self.outputs_dir = Path(outputs_dir).resolve()
+                 base_config: Config | None = None, limits: JobLimits | None = None,
+                 upload_folder: Path | None = None):  # the page's copies of uploads: deleted with their job
+        self.outputs_dir, self.upload_folder = Path(outputs_dir).resolve(), upload_folder
         self.limits = limits if limits is not None else JobLimits()
         self.outputs_dir.mkdir(parents=True, exist_ok=True)
         self.database_path = self.outputs_dir / DATABASE_NAME
@@ -487,6 +484,7 @@ class JobStore:
             face_info, audio_info = probe_inputs(directory / face_name, None if audio_name is None
                                                  else directory / audio_name, picture_only=spoken_later)
             self._check_size(face_info, audio_info, config)
+            note_uploads(directory, [face, audio], self.upload_folder)
             (directory / OPTIONS_NAME).write_text(
                 json.dumps(flat_options, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
             now = time.time()
@@ -499,7 +497,7 @@ class JobStore:
                      config.engine.name, batch, label, item_key, submitter))
         except (OSError, sqlite3.OperationalError) as problem:
             shutil.rmtree(directory, ignore_errors=True)
-            if _is_disk_full(problem):
+            if is_disk_full(problem):
                 raise NotEnoughDisk(f"the server's disk is full: the upload could not be stored ({problem}); try "
                                     "again once old jobs are cleaned") from None
             raise
@@ -514,13 +512,15 @@ class JobStore:
 
     def _check_room(self) -> None:
         """Refuse a job while the queue is full or the disk is short (nothing is written then)."""
-        limits = self.limits
-        if limits.min_free_bytes is not None:
-            free = shutil.disk_usage(self.outputs_dir).free
-            if free < limits.min_free_bytes:
-                raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
-                                    f"{human_size(limits.min_free_bytes)}); try again once old jobs are cleaned")
+        self._check_disk()
         self._check_queue(self._connect())
+
+    def _check_disk(self) -> None:
+        """NotEnoughDisk when the outputs folder's disk has less free space than min_free_bytes."""
+        needed = self.limits.min_free_bytes
+        if needed is not None and (free := shutil.disk_usage(self.outputs_dir).free) < needed:
+            raise NotEnoughDisk(f"the server's disk is nearly full ({human_size(free)} free, a job needs "
+                                f"{human_size(needed)}); try again once old jobs are cleaned")
 
     def _check_queue(self, db: sqlite3.Connection) -> None:
         """QueueFull when max_queued jobs wait (in create_job's insert transaction: parallel submissions hold it)."""
@@ -567,11 +567,13 @@ class JobStore:
         return self.get(job_id)
 
     def retry(self, job_id: str) -> Job:
-        """Queue a failed or cancelled job again, at the back of the queue."""
+        """Queue a failed or cancelled job again, at the back of the queue, admitted as create_job admits one."""
+        self._check_disk()
         with self._transaction() as db:
             row = _status_row(db, job_id)
             if row["status"] not in (FAILED, CANCELLED):
                 raise HeygemError(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be retried")
+            self._check_queue(db)
             db.execute(
                 "UPDATE jobs SET status = ?, queued = ?, progress = 0, stage = '', error = NULL, started = NULL, "
                 "finished = NULL, owner = NULL, worker = NULL, device = NULL, cancel_requested = 0 WHERE id = ?",
@@ -581,12 +583,13 @@ class JobStore:
         return self.get(job_id)
 
     def delete(self, job_id: str) -> None:
-        """Remove a job that is not running, with its folder."""
+        """Remove a job that is not running, with its folder and the page's copies of its uploads."""
         with self._transaction() as db:
             row = _status_row(db, job_id)
             if row["status"] == RUNNING:
                 raise HeygemError(f"job {job_id} is running: cancel it first")
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        remove_uploads(self.outputs_dir / job_id, self.upload_folder)
         shutil.rmtree(self.outputs_dir / job_id, ignore_errors=True)
         logger.info("job %s deleted", job_id)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from heygem.errors import GenerationCancelled, HeygemError
-from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
+from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME, is_disk_full, without_server_paths
 from heygem.jobs.speech import keep_speech, kept_text, speak_whole
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
 from heygem.media.stream import stream_folder
@@ -27,6 +27,7 @@ from heygem.runtime import timeline
 from heygem.runtime.device import pick_device, worker_devices
 from heygem.runtime.kept import KEPT
 from heygem.speech.subtitles import add_subtitles, read_srt
+from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
 
@@ -36,14 +37,26 @@ IDLE_POLL_INTERVAL = 1.0  # seconds an idle worker waits before looking for jobs
 DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
+class _OneLine(logging.Formatter):
+    """A record's time, level and message only: its traceback (from logger.exception) stays in the
+    server's own log, as job.log is read by the job's owner."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.asctime = self.formatTime(record, self.datefmt)
+        return f"{record.asctime} {record.levelname} {record.getMessage()}"
+
+
+SERVER_ONLY = {"server_only": True}  # logger.error(..., extra=SERVER_ONLY): a record kept out of job.log
+
+
 class _JobLogHandler(logging.FileHandler):
-    """Copies the heygem log records of one thread into a job's job.log."""
+    """Copies the heygem log records of one thread into a job's job.log, one line each."""
 
     def __init__(self, path: Path):
         super().__init__(path, mode="a", encoding="utf-8")
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        self.setFormatter(_OneLine(datefmt="%Y-%m-%d %H:%M:%S"))
         thread_id = threading.get_ident()
-        self.addFilter(lambda record: record.thread == thread_id)
+        self.addFilter(lambda record: record.thread == thread_id and not getattr(record, "server_only", False))
 
 
 FINISH_RETRY_SECONDS = (1.0, 2.0, 4.0, 8.0)  # waits between tries to record an outcome the store could not take
@@ -69,9 +82,9 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
 
     ``device`` (e.g. "cuda:1", the worker's) pins the job to one GPU when its
     options leave the device on auto; result.json records the worker and the
-    device the job ran with. A HeygemError becomes the job's error message; any
-    other exception is logged with its traceback and recorded as well, so the
-    worker can go on with the next job.
+    device the job ran with. A HeygemError becomes the job's error message; a full disk
+    says so; any other exception is recorded as an unexpected error with its traceback in the server's
+    log only (job.log gets one line per record), so the worker can go on with the next job.
     """
     local = generate is None  # the pipeline in this process (else a renderer such as a Ray node's)
     if generate is None:
@@ -90,6 +103,10 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
                       job.result_path.with_suffix(".wav")):
             stale.unlink(missing_ok=True)
         shutil.rmtree(stream_folder(job.result_path), ignore_errors=True)
+        for stale in job.directory.glob(".*.partial*"):  # an encode's or a summary's unfinished file
+            stale.unlink(missing_ok=True)
+        for stale in job.directory.glob(".*.parts"):  # a spoken job's parts (heygem.spoken)
+            shutil.rmtree(stale, ignore_errors=True)
         overrides = dict(job.options)
         overrides.setdefault("media.stream", True)  # watched while it renders (heygem.jobs.stream)
         timeline.clear()  # the job's start-up marks, logged at its end (times since the server started)
@@ -116,7 +133,6 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             kept = kept_text(job.directory)
             if kept is not None and local:  # spoken sentence by sentence while the video is made
                 from heygem.spoken import generate_spoken
-                from heygem.weights import weights_dir
 
                 summary, speech = generate_spoken(
                     job.face_path, kept["text"], job.result_path, voice=kept["voice"], speed=kept["speed"],
@@ -135,9 +151,16 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
         except HeygemError as problem:
             logger.error("job %s failed: %s", job.id, problem)
             status, error, engine = FAILED, str(problem), None
-        except Exception as problem:  # a bug, not the user's input: keep the traceback in job.log
-            logger.exception("job %s failed with an unexpected error", job.id)
-            status, error, engine = FAILED, f"unexpected error ({type(problem).__name__}: {problem}); see job.log", None
+        except Exception as problem:
+            if is_disk_full(problem):  # the job store or a file could not be written
+                logger.warning("job %s: %s", job.id, problem, exc_info=True)  # the traceback: server log only
+                error = "the disk is full: the server could not write the job's files; retry it once old jobs " \
+                        "are cleaned"
+                logger.error("job %s failed: %s", job.id, error)
+            else:  # a bug, not the user's input: its traceback goes to the server's log (not to job.log)
+                logger.exception("job %s failed with an unexpected error", job.id)
+                error = f"unexpected error ({type(problem).__name__}); the server's log has the details"
+            status, engine = FAILED, None
         else:
             subtitles = job.directory / SUBTITLES_NAME
             if job.result_path.is_file() and subtitles.is_file():  # made from text: the cues go along
@@ -159,6 +182,8 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             else:
                 status, error, engine = FAILED, "the pipeline finished without writing result.mp4; see job.log", None
                 logger.error("job %s: %s", job.id, error)
+        error = without_server_paths(error, {job.directory: job.id, store.outputs_dir: "outputs",
+                                             weights_dir(): "weights"})  # the owner reads it: no server paths
         if not finish_when_the_store_can(store, job.id, owner, status, error=error, engine=engine):
             logger.warning("job %s was cancelled, deleted or taken over while running; its outcome is dropped",
                            job.id)

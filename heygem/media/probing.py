@@ -5,6 +5,7 @@ and the frame size and rate the output is made at.
 from __future__ import annotations
 
 import logging
+import stat
 import struct
 from fractions import Fraction
 from pathlib import Path
@@ -57,6 +58,21 @@ def _check_side(path: Path, width: int, height: int) -> None:
                           f"{MAX_FRAME_SIDE} on a side); scale it down")
 
 
+def check_regular_file(path: Path, what: str = "file") -> None:
+    """HeygemError unless ``path`` is a regular file (links followed), saying what it is instead: missing,
+    a folder, or a device, pipe or socket (which never end or cannot be read twice)."""
+    try:
+        mode = Path(path).stat().st_mode
+    except FileNotFoundError:
+        raise HeygemError(f"{what} not found: {path}") from None
+    except OSError as error:
+        raise HeygemError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    if stat.S_ISDIR(mode):
+        raise HeygemError(f"{what} {path} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise HeygemError(f"{what} {path} is not a regular file (a device, a pipe or a socket): give a file")
+
+
 def probe(path: str | Path, role: str | None = None) -> MediaInfo:
     """Describe a face or audio file: kind, display size (rotation applied), fps, audio stream.
 
@@ -64,8 +80,7 @@ def probe(path: str | Path, role: str | None = None) -> MediaInfo:
     import av
 
     path = Path(path)
-    if not path.is_file():
-        raise HeygemError(f"file not found: {path}")
+    check_regular_file(path)
     unreadable = (f"{path.name} is not an image or video heygem can read: the face must be a photo (.jpg, .png) or "
                   "a video (.mp4, .mov)" if role == "face" else
                   f"{path.name} is not a media file heygem can read (expected a video, image or audio file)")

@@ -5,11 +5,17 @@ store (heygem.jobs), so a job started here shows up in the REST API and ``python
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import gradio as gr
+# Unless told not to, Gradio checks for a newer version (api.gradio.app) and reports usage (huggingface.co)
+# when a page is built and launched; nothing of heygem reaches the network, so both are off before it loads.
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
-from heygem import __version__
+import gradio as gr  # noqa: E402 - after the switches above
+
+from heygem import __version__  # noqa: E402
 from heygem.jobs.store import JobStore
 from heygem.ui.access import PageAccess
 from heygem.ui.batch import BATCH_CSS, batch_tab

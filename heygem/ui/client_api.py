@@ -17,6 +17,7 @@ import logging
 import gradio as gr
 
 from heygem.errors import HeygemError
+from heygem.jobs.files import server_folders, without_server_paths
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
 from heygem.ui.access import PageAccess
@@ -25,9 +26,12 @@ from heygem.ui.common import WATCH_INTERVAL, uploaded_file
 logger = logging.getLogger("heygem")
 
 
-def user_error(message: str) -> gr.Error:
-    """The error a client sees for its own mistake: one line in the log, no traceback."""
+def user_error(message: str, store: JobStore | None = None) -> gr.Error:
+    """The error a client sees for its own mistake (the server's folders named short, with ``store``):
+    one line in the log, no traceback."""
     logger.warning("gradio_client request refused: %s", message)
+    if store is not None:
+        message = without_server_paths(message, server_folders(store.outputs_dir), every_path=False)
     return gr.Error(message, print_exception=False)
 
 
@@ -57,7 +61,7 @@ def client_api(store: JobStore, access: PageAccess) -> None:
         try:
             job_id = await asyncio.to_thread(queue, face, audio, engine, options, text, voice, request)
         except HeygemError as error:
-            raise user_error(str(error)) from None
+            raise user_error(str(error), store) from None
         try:
             while True:
                 job = await asyncio.to_thread(store.get, job_id)
@@ -80,7 +84,7 @@ def client_api(store: JobStore, access: PageAccess) -> None:
         try:
             return queue(face, audio, engine, options, text, voice, request)
         except HeygemError as error:
-            raise user_error(str(error)) from None
+            raise user_error(str(error), store) from None
 
     def job_status(job_id: str, request: gr.Request) -> dict:
         """Where a job stands: status, progress, stage, error, times, engine (as GET /api/jobs/ID gives)."""

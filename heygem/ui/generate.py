@@ -12,6 +12,7 @@ from pathlib import Path
 import gradio as gr
 
 from heygem.errors import HeygemError
+from heygem.jobs.files import server_folders, without_server_paths
 from heygem.jobs.request import check_speech
 from heygem.jobs.store import DONE, JobStore
 from heygem.media.probing import IMAGE_SUFFIXES
@@ -93,7 +94,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
             job_id = queue_generation(store, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
                                       *controls, submitter=access.submitter(request))
         except HeygemError as error:
-            problem = str(error)
+            problem = without_server_paths(str(error), server_folders(store.outputs_dir), every_path=False)
         if problem:
             gr.Warning(problem)
             return ("", problem_card(problem), gr.update(value=None), gr.update(visible=False, value=None),

@@ -102,6 +102,24 @@ def short_speech(media_dir, speech_wav) -> Path:
 
 
 @pytest.fixture(scope="session")
+def second_of_speech(media_dir, speech_wav) -> Path:
+    """The first second of the English sample: a job that finishes quickly."""
+    path = media_dir / "second of speech.wav"
+    run_ffmpeg("-i", str(speech_wav), "-t", "1.0", str(path))
+    return path
+
+
+def rest_client(store, **router_options):
+    """A TestClient of the REST routes over ``store`` (heygem.jobs.api.create_router's options)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from heygem.jobs.api import create_router
+
+    return TestClient(FastAPI(routes=create_router(store, **router_options).routes))
+
+
+@pytest.fixture(scope="session")
 def face_video(media_dir, face_photo) -> Path:
     """A 2 s, 29.97 fps, 320x240 video of the portrait drifting slowly (a face on every frame)."""
     path = media_dir / "face video.mp4"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import ASSETS, run_ffmpeg
+from conftest import ASSETS, rest_client
 
 from heygem.jobs.store import JobLimits, JobStore
 
@@ -15,19 +15,8 @@ FACE = ASSETS / "astronaut.jpg"
 
 
 @pytest.fixture(scope="module")
-def speech(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("admission inputs") / "speech.wav"
-    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "1.0", str(path))
-    return path
-
-
-def rest_client(store: JobStore, **router_options):
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-
-    from heygem.jobs.api import create_router
-
-    return TestClient(FastAPI(routes=create_router(store, **router_options).routes))
+def speech(second_of_speech) -> Path:
+    return second_of_speech
 
 
 def post_job(client, speech: Path, face: Path = FACE):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ASSETS, REPO, run_ffmpeg
+from conftest import ASSETS, REPO, rest_client, run_ffmpeg
 
 from heygem.errors import HeygemError
 from heygem.jobs.request import check_options, parse_options
@@ -32,19 +32,8 @@ FACE = ASSETS / "astronaut.jpg"
 
 
 @pytest.fixture(scope="module")
-def speech(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("hardening inputs") / "speech.wav"
-    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-t", "1.0", str(path))
-    return path
-
-
-def rest_client(store: JobStore, **router_options):
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-
-    from heygem.jobs.api import create_router
-
-    return TestClient(FastAPI(routes=create_router(store, **router_options).routes))
+def speech(second_of_speech) -> Path:
+    return second_of_speech
 
 
 def post_job(client, speech: Path, options_text: str, face: Path = FACE):

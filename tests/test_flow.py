@@ -38,14 +38,16 @@ def test_stages_give_the_same_items_in_order(concurrent):
     assert results == [(2 * i, i * (i + 1)) for i in range(200)]
 
 
-def test_concurrent_stages_overlap_and_the_clock_counts_busy_time():
-    def slow(name):
-        def run(items):
-            for item in items:
-                time.sleep(0.02)
-                yield item
-        return Stage(name, run)
+def slow(name: str) -> Stage:
+    """A stage that takes 20 ms an item."""
+    def run(items):
+        for item in items:
+            time.sleep(0.02)
+            yield item
+    return Stage(name, run)
 
+
+def test_concurrent_stages_overlap_and_the_clock_counts_busy_time():
     clock = StageClock()
     started = time.perf_counter()
     run_stages(range(20), [slow("a"), slow("b"), slow("c")], concurrent=True, clock=clock)
@@ -189,13 +191,6 @@ def test_ordered_map_keeps_order_on_several_threads_and_raises_in_place():
 
 
 def test_the_clock_keeps_when_each_stage_ran_so_overlapping_stages_can_be_drawn_on_a_time_line():
-    def slow(name):
-        def run(items):
-            for item in items:
-                time.sleep(0.02)
-                yield item
-        return Stage(name, run)
-
     clock = StageClock()
     run_stages(range(10), [slow("a"), slow("b")], concurrent=True, clock=clock)
     loaded = time.perf_counter()

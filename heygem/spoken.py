@@ -239,4 +239,5 @@ def _joined_summary(summaries: list[GenerationSummary], output_path: Path, speec
                    audio_seconds=sum(part.audio_seconds for part in summaries), video_seconds=frames / fps,
                    seconds_per_stage=stages, cpu_seconds_per_stage=cpu, total_seconds=round(seconds, 3),
                    parts=len(summaries), stream_processes=sum(part.stream_processes for part in summaries),
-                   avatar_cache=summaries[0].avatar_cache)
+                   avatar_cache=summaries[0].avatar_cache,
+                   warnings=list(dict.fromkeys(warning for part in summaries for warning in part.warnings)))

@@ -35,6 +35,7 @@ MIN_LEVEL_DB = -100.0
 MAX_ABS_VALUE = 4.0
 MEL_FRAMES_PER_SECOND = SAMPLE_RATE / HOP_LENGTH  # 80.0
 MEL_WINDOW = 16  # mel frames per Wav2Lip window (0.2 s)
+SILENT_PEAK = 10 ** (-50 / 20)  # speech whose loudest sample stays below -50 dBFS is taken for silence
 
 
 def audio_decode_args(path: Path) -> list[str]:
@@ -68,6 +69,11 @@ _HZ_PER_MEL = 200.0 / 3.0
 _LOG_START_HZ = 1000.0
 _LOG_START_MEL = _LOG_START_HZ / _HZ_PER_MEL  # 15
 _MELS_PER_LOG_HZ = 27.0 / np.log(6.4)
+
+
+def is_silent(samples_16k: np.ndarray) -> bool:
+    """Whether speech (S,) float32 in [-1, 1] is silent: no sample reaches :data:`SILENT_PEAK`."""
+    return samples_16k.size == 0 or float(np.max(np.abs(samples_16k))) < SILENT_PEAK
 
 
 def hz_to_mel(hz: np.ndarray) -> np.ndarray:

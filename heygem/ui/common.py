@@ -161,6 +161,8 @@ CSS = """
 .job-card .job-warnings {margin-top: 6px; color: var(--color-orange-600, #c2410c);}
 .job-card .job-warnings ul {margin: 2px 0 0 1.2em; padding: 0;}
 .subtitle-cues {display: none !important;}
+#face-picker .grid-container {grid-template-columns: repeat(auto-fill, 112px) !important;}
+#face-picker .grid-wrap {height: auto !important; max-height: none !important; min-height: 0 !important;}
 .empty-card {color: var(--body-text-color-subdued); padding: 12px 0;}
 #system-report td:nth-child(-n+2) {white-space: nowrap;}
 .heygem-table th .header {word-break: normal !important; overflow-wrap: normal !important; white-space: nowrap;}

@@ -174,6 +174,20 @@ def test_the_live_player_gets_each_finished_segment_once_in_order_then_goes(tmp_
     assert run("someone else's") == [gr_update(visible=False)]  # a job this user may not see: nothing
     job.status = "running"
     assert run("mine", followed=lambda request, job_id: False) == [gr_update(visible=False)]  # a newer job
+    job.status, job.is_finished = "done", True  # a page that hides the player as it shows the result:
+    assert run_until_end(live.follow_stream(SimpleNamespace(find=find), hide_when_done=False), "mine") == []
+    job.status = "failed"  # ... hides it all the same when there is no result to show
+    assert run_until_end(live.follow_stream(SimpleNamespace(find=find), hide_when_done=False), "mine") == \
+        [gr_update(visible=False)]
+
+
+def run_until_end(follow, job_id: str) -> list:
+    import asyncio
+    from types import SimpleNamespace
+
+    async def collect():
+        return [value async for value in follow(job_id, SimpleNamespace(session_hash="page"))]
+    return asyncio.run(collect())
 
 
 def gr_update(**props) -> dict:

@@ -380,7 +380,7 @@ def test_typed_text_plays_in_the_page_before_the_whole_script_is_spoken(app, tmp
                 speaking = not (app.outputs / job_id / "speech.wav").exists()
                 assert_plays_while_running(page, app, "live-stream", job_id)
                 page.wait_for_function(SUBTITLES_SHOWN, arg="live-stream", timeout=30_000)  # the cues so far
-                assert page.evaluate("() => document.querySelector('#live-stream video').controls")  # pause, mute
+                page.wait_for_function("() => document.querySelector('#live-stream video').controls")  # pause, mute
                 page.screenshot(path=str(tmp_path / "playing.png"), full_page=True)
                 page.wait_for_selector("#job-card [data-status=done]", timeout=240_000)
                 page.wait_for_selector("#result-video video[src]")

@@ -237,8 +237,8 @@ PAGE_SCRIPT = """<script>
   };
   let due = false;
   const later = () => { if (!due) { due = true; requestAnimationFrame(() => { due = false; tidy(); }); } };
-  new MutationObserver(later).observe(document.documentElement, {childList: true, subtree: true,
-                                                                 characterData: true});
+  new MutationObserver(later).observe(document.documentElement, {
+    childList: true, subtree: true, characterData: true, attributes: true, attributeFilter: ["controls", "src"]});
 })();
 </script>"""
 # an event's js before its handler: a new job is followed, so no handover from the one before

@@ -191,14 +191,15 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
     def follow_again(job_id, request: gr.Request):
         """Follow a job picked in the recent jobs strip, or the one remembered when the page loads."""
         job = access.find(job_id, request)
-        if job is None:
-            return nothing_followed(gr.update(), request)
+        if job is None:  # the empty card in the browser's language (what the page is built with is English)
+            return nothing_followed(f"<div class='empty-card'>{say('card.empty', language(request))}</div>", request)
         return start_following(job, request)
 
     async def watch(job_id, request: gr.Request):
         """Follow one job until it ends (or the page starts another): card and subtitles, then the video,
         the download and the chart, the live player going in the same moment."""
-        if not job_id:  # nothing was queued: leave what submit showed
+        if not job_id:  # nothing was queued: leave what submit showed (a generator that yields nothing
+            yield tuple(gr.update() for _ in range(8))  # would empty its outputs)
             return
         page, words = request.session_hash or "", language(request)
         last = None
@@ -300,7 +301,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                                                 "Astronaut photo + Chinese speech"][:len(examples)])
             with gr.Column(scale=1):
                 recent = gr.Radio([], label=ui_text("recent"), visible=False, elem_id="recent-jobs")
-                card = gr.HTML(f"<div class='empty-card'>{ui_text('card.empty')}</div>", elem_id="job-card")
+                card = gr.HTML(f"<div class='empty-card'>{say('card.empty')}</div>", elem_id="job-card")
                 cues = gr.HTML("", elem_id="subtitle-cues", elem_classes=["subtitle-cues"])  # for the players
                 live = live_player("live-stream")  # the job's stream, played while it renders
                 result = gr.Video(label=ui_text("result"), interactive=False, elem_id="result-video",

@@ -148,7 +148,8 @@ def test_the_card_of_a_finished_job_says_its_warnings_in_the_browsers_language()
     assert language(chinese) == "zh" and language(SimpleNamespace(headers={"accept-language": "en-GB"})) == "en"
     assert language(SimpleNamespace()) == "en"  # no header: English
     card = job_card(job, language(chinese))
-    assert "完成" in card and "请注意" in card and "2 faces found" in card  # the job's own words as it wrote them
+    assert "完成" in card and "请注意" in card and "找到 2 张人脸；第 1 张（最大的）在说话" in card
+    assert "the &lt;speech&gt; is silent" in card  # words it has no other words for: as the job wrote them
     queued = SimpleNamespace(status="queued", jobs_ahead=1, seconds=None, progress=0.0, error=None, label=None,
                              id="20261206-2", read_summary=lambda: None)
     assert "Place in the queue: 2 (1 job ahead of it)" in job_card(queued)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -117,6 +118,26 @@ WORDS: dict[str, tuple[str, str]] = {
 WORDS.update({f"height.{pixels}": (f"{pixels} px high", f"高 {pixels} 像素") for pixels in OUTPUT_HEIGHTS[1:]})
 LANGUAGES = ("en", "zh")  # the columns of WORDS
 CHINESE_LOCALES = ("zh", "zh-CN", "zh-TW", "zh-HK")  # browser languages that get the Chinese column
+
+
+# a job's warnings (heygem.types.GenerationSummary.warnings) are English: the ones the pipeline writes,
+# said again in Chinese
+WARNINGS_IN_CHINESE = [
+    (re.compile(r"(\d+) faces found; animated face (\d+) \(the largest\)"),
+     r"找到 \1 张人脸；第 \2 张（最大的）在说话"),
+    (re.compile(r"(\d+) faces found; animated face (\d+) \(as chosen\)"),
+     r"找到 \1 张人脸；第 \2 张（所选的）在说话"),
+    (re.compile(r"the speech is silent"), "语音没有声音"),
+]
+
+
+def say_warning(warning: str, language_code: str = "en") -> str:
+    """A job's warning in ``language_code`` (as the job wrote it where there are no other words for it)."""
+    if language_code == "zh":
+        for pattern, chinese in WARNINGS_IN_CHINESE:
+            if pattern.fullmatch(warning):
+                return pattern.sub(chinese, warning)
+    return warning
 
 
 def page_i18n() -> gr.I18n:
@@ -414,7 +435,7 @@ def job_card(job, language_code: str = "en") -> str:
         summary = job.read_summary() or {}
         if summary.get("restorer"):
             detail += " · " + say("card.restorer", language_code, restorer=html.escape(str(summary["restorer"])))
-        warnings = [str(warning) for warning in summary.get("warnings") or []]
+        warnings = [say_warning(str(warning), language_code) for warning in summary.get("warnings") or []]
     else:
         detail = say("card.after", language_code, seconds=job.seconds) if job.seconds else ""
     width = 100 if job.status == DONE else int(round(job.progress * 100))

@@ -128,12 +128,12 @@ def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, te
                             submitter=submitter)
 
 
-def recent_choices(jobs) -> list[tuple[str, str]]:
+def recent_choices(jobs, language_code: str = "en") -> list[tuple[str, str]]:
     """The recent jobs strip's entries: "id · state · face + speech", newest first."""
     entries = []
     for job in jobs:
-        speech = job.audio_name or "own audio"
-        entries.append((f"{job.id} · {STATUS_LABELS.get(job.status, job.status)} · {job.face_name} + {speech}", job.id))
+        state = say(f"state.{job.status}", language_code) if job.status in STATUS_LABELS else job.status
+        entries.append((f"{job.id} · {state} · {job.face_name} + {job.audio_name or 'own audio'}", job.id))
     return entries
 
 
@@ -157,7 +157,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
     following: dict[str, str] = {}  # page (Gradio session) -> the job it follows; a new job replaces the old
 
     def recent_update(request, followed: str | None = None) -> dict:
-        choices = recent_choices(access.jobs(request, limit=RECENT_JOBS))
+        choices = recent_choices(access.jobs(request, limit=RECENT_JOBS), language(request))
         return gr.update(choices=choices, value=followed if followed in {job_id for _, job_id in choices} else None,
                          visible=bool(choices))
 

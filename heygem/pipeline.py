@@ -233,8 +233,9 @@ def _input_warnings(face_info, config: Config, samples_16k) -> list[str]:
     """What a job tells its user of its inputs: the faces of the first frame when there are several
     (which one speaks), speech without sound. Never fails the job: a look that fails says nothing."""
     warnings = []
-    try:
-        several = faces_warning(find_faces(face_info, config.face), config.face.face_index)
+    try:  # a fixed --box picks no face among several
+        several = None if config.face.box else faces_warning(find_faces(face_info, config.face),
+                                                             config.face.face_index)
     except Exception as problem:  # noqa: BLE001 - the job itself finds the faces; this only tells of them
         logger.debug("faces of the first frame not counted: %s", problem)
         several = None

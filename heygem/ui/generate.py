@@ -198,15 +198,17 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
     async def watch(job_id, request: gr.Request):
         """Follow one job until it ends (or the page starts another): card and subtitles, then the video,
         the download and the chart, the live player going in the same moment."""
-        if not job_id:  # nothing was queued: leave what submit showed (a generator that yields nothing
-            yield tuple(gr.update() for _ in range(8))  # would empty its outputs)
+        unchanged = tuple(gr.update() for _ in range(8))  # (a generator that yields nothing empties its outputs)
+        if not job_id:  # nothing was queued: leave what submit showed
+            yield unchanged
             return
         page, words = request.session_hash or "", language(request)
         last = None
         try:
             while True:
                 job = await asyncio.to_thread(access.find, job_id, request)
-                if following.get(page) != job_id:  # a newer job of this page is followed now
+                if following.get(page) != job_id:  # a newer job of this page is followed now: leave it be
+                    yield unchanged
                     return
                 if job is None:
                     yield (f"<div class='empty-card'>{say('job.deleted', words)}</div>", None, gr.update(visible=False),

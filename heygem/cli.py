@@ -170,7 +170,7 @@ def run_generate(args: argparse.Namespace) -> int:
         f"[{summary.engine_reason}]; frames without a face: {summary.frames_without_face}; "
         f"{summary.total_seconds:.1f} s"
     )
-    for warning in summary.warnings:
+    for warning in summary.warnings:  # what worked but should be known: several faces, silent speech
         print(f"warning: {warning}", file=sys.stderr)
     return 0
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from heygem.config import Config, apply_overrides, load_config
 from heygem.engines import choose_engine
 from heygem.errors import GenerationCancelled
+from heygem.face.found import faces_warning, find_faces
 from heygem.face.stage import FaceStage
 from heygem.media import encode
 from heygem.media.decode import decoder_count
@@ -127,7 +128,6 @@ def generate(
         samples_16k = audio.load_audio_16k(audio_path)
         audio_seconds = samples_16k.shape[0] / audio.SAMPLE_RATE
         frame_count = audio.output_frame_count(audio_seconds, fps)
-        warnings = ["the speech is silent: the mouth does not move"] if audio.is_silent(samples_16k) else []
     timeline.mark("2 speech decoded")
     report("prepare", 0.7)
 
@@ -143,6 +143,9 @@ def generate(
         mel_future = None
         features_future = _once_loaded(engine_future, engine.kind.audio_features, samples_16k, fps, frame_count)
     restoration_future = _BACKGROUND.submit(_timed_call, create_restoration, restorer, config)
+    # what the user should know although the job works: several faces (one of them speaks), no sound
+    warnings_future = _BACKGROUND.submit(_input_warnings, face_info, config, samples_16k) \
+        if part.first_frame == 0 else None
     logger.info("engine: %s (%s); restorer: %s (%s); face detector: %s", engine.name, engine.reason, restorer.name,
                 restorer.reason, config.face.detector)
     timeline.mark("3 engine chosen")
@@ -217,10 +220,8 @@ def generate(
         stage_spans={stage: [round(max(0.0, start), 3), round(end, 3)] for stage, (start, end) in clock.spans.items()},
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
         avatar_cache=face_stage.cache_outcome, detector=config.face.detector, stream_processes=stream_processes,
-        warnings=warnings + face_stage.warnings,
+        warnings=warnings_future.result() if warnings_future is not None else [],
     )
-    for warning in summary.warnings:
-        logger.info("warning: %s", warning)
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")
     report("finish", 1.0)
@@ -228,6 +229,25 @@ def generate(
 
 
 _BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heygem-background")
+
+
+def _input_warnings(face_info, config: Config, samples_16k) -> list[str]:
+    """What a job tells its user of its inputs: the faces of the first frame when there are several
+    (which one speaks), speech without sound. Never fails the job: a look that fails says nothing."""
+    warnings = []
+    try:  # a fixed --box picks no face among several
+        several = None if config.face.box else faces_warning(find_faces(face_info, config.face),
+                                                             config.face.face_index)
+    except Exception as problem:  # noqa: BLE001 - the job itself finds the faces; this only tells of them
+        logger.debug("faces of the first frame not counted: %s", problem)
+        several = None
+    if several:
+        warnings.append(several)
+    if audio.is_silent(samples_16k):
+        warnings.append("the speech is silent")
+    for warning in warnings:  # the command line prints them from the summary, the page shows them in the card
+        logger.info("warning: %s", warning)
+    return warnings
 
 
 def _once_loaded(engine_future: Future, function, *args) -> Future:

@@ -39,6 +39,7 @@ from heygem.media.probing import MIN_SPEECH_SECONDS, check_written, probe, probe
 from heygem.media.stream import StreamContinuation, mark_complete, stream_folder
 from heygem.pipeline import PROGRESS_SPANS, generate
 from heygem.speech import audio
+from heygem.speech.subtitles import write_srt
 from heygem.speech.tts import Speech, check_length, check_text, choose_voice, stream_sentences, write_wav
 from heygem.types import GenerationSummary
 
@@ -57,7 +58,8 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     """Make ``output_path`` of the face in ``face_path`` speaking ``text`` (in parts, see the module);
     returns the summary (also written beside the output as JSON) and the whole speech (its samples
     and cues, for OUT.wav and the subtitles). The speech is written to ``output_path`` with suffix
-    .wav. ``max_characters``: the longest text taken (default ``config.text.max_characters``);
+    .wav; the cues spoken so far to ``output_path`` with suffix .srt as they come (players that show the
+    stream show them). ``max_characters``: the longest text taken (default ``config.text.max_characters``);
     ``max_seconds``: the longest speech (None: any), a HeygemError as soon as it is longer.
     Raises HeygemError for unusable text, voice or options, as heygem.pipeline.generate does for the
     rest."""
@@ -97,6 +99,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
             minimum = FIRST_PART_SECONDS * PART_GROWTH ** len(summaries)  # parts that grow: few renders
             ended = _take(sentences, spoken, cues, rate, cut_sample, minimum, wait_for_all=not in_parts)
             check_length(sum(len(samples) for samples in spoken) / rate, max_seconds)
+            _write_cues_so_far(cues, output_path.with_suffix(".srt"))
             whole = np.concatenate(spoken) if spoken else np.zeros(0, np.float32)  # (N,) float32
             if ended and summaries and len(whole) - cut_sample < MIN_SPEECH_SECONDS * rate:
                 break  # too little left for a part of its own (what the last whole frame left over)
@@ -143,6 +146,13 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
                                                 encoding="utf-8")
     logger.info("spoken in %d part%s", len(summaries), "" if len(summaries) == 1 else "s")
     return summary, speech
+
+
+def _write_cues_so_far(cues: list, srt_path: Path) -> None:
+    """The cues spoken so far as SubRip, replaced whole (a reader never sees half a file)."""
+    partial = srt_path.with_name(f".{srt_path.name}.partial")
+    write_srt(cues, partial)
+    partial.replace(srt_path)
 
 
 def _speak(text, choice, speed, max_characters, sentences: queue.Queue, stop: threading.Event) -> None:

@@ -152,8 +152,7 @@ class GenerationSummary:
     restorer_reason: str = ""
     parts: int = 1  # consecutive renders the output was made in (speech that came sentence by sentence)
     stream_processes: int = 0  # x264 processes that wrote the HLS stream (0: not streamed)
-    # what the user should know about a video that was made all the same: silent speech, several faces
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the user should know of a job that worked
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

@@ -205,6 +205,92 @@ def test_listen_speaks_the_typed_text_and_names_the_voice(page):
                            state="attached")
 
 
+@pytest.fixture(scope="module")
+def two_faces(tmp_path_factory) -> Path:
+    """The portrait twice, the smaller on the left: face 0 from the left, the largest is face 1."""
+    import cv2
+    import numpy as np
+
+    portrait = cv2.imread(str(ASSETS / "astronaut.jpg"))
+    canvas = np.full((512, 912, 3), 200, np.uint8)
+    canvas[112:, :400] = cv2.resize(portrait, (400, 400), interpolation=cv2.INTER_AREA)
+    canvas[:, 400:] = portrait
+    path = tmp_path_factory.mktemp("two faces") / "two people.png"
+    cv2.imwrite(str(path), canvas)
+    return path
+
+
+def test_a_face_is_picked_among_several_and_the_job_says_so_and_is_remembered(page, app_url, two_faces):
+    import httpx
+
+    page.locator("#face-input input[type=file]").set_input_files(str(two_faces))
+    page.wait_for_selector("#face-picker img")
+    assert page.locator("#face-picker img").count() == 2
+    assert "the largest (face 1) speaks" in page.inner_text("#face-note")
+    assert not page.locator("#own-audio").is_visible()  # a photo has no sound of its own
+    page.locator("#face-picker button").first.click()  # face 0, the smaller one on the left
+    page.locator("#face-note").get_by_text("Face 0 speaks.").wait_for()
+    # the whole sample (7 s): the first job is still at work when the second is asked for
+    page.locator("#audio-input input[type=file]").set_input_files(str(ASSETS / "speech_en.wav"))
+    page.wait_for_selector("#audio-input a[data-testid=download-link]")
+    page.locator("#options-accordion").click()
+    page.locator("#output-height input").fill("256 px")
+    page.locator("#output-height input").press("Enter")
+    page.click("#generate-button")
+    page.wait_for_selector("#job-card .job-id")
+    first = page.inner_text("#job-card .job-id").split()[1]
+    page.click("#generate-button")  # a second job while the first is followed: said, not silently queued
+    page.get_by_text(f"is queued after job {first}").first.wait_for()
+    page.wait_for_function("first => { const shown = document.querySelector('#job-card .job-id'); "
+                           "return shown && !shown.textContent.includes(first); }", arg=first)
+    job_id = page.inner_text("#job-card .job-id").split()[1]
+    page.wait_for_selector("#job-card [data-status=done]", timeout=180_000)
+    warning = "2 faces found; animated face 0 (as chosen)"
+    page.locator("#job-card .job-warnings").get_by_text(warning).wait_for()
+    job = httpx.get(f"{app_url}/api/jobs/{job_id}", timeout=30).json()
+    assert job["options"]["face.face_index"] == 0 and job["warnings"] == [warning]
+    page.screenshot(path=str(two_faces.parent / "picked.png"), full_page=True)
+    page.reload()  # the page still follows its job, and lists both among the recent ones
+    page.wait_for_selector("#job-card [data-status=done]")
+    assert page.inner_text("#job-card .job-id").split()[1] == job_id
+    recent = page.inner_text("#recent-jobs")
+    assert job_id in recent and first in recent
+    page.wait_for_selector("#result-video video[src]")
+    assert page.problems == []
+
+
+def test_a_chinese_browser_gets_chinese_words(browser, app_url):
+    context = browser.new_context(locale="zh-CN", viewport={"width": 1280, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        page.goto(app_url)
+        page.wait_for_selector("#generate-button")
+        page.locator("#generate-button").get_by_text("生成").wait_for()
+        page.locator("#job-card").get_by_text("任务进度显示在这里。").wait_for()  # a handler's words too
+        page.locator("#options-accordion").click()
+        shown = page.inner_text("body")
+        for words in ("人脸：视频或照片", "或输入要说的话", "选项", "输出高度", "人脸检测器", "照片的帧率"):
+            assert words in shown, words
+        assert "Face: a video or a photo" not in shown and "Frames per second" not in shown
+        page.get_by_role("tab", name="生成").wait_for()
+    finally:
+        context.close()
+
+
+def test_a_file_of_another_kind_is_said_in_words(page, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a picture")
+    page.locator("#face-input input[type=file]").set_input_files(str(notes))
+    page.get_by_text("notes.txt is not a file this field takes: pick a video").first.wait_for()
+    page.wait_for_selector("#face-input input[type=file]", state="attached")  # emptied again for the next try
+    fake = tmp_path / "clip.mp4"
+    fake.write_text("not a video either")
+    page.locator("#face-input input[type=file]").set_input_files(str(fake))
+    page.get_by_text("clip.mp4 could not be decoded").first.wait_for()
+    assert page.locator("#face-input").get_by_text("Error", exact=True).count() == 0
+
+
 def test_the_system_tab_shows_the_doctor_report_and_offers_the_benchmark_only_with_a_gpu(page):
     import torch
 

@@ -77,6 +77,15 @@ def test_unsupported_choice_is_refused_by_the_parser(tmp_path, face_photo, short
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
+def test_silent_speech_is_made_and_said(tmp_path, face_photo):
+    silence = tmp_path / "silence.wav"
+    subprocess.run([ffmpeg_binary(), "-v", "error", "-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono", "-t", "0.6",
+                    str(silence)], check=True)
+    result = heygem("generate", "--face", face_photo, "--audio", silence, "--output", tmp_path / "quiet.mp4",
+                    "--output-height", "128")
+    assert result.returncode == 0 and "warning: the speech is silent" in result.stderr.splitlines()
+
+
 def test_wav2lip_checkpoint_in_the_official_layout_runs_end_to_end(tmp_path, face_photo, short_speech):
     import torch
 

@@ -101,6 +101,8 @@ def test_user_errors_are_clear(tmp_path):
     junk.write_text("this is not a video")
     with pytest.raises(HeygemError, match="not a media file"):
         probe(junk)
+    with pytest.raises(HeygemError, match="notes.mp4 could not be decoded: it is named as a video"):
+        probe(junk, "face")  # a text file named .mp4: not "the face must be a video"
 
 
 def test_ffmpeg_binary_is_found():

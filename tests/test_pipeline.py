@@ -37,6 +37,7 @@ def test_photo_and_speech_make_a_valid_mp4(photo_result, short_speech):
     info = probe(output)
     audio_in = probe(short_speech)
     assert info.kind == "video" and (info.width, info.height) == (512, 512)
+    assert summary.warnings == []  # one face, real speech: nothing to say
     assert info.fps_fraction == "25/1" and info.audio_codec == "aac" and info.has_audio
     expected_frames = round(3.4 * 25)
     frames = decode_frames(output)
@@ -146,6 +147,13 @@ def test_no_face_anywhere_is_a_user_error(tmp_path, short_speech):
     assert not (tmp_path / "never.mp4").exists()
 
 
+def test_silent_speech_is_said_in_the_summary(tmp_path, face_photo):
+    silence = tmp_path / "silence.wav"
+    run_ffmpeg("-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono", "-t", "0.6", str(silence))
+    summary = generate(face_photo, silence, tmp_path / "quiet.mp4", overrides={"media.output_height": 128})
+    assert summary.warnings == ["the speech is silent"]
+
+
 def test_video_whose_own_track_outlasts_its_frames_still_plays_back_and_forth(tmp_path, face_photo, short_speech):
     # a container 4 s long holding only 1.5 s of pictures: probing cannot tell it is short
     padded = tmp_path / "long audio track.mp4"
@@ -206,7 +214,10 @@ def test_several_faces_the_largest_or_the_chosen_one_speaks(tmp_path, face_photo
     if face_index is not None:
         overrides["face.face_index"] = face_index
     output = tmp_path / "group.mp4"
-    generate(group, short_speech, output, overrides=overrides)
+    summary = generate(group, short_speech, output, overrides=overrides)
+    chosen = "1 (the largest)" if face_index is None else "0 (as chosen)"
+    assert summary.warnings == [f"2 faces found; animated face {chosen}"]  # said, not only done
+    assert json.loads(output.with_suffix(".json").read_text())["warnings"] == summary.warnings
     frames = decode_frames(output).astype(np.int16)
     motion = np.abs(np.diff(frames[5:50], axis=0)).mean(axis=(0, 3))  # (512, 912) how much each pixel moves
     left, right = motion[:, :400].max(), motion[:, 400:].max()

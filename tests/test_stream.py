@@ -174,6 +174,20 @@ def test_the_live_player_gets_each_finished_segment_once_in_order_then_goes(tmp_
     assert run("someone else's") == [gr_update(visible=False)]  # a job this user may not see: nothing
     job.status = "running"
     assert run("mine", followed=lambda request, job_id: False) == [gr_update(visible=False)]  # a newer job
+    job.status, job.is_finished = "done", True  # a page that hides the player as it shows the result:
+    assert run_until_end(live.follow_stream(SimpleNamespace(find=find), hide_when_done=False), "mine") == []
+    job.status = "failed"  # ... hides it all the same when there is no result to show
+    assert run_until_end(live.follow_stream(SimpleNamespace(find=find), hide_when_done=False), "mine") == \
+        [gr_update(visible=False)]
+
+
+def run_until_end(follow, job_id: str) -> list:
+    import asyncio
+    from types import SimpleNamespace
+
+    async def collect():
+        return [value async for value in follow(job_id, SimpleNamespace(session_hash="page"))]
+    return asyncio.run(collect())
 
 
 def gr_update(**props) -> dict:
@@ -257,6 +271,19 @@ PLAYING = """(player) => { const v = document.querySelector(`#${player} video`);
                            return v !== null && !v.paused && v.currentTime > 0.3; }"""
 PLAYED_ON = """([player, from]) => { const v = document.querySelector(`#${player} video`);
                                    return v !== null && !v.paused && v.currentTime > from + 0.5; }"""
+
+
+IN_VIEW = """(id) => { const box = document.getElementById(id).getBoundingClientRect();
+                       return box.top >= -2 && box.top < window.innerHeight / 2; }"""
+# a <track> of the player's video showing cues (the job's subtitles, as WebVTT)
+SUBTITLES_SHOWN = """(player) => { const v = document.querySelector(`#${player} video`);
+    if (v === null) return false;
+    return Array.from(v.textTracks).some(track => track.mode === "showing" && track.cues && track.cues.length > 0)
+        && v.querySelector("track") !== null; }"""
+# where the live player was when last heard of, kept by the page for the test
+NOTE_LIVE_TIME = """() => { window.lastLiveTime = 0; document.addEventListener("timeupdate", (event) => {
+    if (event.target.closest && event.target.closest("#live-stream")) window.lastLiveTime = event.target.currentTime;
+}, true); }"""
 
 
 def generate_in_page(page, output_height: str) -> str:
@@ -345,13 +372,25 @@ def test_typed_text_plays_in_the_page_before_the_whole_script_is_spoken(app, tmp
                 page.wait_for_selector("#face-input :text('astronaut')")
                 page.locator("#text-accordion").click()
                 page.locator("#text-input textarea").fill(paragraph * 12)  # about 100 s of speech
+                page.evaluate(NOTE_LIVE_TIME)
                 job_id = generate_in_page(page, "256 px")
+                # the card in view after Generate, though the text and the options above it were open
+                page.wait_for_function(IN_VIEW, arg="job-card", timeout=30_000)
                 page.wait_for_function(PLAYING, arg="live-stream", timeout=60_000)
                 speaking = not (app.outputs / job_id / "speech.wav").exists()
                 assert_plays_while_running(page, app, "live-stream", job_id)
+                page.wait_for_function(SUBTITLES_SHOWN, arg="live-stream", timeout=30_000)  # the cues so far
+                page.wait_for_function("() => document.querySelector('#live-stream video').controls")  # pause, mute
                 page.screenshot(path=str(tmp_path / "playing.png"), full_page=True)
                 page.wait_for_selector("#job-card [data-status=done]", timeout=240_000)
                 page.wait_for_selector("#result-video video[src]")
+                live_seen = page.evaluate("() => window.lastLiveTime")  # where the live player was at the end
+                assert live_seen > 1
+                # the result takes over where the live player was, and plays on (not paused at 0:00)
+                page.wait_for_function(PLAYED_ON, arg=["result-video", live_seen], timeout=30_000)
+                page.wait_for_function(SUBTITLES_SHOWN, arg="result-video", timeout=30_000)
+                page.screenshot(path=str(tmp_path / "handed over.png"), full_page=True)
+                assert page.locator("#live-stream").count() == 0 or not page.locator("#live-stream").is_visible()
                 assert page.problems == [], page.problems
         finally:
             browser.close()

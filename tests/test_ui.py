@@ -209,3 +209,70 @@ def test_a_batch_zip_handed_to_the_page_outlives_the_sweep_of_deleted_jobs(tmp_p
     access.forget_deleted(every_seconds=0)  # copies of jobs deleted elsewhere go; a batch's zip is no job's copy
     assert served.is_file()
     store.close()
+
+
+def test_the_card_of_a_finished_job_says_its_warnings_in_the_browsers_language():
+    from heygem.ui.common import language
+
+    summary = {"restorer": "none",
+               "warnings": ["2 faces found; animated face 1 (the largest)", "the <speech> is silent"]}
+    job = SimpleNamespace(status="done", seconds=3.0, engine="landmark", progress=1.0, error=None, label=None,
+                          id="20261206-1", read_summary=lambda: summary)
+    card = job_card(job)
+    assert "Worth knowing:" in card and "<li>2 faces found; animated face 1 (the largest)</li>" in card
+    assert "the &lt;speech&gt; is silent" in card  # escaped, as every word of a job is
+    chinese = SimpleNamespace(headers={"accept-language": "zh-CN,zh;q=0.9,en;q=0.8"})
+    assert language(chinese) == "zh" and language(SimpleNamespace(headers={"accept-language": "en-GB"})) == "en"
+    assert language(SimpleNamespace()) == "en"  # no header: English
+    card = job_card(job, language(chinese))
+    assert "完成" in card and "请注意" in card and "找到 2 张人脸；第 1 张（最大的）在说话" in card
+    assert "the &lt;speech&gt; is silent" in card  # words it has no other words for: as the job wrote them
+    queued = SimpleNamespace(status="queued", jobs_ahead=1, seconds=None, progress=0.0, error=None, label=None,
+                             id="20261206-2", read_summary=lambda: None)
+    assert "Place in the queue: 2 (1 job ahead of it)" in job_card(queued)
+
+
+def test_every_word_of_the_page_is_there_in_english_and_chinese():
+    import re
+
+    from heygem.ui.common import WORDS, page_i18n, say, ui_text
+
+    for key, (english, chinese) in WORDS.items():
+        assert english.strip() and chinese.strip(), key
+        assert set(re.findall(r"{(\w+)", english)) == set(re.findall(r"{(\w+)", chinese)), key  # the same blanks
+    translations = page_i18n().translations_dict
+    assert translations["zh-CN"]["generate"] == "生成" and translations["en"]["generate"] == "Generate"
+    assert say("height.360") == "360 px high" and say("card.after", "zh", seconds=2.0) == "2.0 秒后"
+    with pytest.raises(KeyError):
+        ui_text("no such words")
+    from heygem.ui import generate
+
+    source = Path(generate.__file__).read_text(encoding="utf-8")
+    for key in re.findall(r'ui_text\("([^"{]+)"\)', source):  # every key the Generate tab asks for
+        assert key in WORDS, key
+
+
+def test_the_subtitles_go_to_the_players_as_webvtt(tmp_path):
+    from heygem.speech.subtitles import Cue, format_vtt, write_srt
+    from heygem.ui.generate import cues_html
+
+    assert format_vtt([Cue(0.0, 1.25, "Hello  there."), Cue(61.5, 63.0, "a --> b")]) == (
+        "WEBVTT\n\n00:00:00.000 --> 00:00:01.250\nHello there.\n\n00:01:01.500 --> 00:01:03.000\na -> b\n")
+    job = SimpleNamespace(directory=tmp_path)
+    assert cues_html(job) == ""  # no subtitles (yet)
+    write_srt([Cue(0.0, 1.0, "<b>Hi</b> & bye")], tmp_path / "result.srt")
+    assert cues_html(job) == ('<pre class="vtt">WEBVTT\n\n00:00:00.000 --&gt; 00:00:01.000\n'
+                              '&lt;b&gt;Hi&lt;/b&gt; &amp; bye\n</pre>')  # the page reads it back as text
+
+
+def test_a_photo_has_no_own_audio_to_use_and_heights_are_heights():
+    from heygem.ui.common import OUTPUT_HEIGHTS, WORDS
+    from heygem.ui.generate import preview_face
+
+    image, video, own_audio = preview_face("/somewhere/me.jpg")
+    assert image["visible"] and not video["visible"]
+    assert own_audio["visible"] is False and own_audio["interactive"] is False and own_audio["value"] is False
+    _, _, own_audio = preview_face("/somewhere/me.mp4")
+    assert own_audio["visible"] and own_audio["interactive"]
+    assert all(WORDS[f"height.{pixels}"][0] == f"{pixels} px high" for pixels in OUTPUT_HEIGHTS[1:])
+    assert "the width keeps the face's shape" in WORDS["height"][0] and "270x360" in WORDS["height.info"][0]

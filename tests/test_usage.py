@@ -74,7 +74,7 @@ def test_a_usage_error_of_the_command_itself_names_the_top_help():
 
 # ---------------------------------------------------------------- warnings of a finished video
 
-TWO_FACES_WARNING = "2 faces found; animated face 1 (the largest); choose with --face-index"
+TWO_FACES_WARNING = "2 faces found; animated face 1 (the largest)"
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,9 @@ def test_two_faces_finish_with_a_warning_that_says_which_was_animated(tmp_path, 
     printed, summarised = generate_warnings(tmp_path, two_faces, short_speech)
     assert summarised == [TWO_FACES_WARNING]
     assert printed == [f"warning: {TWO_FACES_WARNING}"]
-    assert generate_warnings(tmp_path, two_faces, short_speech, "--face-index", "0") == ([], [])  # chosen
+    chosen = "2 faces found; animated face 0 (as chosen)"  # the face asked for: said which one spoke
+    assert generate_warnings(tmp_path, two_faces, short_speech, "--face-index", "0") == ([f"warning: {chosen}"],
+                                                                                          [chosen])
 
 
 def test_silent_speech_finishes_with_a_warning(tmp_path, face_photo, silence, short_speech):

@@ -9,20 +9,16 @@ are final.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import threading
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from heygem.config import Config, FaceConfig
 from heygem.errors import HeygemError
-from heygem.face.detect import FaceDetector, MediapipeDetector
-from heygem.face.finder import FinderPool, choose_face, pool_key
+from heygem.face.detect import FaceDetector
+from heygem.face.finder import FinderPool, pool_key
 from heygem.face.processes import TrackingProcesses
 from heygem.face.processes import pool_key as processes_pool_key
 from heygem.face.track import TrackBuilder
@@ -55,8 +51,6 @@ class FaceStage:
         self.workers = face_worker_count(config) if not source.is_still else 1
         self.cache_key = None
         self.cache_outcome = "off"
-        self.warnings: list[str] = []  # for the summary: several faces where none was chosen
-        self._faces_counted = config.face.face_index is not None or config.face.box is not None
         cached = None
         if not source.is_still and config.run.avatar_cache:
             from heygem.face import avatar_cache
@@ -198,39 +192,8 @@ class FaceStage:
                               f"{'0' if found == 1 else f'0 to {found - 1}'}, or leave it empty for the largest face")
 
     def _attach(self, batch: FrameBatch) -> FrameBatch:
-        if not self._faces_counted:
-            self._faces_counted = True
-            self._count_faces(batch)
         batch.faces = [self.builder.face(int(index)) for index in batch.source_indices]
         return batch
-
-    def _count_faces(self, batch: FrameBatch) -> None:
-        """Say so in :attr:`warnings` when the first frame shows several faces: which one is animated (the
-        largest, as heygem.face.finder chooses it, counted left to right as --face-index counts)."""
-        frame = I420Frames(batch.frames_i420[:1])[0]
-        confidence = self.config.face.min_confidence
-        detector = self._shared_detector()
-        if detector is not None:
-            boxes = detector.detect([frame], confidence)[0]
-        else:
-            with _COUNTING_LOCK:  # one detector per process (0.2 s to build), used by one job at a time
-                boxes = _counting_detector(confidence).detect([frame], confidence)[0]
-        if len(boxes) > 1:
-            chosen = choose_face(boxes, None)
-            from_left = int(np.flatnonzero(np.argsort(boxes[:, 0]) == chosen)[0])
-            self.warnings.append(f"{len(boxes)} faces found; animated face {from_left} (the largest); "
-                                 "choose with --face-index")
-
-
-_COUNTING_LOCK = threading.Lock()
-
-
-@functools.lru_cache(maxsize=2)
-def _counting_detector(min_confidence: float) -> MediapipeDetector:
-    """The detector that counts the faces of a job's first frame (FaceStage._count_faces), kept for the
-    process's next jobs; use it under _COUNTING_LOCK."""
-    return MediapipeDetector(min_confidence)
-
 
 def take_trackers(config: FaceConfig, size: int, still_images: bool = False,
                   detector: FaceDetector | None = None, processes: bool = False):

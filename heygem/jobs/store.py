@@ -190,7 +190,7 @@ class Job:
             "submitter": self.submitter,
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "seconds_per_stage": finite_json(summary.get("seconds_per_stage")),
-            "warnings": list(summary.get("warnings") or []),  # a video made all the same: silent speech, ...
+            "warnings": list(summary.get("warnings") or []),  # what a job that worked should say
             "result": f"/api/jobs/{self.id}/result" if self.status == DONE else None,
             "stream": f"/api/jobs/{self.id}/stream.m3u8" if self.status in (RUNNING, DONE) else None,
         }

@@ -84,6 +84,12 @@ def probe(path: str | Path, role: str | None = None) -> MediaInfo:
     unreadable = (f"{path.name} is not an image or video heygem can read: the face must be a photo (.jpg, .png) or "
                   "a video (.mp4, .mov)" if role == "face" else
                   f"{path.name} is not a media file heygem can read (expected a video, image or audio file)")
+    named_as = "a photo" if path.suffix.lower() in IMAGE_SUFFIXES else \
+        "a video" if path.suffix.lower() in VIDEO_SUFFIXES else None
+    if named_as:  # its name promises what it does not hold: say that it could not be decoded
+        unreadable = (f"{path.name} could not be decoded: it is named as {named_as} but is "
+                      f"{'not an image or video' if role == 'face' else 'not a media file'} heygem can read "
+                      "(a damaged file, or one of another kind renamed?)")
     try:
         container = av.open(str(path))
     except (av.error.FFmpegError, OSError, ValueError):

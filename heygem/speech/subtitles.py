@@ -287,6 +287,16 @@ def format_srt(cues: list[Cue]) -> str:
     return "\n".join(blocks)
 
 
+def format_vtt(cues: list[Cue]) -> str:
+    """WebVTT, as a browser's <track> takes it: one cue per sentence, times as SubRip's with a dot."""
+    blocks = ["WEBVTT\n"]
+    for cue in cues:
+        text = " ".join(cue.text.split()).replace("-->", "->")
+        blocks.append(f"{srt_timestamp(cue.start).replace(',', '.')} --> {srt_timestamp(cue.end).replace(',', '.')}\n"
+                      f"{text}\n")
+    return "\n".join(blocks)
+
+
 def write_srt(cues: list[Cue], path: str | Path) -> Path:
     """SubRip subtitles, one numbered cue per sentence, UTF-8."""
     path = Path(path)

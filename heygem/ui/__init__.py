@@ -20,7 +20,7 @@ from heygem.jobs.store import JobStore
 from heygem.ui.access import PageAccess
 from heygem.ui.batch import BATCH_CSS, batch_tab
 from heygem.ui.client_api import client_api
-from heygem.ui.common import CSS
+from heygem.ui.common import CSS, PAGE_SCRIPT, page_i18n, ui_text
 from heygem.ui.generate import generate_tab
 from heygem.ui.jobs import JOBS_CSS, jobs_tab
 from heygem.ui.system import system_tab
@@ -32,9 +32,9 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
     jobs (default: a server for one person, who sees every job)."""
     access = access if access is not None else PageAccess(store)
     with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
-        gr.Markdown(f"# heygem\nA face (video or photo) and some speech in, a lip-synced talking video out. "
-                    f"<small>v{__version__} · "
-                    f"REST API under `/api/jobs`</small>")
+        gr.Markdown("# heygem")
+        gr.Markdown(ui_text("intro"))
+        gr.Markdown(f"<small>v{__version__} · REST API under `/api/jobs`</small>")
         with gr.Tabs():
             generate_tab(store, access)
             batch_tab(store, batch_roots, access)
@@ -45,5 +45,6 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
 
 
 def page_style() -> dict:
-    """The page's theme and CSS, as launch() takes them."""
-    return {"theme": gr.themes.Soft(), "css": CSS + JOBS_CSS + BATCH_CSS + TIMELINE_CSS}
+    """The page's theme, CSS, script and words in English and Chinese, as launch() takes them."""
+    return {"theme": gr.themes.Soft(), "css": CSS + JOBS_CSS + BATCH_CSS + TIMELINE_CSS, "head": PAGE_SCRIPT,
+            "i18n": page_i18n()}

@@ -1,11 +1,14 @@
-"""What the tabs share: the job card, the option controls (engines, restorers and detectors offered only
-when their weights are installed), the seconds-per-stage chart, the page's CSS.
+"""What the tabs share: the page's words in English and Chinese (:func:`text` for what Gradio shows,
+:func:`say` for what a handler writes), the job card, the option controls (engines, restorers and
+detectors offered only when their weights are installed), the seconds-per-stage chart, the page's CSS
+and its script (subtitles on the players, the live-to-result handover, scrolling to a new job).
 """
 
 from __future__ import annotations
 
 import html
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -20,12 +23,148 @@ from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
 ASSETS = REPO_ROOT / "assets"
-OUTPUT_HEIGHTS = [("as the input", 0), ("256 px", 256), ("360 px", 360), ("480 px", 480), ("720 px", 720),
-                  ("1080 px", 1080)]
+OUTPUT_HEIGHTS = [0, 256, 360, 480, 720, 1080]  # pixels; 0: as the input
 BATCH_COLUMNS = ["item", "face", "audio", "status", "progress", "stage / error", "seconds", "job"]
 WATCH_INTERVAL = 0.5  # seconds between job polls while a page watches a job
 STATUS_LABELS = {"queued": "Queued", "running": "Running", "done": "Done", "failed": "Failed",
                  "cancelled": "Cancelled"}
+
+# The page's words: key -> (English, Chinese). Gradio shows the one of the browser's language: a label,
+# info or button given as ui_text(key) (gr.I18n, handed to launch() by page_style); a handler's own words
+# (cards, messages) are chosen with say(key, language(request)). A tab adds its keys here and uses the same two.
+WORDS: dict[str, tuple[str, str]] = {
+    "intro": ("A face (video or photo) and some speech in, a lip-synced talking video out.",
+              "输入一段人脸（视频或照片）和语音，输出口型同步的说话视频。"),
+    "tab.generate": ("Generate", "生成"),
+    "face": ("Face: a video or a photo", "人脸：视频或照片"),
+    "face.preview": ("Face preview", "人脸预览"),
+    "faces.found": ("Faces found: click the one that should speak (the largest speaks otherwise)",
+                    "找到多张人脸：点击要说话的那一张（否则最大的说话）"),
+    "faces.chosen": ("Face {index} speaks.", "第 {index} 张人脸说话。"),
+    "faces.largest": ("{count} faces found: the largest (face {index}) speaks unless you click another.",
+                      "找到 {count} 张人脸：除非点击另一张，否则最大的（第 {index} 张）说话。"),
+    "speech": ("Speech: upload or record", "语音：上传或录音"),
+    "own.audio": ("Use the face video's own audio instead", "改用人脸视频自带的声音"),
+    "text.accordion": ("Or type what the face should say", "或输入要说的话"),
+    "text": ("Text", "文字"),
+    "text.placeholder": ("Hello! Speech is made on this machine, with subtitles.",
+                         "你好！语音在本机合成，并带字幕。"),
+    "voice": ("Voice", "声音"),
+    "speed": ("Speed", "语速"),
+    "subtitles": ("Subtitles", "字幕"),
+    "subtitles.soft": ("soft track", "软字幕轨"),
+    "subtitles.burn": ("drawn in", "烧录进画面"),
+    "subtitles.none": ("none", "无"),
+    "listen": ("Listen", "试听"),
+    "listen.preview": ("Preview", "试听结果"),
+    "generate": ("Generate", "生成"),
+    "examples": ("Examples: click one, then Generate", "示例：点击一个，然后点“生成”"),
+    "card.empty": ("Your job's progress shows here.", "任务进度显示在这里。"),
+    "live": ("Live: the video as it renders", "实时：边生成边播放"),
+    "result": ("Result", "结果"),
+    "download": ("Download MP4", "下载 MP4"),
+    "cancel": ("Cancel", "取消"),
+    "chart": ("Seconds per stage", "各阶段耗时（秒）"),
+    "chart.total": ("Seconds per stage · {seconds:.1f} s in all", "各阶段耗时（秒）· 共 {seconds:.1f} 秒"),
+    "recent": ("Your recent jobs: pick one to follow it here", "最近的任务：选择一个在此查看"),
+    "second.job": ("Job {new} is queued after job {old}, which keeps running (see Jobs); this page now "
+                   "follows job {new}.", "任务 {new} 已排在任务 {old} 之后，{old} 会继续运行（见“任务”页）；"
+                   "本页现在显示任务 {new}。"),
+    "job.deleted": ("This job was deleted.", "此任务已被删除。"),
+    "options": ("Options", "选项"),
+    "engine": ("Engine", "引擎"),
+    "engine.info": ("auto: MuseTalk, then Wav2Lip, if installed", "auto：依次使用已安装的 MuseTalk、Wav2Lip"),
+    "height": ("Output height (the width keeps the face's shape)", "输出高度（宽度按人脸画面比例）"),
+    "height.info": ("e.g. 360 px high: a 9:16 video becomes 202x360, a 3:4 one 270x360",
+                    "例如高 360 像素：9:16 的视频变为 202x360，3:4 的变为 270x360"),
+    "height.input": ("as the input", "与输入相同"),
+    "height.px": ("{pixels} px high", "高 {pixels} 像素"),
+    "restorer": ("Restore the mouth region", "修复嘴部区域"),
+    "restorer.info": ("auto: GFPGAN when installed, for Wav2Lip", "auto：已安装 GFPGAN 时用于 Wav2Lip"),
+    "detector": ("Face detector", "人脸检测器"),
+    "detector.info": ("S3FD is offered once its weights are installed", "安装 S3FD 权重后可选"),
+    "pads": ("Extra pixels around the detected face (more chin padding helps when the mouth is cut off):",
+             "检测到的人脸周围额外的像素（嘴被截掉时，加大下巴方向的边距）："),
+    "pad.top": ("top", "上"),
+    "pad.bottom": ("bottom", "下"),
+    "pad.left": ("left", "左"),
+    "pad.right": ("right", "右"),
+    "smooth": ("Face smoothing (frames)", "人脸平滑（帧）"),
+    "smooth.info": ("boxes averaged over this many frames; 1 switches it off", "人脸框在这么多帧上取平均；1 表示关闭"),
+    "fps": ("Frames per second for photos", "照片的帧率"),
+    "fps.info": ("videos keep their own rate", "视频保持自身帧率"),
+    "musetalk.margin": ("MuseTalk: pixels below the chin", "MuseTalk：下巴下方的像素"),
+    "musetalk.margin.info": ("added to the face box, as MuseTalk 1.5's extra margin",
+                             "加到人脸框上，即 MuseTalk 1.5 的额外边距"),
+    "musetalk.parsing": ("MuseTalk: paste mask", "MuseTalk：贴回蒙版"),
+    "musetalk.parsing.info": ("auto: the jaw face parsing when its BiSeNet files are there",
+                              "auto：有 BiSeNet 文件时使用下颌人脸解析"),
+    "state.queued": ("Queued", "排队中"),
+    "state.running": ("Running", "运行中"),
+    "state.done": ("Done", "完成"),
+    "state.failed": ("Failed", "失败"),
+    "state.cancelled": ("Cancelled", "已取消"),
+    "card.next": ("Place in the queue: 1 (next in line)", "排队位置：1（下一个）"),
+    "card.ahead": ("Place in the queue: {place} ({ahead} jobs ahead of it)",
+                   "排队位置：{place}（前面还有 {ahead} 个任务）"),
+    "card.finished": ("Finished in {seconds:.1f} s with the {engine} engine",
+                      "用 {engine} 引擎完成，耗时 {seconds:.1f} 秒"),
+    "card.finished.plain": ("Finished", "已完成"),
+    "card.restorer": ("restorer: {restorer}", "修复：{restorer}"),
+    "card.after": ("after {seconds:.1f} s", "{seconds:.1f} 秒后"),
+    "card.warnings": ("Worth knowing:", "请注意："),
+}
+WORDS.update({f"height.{pixels}": (f"{pixels} px high", f"高 {pixels} 像素") for pixels in OUTPUT_HEIGHTS[1:]})
+LANGUAGES = ("en", "zh")  # the columns of WORDS
+CHINESE_LOCALES = ("zh", "zh-CN", "zh-TW", "zh-HK")  # browser languages that get the Chinese column
+
+
+# a job's warnings (heygem.types.GenerationSummary.warnings) are English: the ones the pipeline writes,
+# said again in Chinese
+WARNINGS_IN_CHINESE = [
+    (re.compile(r"(\d+) faces found; animated face (\d+) \(the largest\)"),
+     r"找到 \1 张人脸；第 \2 张（最大的）在说话"),
+    (re.compile(r"(\d+) faces found; animated face (\d+) \(as chosen\)"),
+     r"找到 \1 张人脸；第 \2 张（所选的）在说话"),
+    (re.compile(r"the speech is silent"), "语音没有声音"),
+]
+
+
+def say_warning(warning: str, language_code: str = "en") -> str:
+    """A job's warning in ``language_code`` (as the job wrote it where there are no other words for it)."""
+    if language_code == "zh":
+        for pattern, chinese in WARNINGS_IN_CHINESE:
+            if pattern.fullmatch(warning):
+                return pattern.sub(chinese, warning)
+    return warning
+
+
+def page_i18n() -> gr.I18n:
+    """WORDS for Gradio: launch(i18n=...) hands them to the page, which picks the browser's language."""
+    english = {key: words[0] for key, words in WORDS.items()}
+    chinese = {key: words[1] for key, words in WORDS.items()}
+    return gr.I18n(en=english, **{locale: chinese for locale in CHINESE_LOCALES})
+
+
+def ui_text(key: str):
+    """A label, info or button text that Gradio shows in the browser's language (a WORDS key)."""
+    if key not in WORDS:
+        raise KeyError(f"no words for {key!r} in heygem.ui.common.WORDS")
+    return gr.I18n()(key)
+
+
+def language(request) -> str:
+    """"zh" for a browser whose first language is Chinese, else "en" (its Accept-Language header)."""
+    headers = getattr(request, "headers", None) or {}
+    accepted = headers.get("accept-language", "") if hasattr(headers, "get") else ""
+    first = accepted.split(",")[0].split(";")[0].strip().lower()
+    return "zh" if first == "zh" or first.startswith("zh-") else "en"
+
+
+def say(key: str, language_code: str = "en", **values) -> str:
+    """A handler's words (a WORDS key) in ``language_code`` ("en" or "zh"), with ``values`` filled in."""
+    words = WORDS[key][LANGUAGES.index(language_code) if language_code in LANGUAGES else 0]
+    return words.format(**values) if values else words
 CSS = """
 .job-card {border: 1px solid var(--border-color-primary); border-radius: var(--radius-lg); padding: 12px 14px;
            background: var(--block-background-fill);}
@@ -39,12 +178,94 @@ CSS = """
 .job-card .bar > div {height: 100%; background: var(--color-accent); transition: width 0.4s ease;}
 .job-card .job-detail {font-size: 0.92em; color: var(--body-text-color-subdued);}
 .job-card .job-error {margin-top: 6px; color: var(--color-red-500, #dc2626);}
+.job-card .job-warnings {margin-top: 6px; color: var(--color-orange-600, #c2410c);}
+.job-card .job-warnings ul {margin: 2px 0 0 1.2em; padding: 0;}
+.subtitle-cues {display: none !important;}
+#face-picker .grid-container {grid-template-columns: repeat(auto-fill, 112px) !important;}
+#face-picker .grid-wrap {height: auto !important; max-height: none !important; min-height: 0 !important;}
 .empty-card {color: var(--body-text-color-subdued); padding: 12px 0;}
 #system-report td:nth-child(-n+2) {white-space: nowrap;}
 .heygem-table th .header {word-break: normal !important; overflow-wrap: normal !important; white-space: nowrap;}
 .heygem-table td .cell-wrap {overflow-wrap: anywhere;}
 .confirm-delete {border: 1px solid var(--color-red-500, #dc2626); border-radius: var(--radius-lg); padding: 8px;}
 """
+
+
+# The page's script (launch(head=...)): what Gradio's players do not do by themselves.
+# - subtitles: the WebVTT that a tab keeps in a hidden <pre class="vtt"> (#subtitle-cues) becomes a shown
+#   <track> of its live and result players, renewed as cues come;
+# - the live player gets the browser's controls (pause, mute);
+# - handover: when a tab's result player (HANDOVER) loads the video its live player was playing, it starts
+#   where the live player was (plus the moments since), playing if that played, muted if that was muted.
+PAGE_SCRIPT = """<script>
+(() => {
+  const HANDOVER = {"live-stream": "result-video"};  // live player -> the player of the finished video
+  const CUES = {"live-stream": "subtitle-cues", "result-video": "subtitle-cues"};  // player -> its cues
+  const live = {};  // live player id -> {time, at, playing, muted}: where it was when last heard of
+  window.heygemForgetLive = () => { for (const id of Object.keys(live)) delete live[id]; };
+  const holderOf = (node, selector) => (node && node.closest ? node.closest(selector) : null);
+  const note = (event) => {
+    const holder = holderOf(event.target, ".live-stream");
+    if (!holder || !holder.id) return;
+    const video = event.target;
+    live[holder.id] = {time: video.currentTime, at: performance.now(), playing: !video.paused && !video.ended,
+                       muted: video.muted};
+  };
+  for (const name of ["timeupdate", "play", "pause", "volumechange", "seeked"]) {
+    document.addEventListener(name, note, true);
+  }
+  document.addEventListener("loadedmetadata", (event) => {
+    const video = event.target;
+    for (const [liveId, resultId] of Object.entries(HANDOVER)) {
+      const state = live[liveId];
+      if (!state || !holderOf(video, "#" + resultId)) continue;
+      delete live[liveId];
+      const since = state.playing ? (performance.now() - state.at) / 1000 : 0;
+      video.currentTime = Math.max(0, Math.min(state.time + since, video.duration - 0.05));
+      video.muted = state.muted;
+      if (state.playing) {
+        video.play().catch(() => { video.muted = true; video.play().catch(() => {}); });
+      }
+    }
+  }, true);
+  const tidy = () => {
+    for (const video of document.querySelectorAll(".live-stream video")) {
+      if (!video.controls) video.controls = true;
+    }
+    for (const [playerId, cuesId] of Object.entries(CUES)) {
+      const video = document.querySelector("#" + playerId + " video");
+      if (!video) continue;
+      const shown = document.querySelector("#" + cuesId + " pre.vtt");
+      const vtt = shown ? shown.textContent : "";
+      let track = video.querySelector("track.heygem-cues");
+      if (track && track.dataset.vtt === vtt) {
+        if (track.track.mode !== "showing") track.track.mode = "showing";
+        continue;
+      }
+      if (track) { URL.revokeObjectURL(track.src); track.remove(); }
+      if (!vtt) continue;
+      track = document.createElement("track");
+      track.className = "heygem-cues";
+      track.kind = "subtitles";
+      track.label = "Subtitles";
+      track.default = true;
+      track.dataset.vtt = vtt;
+      track.src = URL.createObjectURL(new Blob([vtt], {type: "text/vtt"}));
+      video.appendChild(track);
+      track.track.mode = "showing";
+    }
+  };
+  let due = false;
+  const later = () => { if (!due) { due = true; requestAnimationFrame(() => { due = false; tidy(); }); } };
+  new MutationObserver(later).observe(document.documentElement, {
+    childList: true, subtree: true, characterData: true, attributes: true, attributeFilter: ["controls", "src"]});
+})();
+</script>"""
+# an event's js before its handler: a new job is followed, so no handover from the one before
+FORGET_LIVE_TIME_JS = "(...values) => { window.heygemForgetLive && window.heygemForgetLive(); return values; }"
+# after Generate: the card (and the live player under it) scrolled into view, whatever the form had open
+SCROLL_TO_JOB_JS = ("() => { const card = document.getElementById('job-card'); "
+                    "if (card) card.scrollIntoView({block: 'start', behavior: 'smooth'}); }")
 
 
 def uploaded_file(**settings) -> gr.File:
@@ -62,14 +283,23 @@ def uploaded_file(**settings) -> gr.File:
         files = list(payload) if isinstance(payload, gr.data_classes.ListFiles) else [payload]
         for file in files:
             if component.file_types and not client_utils.is_valid_file(file.path, component.file_types):
-                kinds = " or ".join("an image" if kind == "image" else f"a {kind}" if kind in ("video", "audio")
-                                    else kind for kind in component.file_types)
-                raise gr.Error(f"{Path(file.path).name} is not {kinds} file", print_exception=False)
+                raise gr.Error(wrong_kind_message(Path(file.path).name, component.file_types), print_exception=False,
+                               title="Not a file this takes")
         paths = [file.path for file in files]
         return paths[0] if component.file_count == "single" else paths
 
     component.preprocess = preprocess
     return component
+
+
+KIND_EXAMPLES = {"video": "a video (.mp4, .mov, .webm)", "image": "a photo (.jpg, .png)",
+                 "audio": "a recording (.wav, .mp3, .m4a)"}
+
+
+def wrong_kind_message(name: str, file_types: list[str]) -> str:
+    """What the page says of a file of a kind the field does not take: what it takes instead."""
+    wanted = " or ".join(KIND_EXAMPLES.get(kind, kind) for kind in file_types)
+    return f"{name} is not a file this field takes: pick {wanted}"
 
 
 def options_from_controls(engine: str, pad_top: float, pad_bottom: float, pad_left: float, pad_right: float,
@@ -148,37 +378,38 @@ def option_controls(store: JobStore, prefix: str) -> list[gr.components.Componen
     installed = installed_weights()
     engines, restorers, detectors = engine_choices(installed), restorer_choices(installed), detector_choices(installed)
     restorer_default = defaults.restore.method if defaults.restore.enabled else "none"
-    with gr.Accordion("Options", open=False, elem_id=f"{prefix}options-accordion"):
+    heights = [(ui_text(f"height.{pixels}") if pixels else ui_text("height.input"), pixels)
+               for pixels in OUTPUT_HEIGHTS]
+    with gr.Accordion(ui_text("options"), open=False, elem_id=f"{prefix}options-accordion"):
         with gr.Row():
-            engine = gr.Dropdown(engines, value=offered(defaults.engine.name, engines, "auto"), label="Engine",
-                                 elem_id=f"{prefix}engine", info="auto: MuseTalk, then Wav2Lip, if installed")
-            output_height = gr.Dropdown(OUTPUT_HEIGHTS, value=defaults.media.output_height or 0, label="Output height",
-                                        elem_id=f"{prefix}output-height", info="as the input: the face's own size")
+            engine = gr.Dropdown(engines, value=offered(defaults.engine.name, engines, "auto"),
+                                 label=ui_text("engine"), elem_id=f"{prefix}engine", info=ui_text("engine.info"))
+            output_height = gr.Dropdown(heights, value=defaults.media.output_height or 0, label=ui_text("height"),
+                                        elem_id=f"{prefix}output-height", info=ui_text("height.info"))
         with gr.Row():
             restorer = gr.Dropdown(restorers, value=offered(restorer_default, restorers, "auto"),
-                                   label="Restore the mouth region", elem_id=f"{prefix}restorer",
-                                   info="auto: GFPGAN when installed, for Wav2Lip")
-            detector = gr.Dropdown(detectors, label="Face detector", elem_id=f"{prefix}detector",
+                                   label=ui_text("restorer"), elem_id=f"{prefix}restorer",
+                                   info=ui_text("restorer.info"))
+            detector = gr.Dropdown(detectors, label=ui_text("detector"), elem_id=f"{prefix}detector",
                                    value=offered(defaults.face.detector, detectors, "mediapipe"),
-                                   info="S3FD is offered once its weights are installed")
-        gr.Markdown("Extra pixels around the detected face (more chin padding helps when the mouth is cut off):")
+                                   info=ui_text("detector.info"))
+        gr.Markdown(ui_text("pads"))
         with gr.Row():
             # no precision: the value reaches the request check as given (Gradio's int() fails on NaN)
-            pads = [gr.Number(value=value, label=label, minimum=0, maximum=1000, step=1, min_width=80)
-                    for value, label in zip(defaults.face.pads, ("top", "bottom", "left", "right"))]
+            pads = [gr.Number(value=value, label=ui_text(f"pad.{side}"), minimum=0, maximum=1000, step=1,
+                              min_width=80)
+                    for value, side in zip(defaults.face.pads, ("top", "bottom", "left", "right"))]
         with gr.Row():
-            smooth = gr.Slider(1, 15, value=defaults.face.smooth_window, step=1, label="Face smoothing (frames)",
-                               info="boxes averaged over this many frames; 1 switches it off")
-            fps = gr.Slider(10, 60, value=defaults.media.fps, step=1, label="Frames per second for photos",
-                            info="videos keep their own rate")
+            smooth = gr.Slider(1, 15, value=defaults.face.smooth_window, step=1, label=ui_text("smooth"),
+                               info=ui_text("smooth.info"))
+            fps = gr.Slider(10, 60, value=defaults.media.fps, step=1, label=ui_text("fps"), info=ui_text("fps.info"))
         # MuseTalk's own options, shown only where it is offered (their defaults otherwise)
         with gr.Row(visible="musetalk" in {value for _, value in engines}):
             musetalk_margin = gr.Number(value=defaults.engine.musetalk_margin, precision=0, minimum=0, maximum=200,
-                                        label="MuseTalk: pixels below the chin",
-                                        info="added to the face box, as MuseTalk 1.5's extra margin")
+                                        label=ui_text("musetalk.margin"), info=ui_text("musetalk.margin.info"))
             musetalk_parsing = gr.Dropdown(["auto", "jaw", "neck", "raw", "landmarks"],
-                                           value=defaults.engine.musetalk_parsing, label="MuseTalk: paste mask",
-                                           info="auto: the jaw face parsing when its BiSeNet files are there")
+                                           value=defaults.engine.musetalk_parsing, label=ui_text("musetalk.parsing"),
+                                           info=ui_text("musetalk.parsing.info"))
     return [engine, *pads, smooth, restorer, output_height, fps, detector, musetalk_margin, musetalk_parsing]
 
 
@@ -186,25 +417,31 @@ def format_time(seconds: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
 
 
-def job_card(job) -> str:
-    """The status card: job id, state, queue place, a progress bar with the stage."""
-    state = STATUS_LABELS.get(job.status, job.status)
+def job_card(job, language_code: str = "en") -> str:
+    """The status card: job id, state, queue place, a progress bar with the stage; for a finished job
+    what its summary warns of. ``language_code``: "en" or "zh" (:func:`language`)."""
+    state = say(f"state.{job.status}", language_code) if f"state.{job.status}" in WORDS else job.status
+    warnings = []
     if job.status == "queued":
         ahead = job.jobs_ahead or 0
-        detail = "next in line" if ahead == 0 else f"{ahead} job{'s' if ahead != 1 else ''} ahead of it"
-        detail = f"Place in the queue: {ahead + 1} ({detail})"
+        detail = say("card.next", language_code) if ahead == 0 else \
+            say("card.ahead", language_code, place=ahead + 1, ahead=ahead).replace("(1 jobs", "(1 job")
     elif job.status == RUNNING:
         detail = f"{html.escape(job.stage or 'starting')} · {job.progress:.0%}"
     elif job.status == DONE:
-        detail = (f"Finished in {job.seconds:.1f} s with the {html.escape(job.engine)} engine" if job.seconds
-                  else "Finished")
-        restorer = (job.read_summary() or {}).get("restorer")
-        if restorer:
-            detail += f" · restorer: {html.escape(str(restorer))}"
+        detail = (say("card.finished", language_code, seconds=job.seconds, engine=html.escape(job.engine or ""))
+                  if job.seconds else say("card.finished.plain", language_code))
+        summary = job.read_summary() or {}
+        if summary.get("restorer"):
+            detail += " · " + say("card.restorer", language_code, restorer=html.escape(str(summary["restorer"])))
+        warnings = [say_warning(str(warning), language_code) for warning in summary.get("warnings") or []]
     else:
-        detail = f"after {job.seconds:.1f} s" if job.seconds else ""
+        detail = say("card.after", language_code, seconds=job.seconds) if job.seconds else ""
     width = 100 if job.status == DONE else int(round(job.progress * 100))
     error = f'<div class="job-error">{html.escape(job.error)}</div>' if job.error else ""
+    if warnings:
+        error += (f'<div class="job-warnings"><strong>{say("card.warnings", language_code)}</strong><ul>'
+                  + "".join(f"<li>{html.escape(warning)}</li>" for warning in warnings) + "</ul></div>")
     label = f" · {html.escape(job.label)}" if job.label else ""
     return (f'<div class="job-card" data-status="{job.status}">'
             f'<div class="job-head"><span class="job-state {job.status}">{state}</span>'
@@ -233,12 +470,12 @@ def stage_frame(job) -> pd.DataFrame | None:
                          "seconds": [round(float(value), 2) for _, _, value in labelled]})
 
 
-def chart_update(job) -> dict:
+def chart_update(job, language_code: str = "en") -> dict:
     frame = stage_frame(job)
     if frame is None:
         return gr.update(visible=False)
     total = (job.read_summary() or {}).get("total_seconds") or frame["seconds"].sum()
-    return gr.update(value=frame, visible=True, label=f"Seconds per stage · {total:.1f} s in all")
+    return gr.update(value=frame, visible=True, label=say("chart.total", language_code, seconds=float(total)))
 
 
 def error_text(error: Exception) -> str:

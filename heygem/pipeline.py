@@ -293,7 +293,7 @@ def _after_job(kind, engine_future, owner: int, ended_well: bool) -> None:
     """The engine's end of the job (kept for ``owner``'s next job or stopped), once it has loaded; a
     failed load was reported where it was awaited."""
     try:
-        engine, _ = engine_future.result()
+        engine = engine_future.result()[0]  # (engine, seconds, when it started): heygem.pipeline._timed_call
     except BaseException:  # noqa: BLE001
         return
     kind.after_job(engine, owner, ended_well)

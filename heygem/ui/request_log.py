@@ -32,10 +32,21 @@ def one_line_request_errors() -> None:
     logging.getLogger("uvicorn.error").addFilter(_one_line_unless_ours)
 
 
+WEB_PACKAGES = ("gradio", "starlette", "fastapi", "uvicorn")  # what serves the page around heygem's code
+
+
 def _raised_in_heygem(trace) -> bool:
-    """Whether a traceback passes through heygem's own code (a bug of ours, worth its traceback)."""
+    """Whether the error came from heygem's own code (a bug of ours, worth its traceback): heygem's code is
+    in the traceback below every frame of the web server's packages. A page middleware of heygem's that
+    only passed the request on (heygem.ui.access) is above them, and does not make the error ours."""
     package = str(Path(heygem.__file__).parent) + os.sep
-    return any(frame.filename.startswith(package) for frame in traceback.extract_tb(trace))
+    ours, web = -1, -1
+    for depth, frame in enumerate(traceback.extract_tb(trace)):
+        if frame.filename.startswith(package):
+            ours = depth
+        elif any(f"{os.sep}{name}{os.sep}" in frame.filename for name in WEB_PACKAGES):
+            web = depth
+    return ours > web
 
 
 class _TracebacksOfOurs:

@@ -140,6 +140,9 @@ def test_the_live_player_gets_each_finished_segment_once_in_order_then_goes(tmp_
     def find(job_id, request):  # the page's access rules: only "mine" is this user's
         return job if job_id == "mine" else None
 
+    def page_access(find_job):  # what the player asks of the page's access rules (heygem.ui.access.PageAccess)
+        return SimpleNamespace(find=find_job, note_stream_user=lambda request: None)
+
     def step(polls: list[str]) -> None:  # what the encoder has written by each poll of the player
         index = len(polls)
         if index == 2:
@@ -159,7 +162,7 @@ def test_the_live_player_gets_each_finished_segment_once_in_order_then_goes(tmp_
             polls.append(job_id)
             return find(job_id, request)
 
-        follow = live.follow_stream(SimpleNamespace(find=find_and_step), followed)
+        follow = live.follow_stream(page_access(find_and_step), followed)
 
         async def collect():
             return [value async for value in follow(job_id, SimpleNamespace(session_hash="page"))]
@@ -175,9 +178,9 @@ def test_the_live_player_gets_each_finished_segment_once_in_order_then_goes(tmp_
     job.status = "running"
     assert run("mine", followed=lambda request, job_id: False) == [gr_update(visible=False)]  # a newer job
     job.status, job.is_finished = "done", True  # a page that hides the player as it shows the result:
-    assert run_until_end(live.follow_stream(SimpleNamespace(find=find), hide_when_done=False), "mine") == []
+    assert run_until_end(live.follow_stream(page_access(find), hide_when_done=False), "mine") == []
     job.status = "failed"  # ... hides it all the same when there is no result to show
-    assert run_until_end(live.follow_stream(SimpleNamespace(find=find), hide_when_done=False), "mine") == \
+    assert run_until_end(live.follow_stream(page_access(find), hide_when_done=False), "mine") == \
         [gr_update(visible=False)]
 
 

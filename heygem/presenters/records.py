@@ -257,10 +257,11 @@ class PresenterStore:
                        (READY, json.dumps(warnings, ensure_ascii=False), speech_seconds, presenter_id))
 
     def mark_failed(self, presenter_id: str, error: str) -> None:
-        """Record why the preparation failed; the clip and whatever was made from it are deleted."""
+        """Record why the preparation failed; the clip and whatever was made from it are deleted first, so
+        a presenter seen as failed has no files left."""
+        shutil.rmtree(self.folder / presenter_id, ignore_errors=True)
         with self._connection() as db:
             db.execute("UPDATE presenters SET status = ?, error = ? WHERE id = ?", (FAILED, error, presenter_id))
-        shutil.rmtree(self.folder / presenter_id, ignore_errors=True)
 
     def remove(self, presenter_id: str) -> None:
         """Delete the presenter's record and folder (its entry in the avatar cache ages out with the cache)."""

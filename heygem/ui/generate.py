@@ -339,7 +339,8 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
             submit, [face, audio, use_video_audio, text, voice, speed, subtitles, face_index, *controls],
             follow_outputs, concurrency_limit=8, show_progress="minimal", api_visibility="private",
             js=FORGET_LIVE_TIME_JS))
-        submitted.success(None, js=SCROLL_TO_JOB_JS)  # the card and the live player in view, whatever was open
+        # the card and the live player in view, whatever was open (the newest Generate's, as the watch)
+        submitted.success(None, js=SCROLL_TO_JOB_JS, trigger_mode="always_last")
         then_watch(recent.input(follow_again, recent, follow_outputs, api_visibility="private", show_progress="hidden",
                                 js=FORGET_LIVE_TIME_JS))
         page_blocks = Context.root_block

@@ -1,0 +1,208 @@
+"""The cloned voice (VibeVoice through transformers 5): random-init files of a reduced configuration in
+the published layout, loaded strictly from the folder, speaking sentence by sentence on the CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("diffusers")
+
+import torch
+from transformers import LogitsProcessor
+
+from heygem.errors import HeygemError
+from heygem.speech import clone
+from heygem.speech.clone_files import write_random_files
+
+
+class FixedFrames(LogitsProcessor):
+    """Forces ``frames`` audio frames, then the audio end, then the end of text: a random model stops
+    wherever it likes otherwise."""
+
+    def __init__(self, config, frames: int):
+        self.config, self.frames = config, frames
+
+    def __call__(self, input_ids, scores):
+        starts = (input_ids[0] == self.config.audio_bos_token_id).nonzero()
+        step = input_ids.shape[1] - 1 - int(starts[-1])  # tokens made since the prompt's audio start
+        token = (self.config.audio_token_id if step < self.frames
+                 else self.config.audio_eos_token_id if step == self.frames else self.config.eos_token_id)
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, token] = 0.0
+        return forced
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    return write_random_files(tmp_path_factory.mktemp("weights") / "vibevoice", size="reduced", seed=0,
+                              shard_size="300KB")
+
+
+def copy_of(folder: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "vibevoice"
+    shutil.copytree(folder, target)
+    return target
+
+
+def reference_speech(seconds: float = 3.0, rate: int = 24000) -> np.ndarray:
+    """A voiced, pitch-gliding buzz: enough for the processor (the model is random anyway)."""
+    times = np.arange(int(seconds * rate)) / rate
+    pitch = 120 + 30 * np.sin(2 * np.pi * 0.5 * times)
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    return (0.2 * np.sign(np.sin(phase)) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * times))).astype(np.float32)
+
+
+def test_random_files_are_in_the_published_layout(model_folder):
+    names = {path.name for path in model_folder.iterdir()}
+    assert {"config.json", "generation_config.json", "processor_config.json", "chat_template.jinja",
+            "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json"} <= names
+    shards = sorted(name for name in names if name.endswith(".safetensors"))
+    assert len(shards) > 1 and all(name.startswith("model-000") for name in shards)
+    config = json.loads((model_folder / "config.json").read_text())
+    assert config["model_type"] == "vibevoice" and config["architectures"] == ["VibeVoiceForConditionalGeneration"]
+    processor = json.loads((model_folder / "processor_config.json").read_text())
+    assert processor["processor_class"] == "VibeVoiceProcessor"
+    assert processor["feature_extractor"]["sampling_rate"] == 24000
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_folder), local_files_only=True)
+    ids = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"])
+    assert ids == [config["eos_token_id"], config["audio_bos_token_id"], config["audio_eos_token_id"],
+                   config["audio_token_id"]]
+
+
+def test_the_full_configuration_has_the_published_tensor_count():
+    from transformers import VibeVoiceConfig
+
+    from heygem.speech.clone_files import configs
+
+    expected = clone.expected_tensors(VibeVoiceConfig(**configs("full")[0]))
+    assert len(expected) == 1204
+    assert expected["model.language_model.embed_tokens.weight"] == (151936, 1536)
+    assert "lm_head.weight" not in expected  # tied: not stored
+
+
+def test_check_files_accepts_the_folder(model_folder):
+    clone.check_files(model_folder)
+
+
+def test_a_missing_folder_says_where_to_put_the_files(tmp_path):
+    with pytest.raises(HeygemError) as caught:
+        clone.check_files(tmp_path / "vibevoice")
+    message = str(caught.value)
+    assert "\n" not in message and "weights/vibevoice/" in message and "config.json" in message
+
+
+def test_a_missing_tensor_is_named_with_its_shard(model_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = copy_of(model_folder, tmp_path)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    name = "model.diffusion_head.final_layer.linear_2.weight"
+    shard = folder / index["weight_map"][name]
+    tensors = load_file(shard)
+    del tensors[name]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(HeygemError) as caught:
+        clone.check_files(folder)
+    message = str(caught.value)
+    assert "\n" not in message and shard.name in message and name in message
+
+
+def test_a_tensor_of_the_wrong_shape_is_named_with_its_shard(model_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = copy_of(model_folder, tmp_path)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    name = "model.multi_modal_projector.linear_1.weight"
+    shard = folder / index["weight_map"][name]
+    tensors = load_file(shard)
+    tensors[name] = torch.zeros(tensors[name].shape[0], tensors[name].shape[1] + 1)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(HeygemError) as caught:
+        clone.check_files(folder)
+    message = str(caught.value)
+    assert "\n" not in message and shard.name in message and name in message and "shape" in message
+
+
+def test_a_missing_shard_and_a_cut_shard_are_named(model_folder, tmp_path):
+    folder = copy_of(model_folder, tmp_path)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    (folder / shards[0]).unlink()
+    with pytest.raises(HeygemError, match=shards[0]):
+        clone.check_files(folder)
+    shutil.copy(model_folder / shards[0], folder / shards[0])
+    data = (folder / shards[1]).read_bytes()
+    (folder / shards[1]).write_bytes(data[: len(data) // 2])
+    with pytest.raises(HeygemError, match=shards[1]):
+        clone.check_files(folder)
+
+
+def test_a_config_of_another_model_is_refused(model_folder, tmp_path):
+    folder = copy_of(model_folder, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["hidden_size"] = 48
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HeygemError) as caught:
+        clone.check_files(folder)
+    assert "\n" not in str(caught.value) and "shape" in str(caught.value)
+
+
+def test_loading_never_asks_the_hub(model_folder, monkeypatch):
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    clone.load_model.cache_clear()
+    model = clone.load_model(model_folder, "cpu")
+    assert model.sample_rate == 24000 and model.samples_per_frame == 3200
+    assert model.device.type == "cpu"
+
+
+def test_speaks_a_sentence_of_the_forced_length(model_folder):
+    model = clone.load_model(model_folder, "cpu")
+    voice = clone.ClonedVoice(model, reference_speech(), 24000,
+                              logits_processors=[FixedFrames(model.model.config, 5)])
+    assert voice.sample_rate == 24000
+    samples = voice.speak("Hello there.")
+    assert samples.dtype == np.float32 and samples.shape == (5 * 3200,)
+    assert np.all(np.isfinite(samples)) and np.abs(samples).max() <= 1.0
+    assert np.abs(samples).max() > 0  # the decoder made a waveform, not silence
+    assert voice.speak("你好。").shape == (5 * 3200,)
+
+
+def test_the_reference_is_in_the_prompt_one_frame_token_per_3200_samples(model_folder):
+    model = clone.load_model(model_folder, "cpu")
+    reference = reference_speech(2.0, 16000)  # resampled to 24 kHz: 48000 samples = 15 frames
+    voice = clone.ClonedVoice(model, reference, 16000)
+    assert len(voice.reference) == 48000
+    inputs = voice.inputs("Hello.")
+    frames = int((inputs["input_ids"][0] == model.model.config.audio_token_id).sum())
+    assert frames == 15 and inputs["input_values"].shape[-1] == 48000
+
+
+def test_without_forcing_the_sentence_is_bounded(model_folder):
+    model = clone.load_model(model_folder, "cpu")
+    assert clone.max_frames("Hi.", 7.5) == int(np.ceil((8 + 0.4 * 3) * 7.5))
+    samples = clone.ClonedVoice(model, reference_speech(), 24000).speak("Hi.")
+    assert len(samples) % 3200 == 0 and len(samples) <= clone.max_frames("Hi.", 7.5) * 3200
+
+
+def test_generate_runs_no_logits_guidance_pass(model_folder):
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
+
+    model = clone.load_model(model_folder, "cpu")
+    assert model.model.generation_config.guidance_scale == 1.3  # the diffusion head keeps its guidance
+    processors = model.model._get_logits_processor(GenerationConfig(guidance_scale=1.3), device="cpu")
+    assert not any(isinstance(p, UnbatchedClassifierFreeGuidanceLogitsProcessor) for p in processors)

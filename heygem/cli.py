@@ -63,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     speech.add_argument("--text", help="words to speak instead of an audio file (made offline; see `voices`); "
                                        "also writes OUT.wav, OUT.srt and the subtitles --subtitles asks for")
     speech.add_argument("--text-file", type=Path, help="a UTF-8 text file to speak instead of an audio file")
-    inputs.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`")
+    inputs.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`, or "
+                                                      "clone: the face video's own voice (or --voice-sample's), "
+                                                      "by VibeVoice-1.5B from weights/vibevoice/")
+    inputs.add_argument("--voice-sample", type=Path, default=None,
+                        help="with --voice clone: a recording of 5-30 s of the person speaking (audio or video)")
+    inputs.add_argument("--voice-consent", action="store_true",
+                        help="with --voice clone: the person whose voice is cloned has agreed to it (required)")
     inputs.add_argument("--speed", type=float, default=1.0, help="with --text: speaking speed, 0.5 to 2.0")
     groups["output"].add_argument("--output", "-o", required=True, type=Path,
                                   help="the MP4 to write (named .mp4); a .json summary is written beside it")
@@ -170,10 +176,12 @@ def generate_from_text(args: argparse.Namespace, config, progress):
     """Speak --text (or --text-file) into OUT.wav while the video is made in parts as the speech comes
     (heygem.spoken), write its cues to OUT.srt and give the video its subtitles as text.subtitles says
     (soft track, burned in, or none)."""
+    from heygem.speech.clone import check_consent
     from heygem.speech.subtitles import add_subtitles, write_srt
     from heygem.spoken import generate_spoken
     from heygem.weights import weights_dir
 
+    check_consent(args.voice, args.voice_consent)
     if args.text_file is not None:
         try:
             text = args.text_file.read_text(encoding="utf-8")
@@ -183,7 +191,8 @@ def generate_from_text(args: argparse.Namespace, config, progress):
         text = args.text
     output_path = Path(args.output)
     summary, speech = generate_spoken(args.face, text, output_path, config, voice=args.voice, speed=args.speed,
-                                      weights_folder=weights_dir(), progress=progress)
+                                      weights_folder=weights_dir(), voice_sample=args.voice_sample,
+                                      progress=progress)
     if speech.voice_note:
         print(f"note: {speech.voice_note}", file=sys.stderr)
     subtitles = write_srt(speech.cues, output_path.with_suffix(".srt"))

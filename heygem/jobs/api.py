@@ -1,7 +1,8 @@
 """The REST API: jobs over HTTP, served by ``python app.py`` next to the web UI.
 
     POST   /api/jobs               multipart: face, audio (optional: the face video's own sound) or text (with
-                                   optional voice, speed and subtitles: none, soft or burn), options (JSON)
+                                   optional voice, speed and subtitles: none, soft or burn; voice=clone with
+                                   voice_consent=true and an optional voice_sample file), options (JSON)
                                    -> 201 {"id": ...}; bad files, file names that are not a plain name of a
                                    video, image or audio type, or unknown options -> 400 {"error": ...};
                                    queue full -> 429 (Retry-After); disk short or full -> 507
@@ -189,7 +190,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
         if limit is not None:
             request = counted_request(request, 2 * limit + MULTIPART_OVERHEAD)
         try:
-            form = await request.form(max_files=2, max_fields=8)
+            form = await request.form(max_files=3, max_fields=10)
         except UploadTooLarge:
             raise ApiError(413, f"the upload is larger than the limit of {human_size(limit)} per file") from None
         except Exception as error:  # malformed multipart
@@ -232,10 +233,13 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
                 raise ApiError(400, str(error)) from None
             face_upload = Upload(face.filename, face.file)
             audio_upload = Upload(audio.filename, audio.file) if audio is not None else None
+            sample, consent = form.get("voice_sample"), str(form.get("voice_consent") or "").strip().lower()
+            sample_upload = Upload(sample.filename, sample.file) if isinstance(sample, UploadFile) else None
             try:
                 job_id = await run_in_threadpool(
                     lambda: store.create_job(face_upload, audio_upload, options, text=text, voice=voice, speed=speed,
-                                             remote=True, submitter=user and user.name))
+                                             remote=True, submitter=user and user.name, voice_sample=sample_upload,
+                                             voice_consent=consent in ("true", "1", "yes", "on")))
             except UploadTooLarge as error:
                 raise ApiError(413, str(error)) from None
             except QueueFull as error:

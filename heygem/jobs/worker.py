@@ -20,7 +20,7 @@ from pathlib import Path
 
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME
-from heygem.jobs.speech import keep_speech, kept_text, speak_whole
+from heygem.jobs.speech import keep_speech, kept_text, speak_whole, voice_sample_path
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
 from heygem.media.stream import stream_folder
 from heygem.runtime import timeline
@@ -122,7 +122,7 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
                     job.face_path, kept["text"], job.result_path, voice=kept["voice"], speed=kept["speed"],
                     max_characters=kept["max_characters"], max_seconds=kept.get("max_seconds"),
                     weights_folder=weights_dir(), overrides=overrides,
-                    progress=report, should_stop=should_stop)
+                    voice_sample=voice_sample_path(job.directory, kept), progress=report, should_stop=should_stop)
                 keep_speech(job.directory, speech, wav_path=job.result_path.with_suffix(".wav"))
             else:
                 if kept is not None:

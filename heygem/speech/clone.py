@@ -14,7 +14,8 @@ DPM-Solver noise scheduler comes from diffusers, as generation_config.json names
 
 Each sentence is one conversation: the voice sample as speaker 0's audio, the sentence as speaker
 0's text. The model emits one audio frame (3200 samples, 0.133 s) per new token until it chooses to
-stop; ``max_frames`` bounds a sentence by its length. Classifier-free guidance (1.3) is applied to
+stop; ``max_frames`` bounds a sentence by its length (and generation_config.json's max_new_tokens,
+where lower). Classifier-free guidance (1.3) is applied to
 the diffusion head only, as the original VibeVoice does: the logits processor that ``generate`` adds
 for ``guidance_scale != 1`` would run the language model a third time per frame for nothing (the
 model picks among four tokens by argmax).
@@ -39,6 +40,8 @@ logger = logging.getLogger("heygem")
 MODEL_FOLDER = "vibevoice"  # under the weights folder
 MODEL_NAME = "VibeVoice-1.5B"
 VOICE_NAME = "clone"  # what --voice takes
+LANGUAGES = "en,zh"  # what the model was trained to speak
+SAMPLE_RATE = 24_000  # of the voice sample it takes and of the speech it makes
 CONFIG_FILES = ("config.json", "generation_config.json", "processor_config.json", "chat_template.jinja",
                 "tokenizer.json", "tokenizer_config.json")
 INDEX_FILE = "model.safetensors.index.json"
@@ -201,6 +204,9 @@ def load_model(folder: Path, device_name: str = "auto") -> CloneModel:
         raise HeygemError(f"{MODEL_NAME} in {folder} cannot be loaded ({str(error).splitlines()[0]}); "
                           f"{WHERE_TO_PUT}") from None
     model = model.to(device).eval()
+    if int(processor.feature_extractor.sampling_rate) != SAMPLE_RATE:
+        raise HeygemError(f"{folder / 'processor_config.json'} gives a sampling rate of "
+                          f"{processor.feature_extractor.sampling_rate} Hz, not {SAMPLE_RATE}: {WHERE_TO_PUT}")
     logger.info("loaded %s from %s on %s (%s)", MODEL_NAME, folder, device, dtype)
     return CloneModel(model=model, processor=processor, device=device, folder=folder)
 
@@ -237,7 +243,9 @@ class ClonedVoice:
 
         inputs = self.inputs(sentence).to(self.model.device)
         frames_per_second = self.sample_rate / self.model.samples_per_frame
-        options = {"max_new_tokens": max_frames(sentence, frames_per_second) + 2}  # + audio end, end of text
+        limit = max_frames(sentence, frames_per_second) + 2  # + audio end, end of text
+        files_limit = self.model.model.generation_config.max_new_tokens  # generation_config.json's, if lower
+        options = {"max_new_tokens": min(limit, files_limit) if files_limit else limit}
         if self.logits_processors:
             options["logits_processor"] = LogitsProcessorList(self.logits_processors)
         if self.diffusion_steps:
@@ -249,6 +257,37 @@ class ClonedVoice:
             return np.zeros(0, np.float32)
         samples = waveform.detach().float().cpu().numpy().reshape(-1)  # (frames * 3200,)
         return np.clip(np.nan_to_num(samples), -1.0, 1.0).astype(np.float32)
+
+
+def cloned_voice(folder: Path, reference: Path | None, device_name: str = "auto") -> ClonedVoice:
+    """The model of ``folder`` speaking in the voice of the cleanest 5-30 s of speech in ``reference``
+    (an audio file or a video with sound, see heygem.speech.reference); kept for the next call with the
+    same recording."""
+    if reference is None:
+        raise HeygemError("the cloned voice needs a voice sample: give --voice-sample FILE (REST: voice_sample), "
+                          "or a face video with its own speech")
+    reference = Path(reference)
+    try:
+        stamp = reference.stat().st_mtime_ns
+    except OSError:
+        raise HeygemError(f"the voice sample {reference} cannot be read") from None
+    return _cloned_voice(Path(folder), reference, stamp, device_name)
+
+
+@functools.lru_cache(maxsize=2)
+def _cloned_voice(folder: Path, reference: Path, stamp: int, device_name: str) -> ClonedVoice:
+    from heygem.speech.reference import cleanest_speech
+
+    model = load_model(folder, device_name)
+    samples, rate = cleanest_speech(reference, model.sample_rate)
+    return ClonedVoice(model, samples, rate)
+
+
+def check_consent(voice: str | None, consent: bool) -> None:
+    """HeygemError unless the cloned voice (``voice`` "clone") comes with the speaker's consent."""
+    if voice == VOICE_NAME and not consent:
+        raise HeygemError("speaking in a cloned voice needs the consent of the person whose voice it is: once they "
+                          "have agreed, add --voice-consent (REST and gradio_client: voice_consent=true)")
 
 
 def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:

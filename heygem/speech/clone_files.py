@@ -5,11 +5,11 @@ The full configuration is the public one (a Qwen2.5-1.5B language model, the sig
 tokenizer, the semantic encoder, a 4-layer diffusion head; audio start/end/frame tokens 151652-151654,
 end of text 151643, 151936 embeddings). The reduced one keeps the same classes and the acoustic
 geometry (24 kHz, 3200 samples per frame) with narrow, shallow layers and a vocabulary of 320, its
-special tokens at ids 300-303, so the CPU speaks a sentence in seconds. The tokenizer is a byte-level
-BPE trained here on a few lines (the real one is Qwen2.5's), padded with unused tokens so that the
-special tokens sit at the configuration's ids; the chat template is written here in the structure the
-processor expects (a voice-input part with one placeholder per speaker, the text lines, the speech
-output start).
+special tokens at ids 300-303 (the audio frame first), so the CPU speaks a sentence in seconds.
+The tokenizer is a byte-level BPE trained here on a few lines (the real one is Qwen2.5's), padded
+with unused tokens so that the special tokens sit at the configuration's ids; the chat template is
+written here in the structure the processor expects (a voice-input part with one placeholder per
+speaker, the text lines, the speech output start).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ SEMANTIC_REDUCED = {**SEMANTIC_FULL, "hidden_size": 16, "num_filters": 2, "depth
 HEAD_FULL = {"num_hidden_layers": 4, "intermediate_size": 4608, "frequency_embedding_size": 256}
 HEAD_REDUCED = {"num_hidden_layers": 1, "intermediate_size": 48, "frequency_embedding_size": 16}
 TOKEN_IDS_FULL = {END_OF_TEXT: 151643, AUDIO_START: 151652, AUDIO_END: 151653, AUDIO_FRAME: 151654}
-TOKEN_IDS_REDUCED = {END_OF_TEXT: 300, AUDIO_START: 301, AUDIO_END: 302, AUDIO_FRAME: 303}
+TOKEN_IDS_REDUCED = {AUDIO_FRAME: 300, END_OF_TEXT: 301, AUDIO_START: 302, AUDIO_END: 303}
 
 GENERATION = {
     "do_sample": False, "guidance_scale": 1.3, "max_new_tokens": 40500, "max_length": 40500,
@@ -117,13 +117,20 @@ def train_tokenizer(special_ids: dict[str, int]):
 
 
 def random_model(size: str = "reduced", seed: int = 0, dtype=None):
-    """A ``VibeVoiceForConditionalGeneration`` of ``size`` with the library's random init from ``seed``."""
+    """A ``VibeVoiceForConditionalGeneration`` of ``size`` randomly initialised from ``seed``: the library's
+    init, except that the acoustic and semantic tokenizers' weights are drawn at 1/sqrt(fan-in) (with
+    the library's small init the decoder's waveform is ~1e-9, silence once written as 16-bit PCM)."""
     import torch
     from transformers import GenerationConfig, VibeVoiceConfig, VibeVoiceForConditionalGeneration
 
     config, ids = configs(size)
     torch.manual_seed(seed)
     model = VibeVoiceForConditionalGeneration(VibeVoiceConfig(**config))
+    generator = torch.Generator().manual_seed(seed)
+    for tower in (model.model.audio_tower, model.model.semantic_tokenizer_encoder):
+        for parameter in tower.parameters():
+            if parameter.dim() > 1:
+                parameter.data = torch.randn(parameter.shape, generator=generator) / parameter[0].numel() ** 0.5
     if dtype is not None:
         model = model.to(dtype)
     model.generation_config = GenerationConfig(**GENERATION, bos_token_id=None, eos_token_id=ids[END_OF_TEXT],
@@ -132,11 +139,16 @@ def random_model(size: str = "reduced", seed: int = 0, dtype=None):
 
 
 def write_random_files(folder: Path, size: str = "reduced", seed: int = 0, shard_size: str = "2GB",
-                       dtype=None) -> Path:
+                       dtype=None, frames_per_sentence: int | None = None) -> Path:
     """Write random-init files of ``size`` into ``folder`` (a weights/vibevoice) as transformers 5 saves
     the published ones: config.json, generation_config.json, processor_config.json, chat_template.jinja,
     tokenizer.json, tokenizer_config.json, model.safetensors.index.json and its shards (``shard_size``
-    each at most). Returns ``folder``."""
+    each at most). Returns ``folder``.
+
+    ``frames_per_sentence`` N makes a model that speaks exactly N audio frames per sentence, in any
+    process: its language model's last norm is zero, so the four tokens it may choose tie and argmax
+    takes the lowest id, the audio frame; generation_config.json's max_new_tokens N ends the sentence.
+    A random model stops wherever it likes otherwise (often before any frame)."""
     from transformers import Qwen2TokenizerFast, VibeVoiceAcousticTokenizerFeatureExtractor, VibeVoiceProcessor
 
     folder = Path(folder)
@@ -148,6 +160,11 @@ def write_random_files(folder: Path, size: str = "reduced", seed: int = 0, shard
                                    tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(folder)
     model = random_model(size, seed, dtype)
+    if frames_per_sentence is not None:
+        if ids[AUDIO_FRAME] != min(ids.values()):
+            raise ValueError("a steady model needs the audio frame's id below the other special tokens'")
+        model.model.language_model.norm.weight.data.zero_()
+        model.generation_config.max_new_tokens = model.generation_config.max_length = frames_per_sentence
     model.save_pretrained(folder, max_shard_size=shard_size)
     if not (folder / "model.safetensors.index.json").is_file():  # one shard: written under the index's name too
         import safetensors

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the words to speak (sentences are split at . ! ? ; 。！？； and line breaks)")
     say.add_argument("--output", "-o", required=True, type=Path, help="the WAV file to write")
     say.add_argument("--voice", default=None, help="a voice name from `python -m heygem voices`")
+    say.add_argument("--voice-sample", type=Path, default=None,
+                     help="with --voice clone: a recording of 5-30 s of the person speaking (audio or video)")
+    say.add_argument("--voice-consent", action="store_true",
+                     help="with --voice clone: the person whose voice is cloned has agreed to it (required)")
     say.add_argument("--speed", type=float, default=1.0, help="speaking speed, 0.5 (slow) to 2.0 (fast)")
     say.add_argument("--pause", type=float, default=0.3, help="seconds of silence between sentences")
     say.add_argument("--srt", type=Path, default=None,
@@ -222,14 +226,17 @@ def run_voices(args: argparse.Namespace) -> int:
 
 
 def run_say(args: argparse.Namespace) -> int:
+    from heygem.speech.clone import VOICE_NAME, check_consent
     from heygem.speech.subtitles import write_srt
-    from heygem.speech.tts import synthesize, write_wav
+    from heygem.speech.tts import clone_voice, synthesize, write_wav
     from heygem.weights import weights_dir
 
+    check_consent(args.voice, args.voice_consent)
+    voice = clone_voice(weights_dir(), args.voice_sample) if args.voice == VOICE_NAME else args.voice
     limit = args.max_text_chars if args.max_text_chars is not None else load_config().text.max_characters
     if limit < 0:
         raise HeygemError("--max-text-chars must be 0 (no limit) or more")
-    speech = synthesize(args.text, voice=args.voice, speed=args.speed, sentence_pause=args.pause,
+    speech = synthesize(args.text, voice=voice, speed=args.speed, sentence_pause=args.pause,
                             weights_dir=weights_dir(), max_characters=limit)
     write_wav(speech, args.output)
     if args.srt is not None:

@@ -194,3 +194,14 @@ def assert_cloned_output_of_job(folder: Path) -> None:
     assert summary["voice"] == "clone" and summary["voice_model"] == "VibeVoice-1.5B"
     speech, rate = wav_samples(folder / "speech.wav")
     assert rate == 24000 and abs(len(speech) / rate - SPOKEN_SECONDS) < 1e-3
+
+
+def test_say_speaks_in_the_voice_of_a_sample_with_consent(weights, tmp_path):
+    output = tmp_path / "said.wav"
+    args = ["say", TEXT, "--voice", "clone", "--voice-sample", str(ASSETS / "speech_en.wav"), "-o", str(output)]
+    refused = heygem(*args, weights_dir=weights, tmp_path=tmp_path)
+    assert refused.returncode == 2 and "consent" in refused.stderr and not output.exists()
+    result = heygem(*args, "--voice-consent", weights_dir=weights, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    speech, rate = wav_samples(output)
+    assert rate == 24000 and abs(len(speech) / rate - SPOKEN_SECONDS) < 1e-3 and speech.std() > 1e-3

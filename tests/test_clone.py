@@ -214,3 +214,40 @@ def test_a_steady_model_speaks_exactly_its_frames_per_sentence(tmp_path):
     voice = clone.ClonedVoice(model, reference_speech(), 24000)
     assert voice.speak("Hello there.").shape == (4 * 3200,)
     assert voice.speak("A longer sentence than the one before it.").shape == (4 * 3200,)
+
+
+def test_the_doctor_checks_the_folder_and_names_a_broken_file(model_folder, tmp_path):
+    from heygem.doctor import PROBLEM, check_clone_voice
+
+    weights = model_folder.parent
+    (good,) = check_clone_voice(weights)
+    assert good.status == "ok" and "VibeVoice-1.5B" in good.detail and "shards" in good.detail
+    (absent,) = check_clone_voice(tmp_path / "none")
+    assert absent.status == "ok" and "weights/vibevoice/" in absent.detail
+    broken = copy_of(model_folder, tmp_path)
+    (broken / "tokenizer.json").unlink()
+    (problem,) = check_clone_voice(broken.parent)
+    assert problem.status == PROBLEM and "tokenizer.json" in problem.detail
+
+
+def test_weights_list_and_verify_know_the_folder(model_folder, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    from heygem.weights import load_registry
+
+    entries = [entry for entry in load_registry() if entry.files[0].startswith("vibevoice/")]
+    assert {entry.files[0] for entry in entries} == {f"vibevoice/{name}" for name in
+                                                     (*clone.CONFIG_FILES, clone.INDEX_FILE)}
+    env = dict(os.environ, HEYGEM_WEIGHTS=str(model_folder.parent))
+    listed = subprocess.run([sys.executable, "-m", "heygem", "weights", "list"], cwd=REPO, capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if "vibevoice" in line]
+    assert len(rows) == len(entries) and all(" voice " in row and "missing" not in row for row in rows)
+    verified = subprocess.run([sys.executable, "-m", "heygem", "weights", "verify", "vibevoice_index"], cwd=REPO,
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert verified.returncode == 0 and "unverified" in verified.stdout, verified.stdout + verified.stderr

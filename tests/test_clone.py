@@ -14,28 +14,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
 import torch
-from transformers import LogitsProcessor
 
 from heygem.errors import HeygemError
 from heygem.speech import clone
-from heygem.speech.clone_files import write_random_files
-
-
-class FixedFrames(LogitsProcessor):
-    """Forces ``frames`` audio frames, then the audio end, then the end of text: a random model stops
-    wherever it likes otherwise."""
-
-    def __init__(self, config, frames: int):
-        self.config, self.frames = config, frames
-
-    def __call__(self, input_ids, scores):
-        starts = (input_ids[0] == self.config.audio_bos_token_id).nonzero()
-        step = input_ids.shape[1] - 1 - int(starts[-1])  # tokens made since the prompt's audio start
-        token = (self.config.audio_token_id if step < self.frames
-                 else self.config.audio_eos_token_id if step == self.frames else self.config.eos_token_id)
-        forced = torch.full_like(scores, float("-inf"))
-        forced[:, token] = 0.0
-        return forced
+from heygem.speech.clone_files import forced_frames, write_random_files
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +154,7 @@ def test_loading_never_asks_the_hub(model_folder, monkeypatch):
 def test_speaks_a_sentence_of_the_forced_length(model_folder):
     model = clone.load_model(model_folder, "cpu")
     voice = clone.ClonedVoice(model, reference_speech(), 24000,
-                              logits_processors=[FixedFrames(model.model.config, 5)])
+                              logits_processors=[forced_frames(model.model.config, 5)])
     assert voice.sample_rate == 24000
     samples = voice.speak("Hello there.")
     assert samples.dtype == np.float32 and samples.shape == (5 * 3200,)
@@ -251,3 +233,43 @@ def test_weights_list_and_verify_know_the_folder(model_folder, tmp_path):
     verified = subprocess.run([sys.executable, "-m", "heygem", "weights", "verify", "vibevoice_index"], cwd=REPO,
                               capture_output=True, text=True, env=env, timeout=120)
     assert verified.returncode == 0 and "unverified" in verified.stdout, verified.stdout + verified.stderr
+
+
+def test_language_model_passes_per_frame_with_and_without_logits_guidance(model_folder):
+    model = clone.load_model(model_folder, "cpu")
+    voice = clone.ClonedVoice(model, reference_speech(), 24000)
+    calls = []
+    hook = model.model.model.language_model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        counts = {}
+        for logits_guidance in (False, True):
+            model.model.logits_guidance = logits_guidance
+            voice.logits_processors = [forced_frames(model.model.config, 4)]
+            calls.clear()
+            voice.speak("Hello.")
+            counts[logits_guidance] = len(calls)
+    finally:
+        model.model.logits_guidance = False
+        hook.remove()
+    # 6 tokens (4 frames, audio end, end of text): the prompt's branch 6 times, the negative branch per frame
+    assert counts == {False: 6 + 4, True: 6 + 4 + 6}
+
+
+def test_the_voice_benchmark_runs_the_reduced_model_on_the_cpu():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    command = [sys.executable, str(REPO / "bench" / "bench_voice.py"), "--tiny", "--device", "cpu", "--frames", "4",
+               "--first-frames", "2", "--repeats", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "first sentence (2 frames" in result.stdout
+    rows = [line.strip("|").split("|") for line in result.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| variant")]
+    assert [row[0].strip() for row in rows] == ["heygem (guidance in the diffusion head)",
+                                                "generate's logits guidance on"]
+    for row in rows:
+        frames, speech, seconds, per_frame, rtf = (float(cell) for cell in row[2:7])
+        assert frames == 4 and abs(speech - 4 * 3200 / 24000) < 0.01 and seconds > 0 and rtf > 0

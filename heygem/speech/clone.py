@@ -174,8 +174,12 @@ def _model_class():
     from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
     class VibeVoiceHeadGuidance(VibeVoiceForConditionalGeneration):
+        logits_guidance = False  # True: generate's own behaviour, the third pass included (for comparisons)
+
         def _get_logits_processor(self, *args, **kwargs):
             processors = super()._get_logits_processor(*args, **kwargs)
+            if self.logits_guidance:
+                return processors
             return type(processors)(processor for processor in processors
                                     if not isinstance(processor, UnbatchedClassifierFreeGuidanceLogitsProcessor))
 

@@ -68,6 +68,25 @@ CORPUS = ["Hello there, this is a short test of the voice.", "Speak the lines be
           "你好，这是一个测试。", "The quick brown fox jumps over the lazy dog. 1234567890"]
 
 
+def forced_frames(config, frames: int):
+    """A logits processor that makes ``config``'s model speak exactly ``frames`` audio frames, then the
+    audio end and the end of text (a random model stops wherever it likes): for tests and timings."""
+    import torch
+    from transformers import LogitsProcessor
+
+    class ForcedFrames(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            starts = (input_ids[0] == config.audio_bos_token_id).nonzero()
+            step = input_ids.shape[1] - 1 - int(starts[-1])  # tokens made since the prompt's audio start
+            token = (config.audio_token_id if step < frames
+                     else config.audio_eos_token_id if step == frames else config.eos_token_id)
+            forced = torch.full_like(scores, float("-inf"))
+            forced[:, token] = 0.0
+            return forced
+
+    return ForcedFrames()
+
+
 def configs(size: str) -> tuple[dict, dict]:
     """(config.json, the special tokens' ids) for "full" (as published) or "reduced" (for the CPU)."""
     if size == "full":

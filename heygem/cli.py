@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     voices = commands.add_parser(
         "voices", help="list the text-to-speech voices",
         description="List the voices `say` can use: the bundled Piper voice, Piper voices in weights/voices/ "
-                    "(NAME.onnx + NAME.onnx.json) and the espeak-ng fallback voices.",
+                    "(NAME.onnx + NAME.onnx.json), the espeak-ng fallback voices, and clone (a person's own "
+                    "voice, with their consent) when weights/vibevoice/ holds VibeVoice-1.5B.",
     )
     voices.set_defaults(handler=run_voices)
 

@@ -443,8 +443,8 @@ def check_clone_voice(weights_dir: Path) -> list[Check]:
         return [Check("speech", "weights/vibevoice", PROBLEM, str(error), clone.WHERE_TO_PUT)]
     shards = sorted(folder.glob("model-*.safetensors"))
     total = sum(path.stat().st_size for path in shards)
-    return [Check("speech", "weights/vibevoice", OK, f"{clone.MODEL_NAME} for --voice clone: {len(shards)} shards "
-                  f"({total / 1e9:.2f} GB), every tensor's shape as config.json gives")]
+    return [Check("speech", "weights/vibevoice", OK, f"{clone.MODEL_NAME} for --voice clone: "
+                  f"{plural(len(shards), 'shard')} ({total / 1e9:.2f} GB), every tensor's shape as config.json gives")]
 
 
 def guarded(section: str, checker: Callable[[], list[Check]], required: bool) -> list[Check]:

@@ -199,15 +199,22 @@ def load_model(folder: Path, device_name: str = "auto") -> CloneModel:
     check_files(folder)
     device = pick_device(device_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    from transformers.utils import logging as transformers_logging
+
+    bar_shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # "Loading weights: 100%": heygem logs the load itself
     try:
         processor = VibeVoiceProcessor.from_pretrained(str(folder), local_files_only=True)
         model = _model_class().from_pretrained(str(folder), local_files_only=True, dtype=dtype)
-    except HeygemError:
-        raise
     except Exception as error:  # what the checks above cannot see (a tokenizer of another kind, ...)
         raise HeygemError(f"{MODEL_NAME} in {folder} cannot be loaded ({str(error).splitlines()[0]}); "
                           f"{WHERE_TO_PUT}") from None
+    finally:
+        if bar_shown:
+            transformers_logging.enable_progress_bar()
     model = model.to(device).eval()
+    # each sentence passes max_new_tokens; the files' max_length beside it only makes generate warn each time
+    model.generation_config.max_length = None
     if int(processor.feature_extractor.sampling_rate) != SAMPLE_RATE:
         raise HeygemError(f"{folder / 'processor_config.json'} gives a sampling rate of "
                           f"{processor.feature_extractor.sampling_rate} Hz, not {SAMPLE_RATE}: {WHERE_TO_PUT}")

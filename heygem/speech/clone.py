@@ -189,7 +189,7 @@ def _model_class():
 @functools.lru_cache(maxsize=1)
 def load_model(folder: Path, device_name: str = "auto") -> CloneModel:
     """``folder``'s model (checked first, see ``check_files``) on ``device_name`` ("auto": the first GPU,
-    else the CPU), bf16 on a GPU and float32 on the CPU; kept for the next call."""
+    else the CPU), bf16 on a GPU that has it and float32 elsewhere; kept for the next call."""
     import torch
     from transformers import VibeVoiceProcessor
 
@@ -198,7 +198,8 @@ def load_model(folder: Path, device_name: str = "auto") -> CloneModel:
     folder = Path(folder)
     check_files(folder)
     device = pick_device(device_name)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    dtype = torch.bfloat16 if bf16 else torch.float32  # float16 overflows; older GPUs run float32
     from transformers.utils import logging as transformers_logging
 
     bar_shown = transformers_logging.is_progress_bar_enabled()

@@ -135,7 +135,7 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
         speech_path = write_wav(speech, output_path.with_suffix(".wav"))
         _join([summary.output_path for summary in summaries], speech_path, output_path, config)
         if choice.voice.kind == "clone":
-            _tag(output_path, f"voice: clone, model: {CLONE_MODEL_NAME}")
+            mark_cloned_voice(output_path)
         check_written(output_path, done_frames, fps)
         if stream_dir is not None:
             mark_complete(stream_dir)
@@ -168,16 +168,21 @@ def _voice_sample(voice_sample: str | Path | None, face_path: Path, face_info) -
     return face_path
 
 
-def _tag(output_path: Path, comment: str) -> None:
-    """Write ``comment`` into the MP4's metadata (nothing is re-encoded)."""
+def mark_cloned_voice(output_path: Path, summary_path: Path | None = None) -> None:
+    """The MP4's metadata ("voice: clone, model: VibeVoice-1.5B" as its comment, nothing re-encoded) and
+    the JSON summary at ``summary_path``, where given, say that the cloned voice spoke."""
     tagged = output_path.with_name(f".{output_path.stem}.tagged.mp4")
     try:
-        failure = run_ffmpeg_to_end(comment_args(output_path, tagged, comment))
+        failure = run_ffmpeg_to_end(comment_args(output_path, tagged, f"voice: clone, model: {CLONE_MODEL_NAME}"))
         if failure is not None:
             raise HeygemError(f"writing the video's metadata failed: {failure}")
         tagged.replace(output_path)
     finally:
         tagged.unlink(missing_ok=True)
+    if summary_path is not None and summary_path.is_file():
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        summary.update(voice="clone", voice_model=CLONE_MODEL_NAME)
+        summary_path.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
 
 
 def _speak(text, choice, speed, max_characters, sentences: queue.Queue, stop: threading.Event) -> None:

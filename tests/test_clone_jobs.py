@@ -205,3 +205,21 @@ def test_say_speaks_in_the_voice_of_a_sample_with_consent(weights, tmp_path):
     assert result.returncode == 0, result.stderr
     speech, rate = wav_samples(output)
     assert rate == 24000 and abs(len(speech) / rate - SPOKEN_SECONDS) < 1e-3 and speech.std() > 1e-3
+
+
+def test_a_job_rendered_from_finished_speech_says_the_cloned_voice_spoke(weights, presenter, tmp_path, monkeypatch):
+    """The path of a renderer that takes a finished speech file (a Ray node): the whole text is spoken
+    first (heygem.jobs.speech.speak_whole), in the voice of the face video's own sound."""
+    from heygem.jobs.store import JobStore, process_owner
+    from heygem.jobs.worker import run_job
+    from heygem.pipeline import generate
+
+    monkeypatch.setenv("HEYGEM_WEIGHTS", str(weights))
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path / "cache"))
+    store = JobStore(tmp_path / "outputs")
+    job_id = store.create_job(presenter, None, OPTIONS, text=TEXT, voice="clone", voice_consent=True)
+    owner = process_owner("test")
+    job = store.claim_next(owner)
+    assert job.id == job_id
+    assert run_job(store, job, owner, generate=generate) == "done", job.log_path.read_text()
+    assert_cloned_output_of_job(job.directory)

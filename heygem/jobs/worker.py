@@ -129,6 +129,11 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
                     speak_whole(job.directory, kept)
                 summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
                                    progress=report, should_stop=should_stop)
+                if kept is not None and voice_sample_path(job.directory, kept) is not None and \
+                        job.result_path.is_file():  # a cloned voice spoke: the MP4 and its summary say so
+                    from heygem.spoken import mark_cloned_voice
+
+                    mark_cloned_voice(job.result_path, job.summary_path)
         except GenerationCancelled:
             logger.info("job %s cancelled after %.1f s", job.id, time.monotonic() - started)
             status, error, engine = CANCELLED, None, None

@@ -277,3 +277,16 @@ def test_the_voice_benchmark_runs_the_reduced_model_on_the_cpu():
     for row in rows:
         frames, speech, seconds, per_frame, rtf = (float(cell) for cell in row[2:7])
         assert frames == 4 and abs(speech - 4 * 3200 / 24000) < 0.01 and seconds > 0 and rtf > 0
+
+
+def test_a_bf16_model_speaks_from_a_float32_voice_sample(tmp_path):
+    """On a GPU the model runs in bf16 while the processor gives float32 samples."""
+    folder = write_random_files(tmp_path / "vibevoice", size="reduced", seed=4, frames_per_sentence=3)
+    clone.load_model.cache_clear()
+    model = clone.load_model(folder, "cpu")
+    model.model.to(torch.bfloat16)
+    try:
+        samples = clone.ClonedVoice(model, reference_speech(), 24000).speak("Hello there.")
+    finally:
+        clone.load_model.cache_clear()
+    assert samples.dtype == np.float32 and samples.shape == (3 * 3200,) and np.all(np.isfinite(samples))

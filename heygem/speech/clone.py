@@ -253,7 +253,8 @@ class ClonedVoice:
         import torch
         from transformers import LogitsProcessorList
 
-        inputs = self.inputs(sentence).to(self.model.device)
+        model_dtype = next(self.model.model.parameters()).dtype
+        inputs = self.inputs(sentence).to(self.model.device, dtype=model_dtype)  # the sample's floats as the model's
         frames_per_second = self.sample_rate / self.model.samples_per_frame
         limit = max_frames(sentence, frames_per_second) + 2  # + audio end, end of text
         files_limit = self.model.model.generation_config.max_new_tokens  # generation_config.json's, if lower

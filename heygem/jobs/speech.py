@@ -34,7 +34,8 @@ def keep_text(directory: Path, text: str, voice: str | None, speed: float, max_c
     elif voice_sample is not None:
         raise HeygemError("a voice sample is for the cloned voice: set the voice to clone, or leave the sample out")
     description = {"text": text, "voice": voice or None, "speed": speed, "max_characters": max_characters,
-                   "max_seconds": max_seconds, "voice_sample": voice_sample}
+                   "max_seconds": max_seconds, "voice_sample": voice_sample,
+                   "voice_consent": bool(voice_consent)}  # kept with the job: the speaker agreed
     (directory / TEXT_NAME).write_text(json.dumps(description, ensure_ascii=False), encoding="utf-8")
     return SPEECH_NAME
 

@@ -282,7 +282,11 @@ def clone_voice(weights_dir: str | Path, reference: str | Path | None = None) ->
 def find_voice(name: str, weights_dir: str | Path | None = None) -> Voice:
     """The voice called ``name`` (as ``list_voices`` names it); HeygemError naming the choices otherwise."""
     if name == clone.VOICE_NAME:
-        return clone_voice(weights_dir if weights_dir is not None else "weights")
+        if weights_dir is None:
+            from heygem.weights import weights_dir as default_weights_dir
+
+            weights_dir = default_weights_dir()
+        return clone_voice(weights_dir)
     voices = list_voices(weights_dir)
     for voice in voices:
         if voice.name == name:

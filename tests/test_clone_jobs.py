@@ -223,3 +223,18 @@ def test_a_job_rendered_from_finished_speech_says_the_cloned_voice_spoke(weights
     assert job.id == job_id
     assert run_job(store, job, owner, generate=generate) == "done", job.log_path.read_text()
     assert_cloned_output_of_job(job.directory)
+
+
+@pytest.mark.parametrize("mode", ["soft", "burn"])
+def test_subtitles_keep_the_voice_in_the_metadata(tmp_path, mode):
+    from heygem.media.encode import comment_args, run_ffmpeg_to_end
+    from heygem.speech.subtitles import Cue, add_subtitles, write_srt
+
+    plain, video = tmp_path / "plain.mp4", tmp_path / "tagged.mp4"
+    run_ffmpeg("-loop", "1", "-framerate", "25", "-t", "1", "-i", str(ASSETS / "astronaut.jpg"),
+               "-i", str(ASSETS / "speech_en.wav"), "-t", "1", "-vf", "scale=128:-2,format=yuv420p",
+               "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac", str(plain))
+    assert run_ffmpeg_to_end(comment_args(plain, video, "voice: clone, model: VibeVoice-1.5B")) is None
+    cues = [Cue(0.0, 0.8, "Hello there.")]
+    add_subtitles(video, write_srt(cues, tmp_path / "cues.srt"), cues, mode)
+    assert comment_of(video) == "voice: clone, model: VibeVoice-1.5B"

@@ -176,6 +176,9 @@ def test_rest_needs_consent_and_speaks_in_the_uploaded_voice(server):
     assert refused.status_code == 400 and "consent" in refused.json()["error"]
     no_sound = server.client.post("/api/jobs", files={"face": face}, data={**data, "voice_consent": "true"})
     assert no_sound.status_code == 400 and "voice_sample" in no_sound.json()["error"]
+    not_a_file = server.client.post("/api/jobs", files={"face": face},
+                                    data={**data, "voice_consent": "true", "voice_sample": "me.wav"})
+    assert not_a_file.status_code == 400 and "must be a file" in not_a_file.json()["error"]
     response = server.client.post("/api/jobs", files={"face": face, "voice_sample": sample},
                                   data={**data, "voice_consent": "true"})
     assert response.status_code == 201, response.text

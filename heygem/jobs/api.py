@@ -234,6 +234,9 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             face_upload = Upload(face.filename, face.file)
             audio_upload = Upload(audio.filename, audio.file) if audio is not None else None
             sample, consent = form.get("voice_sample"), str(form.get("voice_consent") or "").strip().lower()
+            if sample is not None and not isinstance(sample, UploadFile) and str(sample).strip():
+                raise ApiError(400, "voice_sample must be a file (multipart field 'voice_sample'): a recording of "
+                                    "the person speaking")
             sample_upload = Upload(sample.filename, sample.file) if isinstance(sample, UploadFile) else None
             try:
                 job_id = await run_in_threadpool(

@@ -179,6 +179,11 @@ def test_rest_needs_consent_and_speaks_in_the_uploaded_voice(server):
     not_a_file = server.client.post("/api/jobs", files={"face": face},
                                     data={**data, "voice_consent": "true", "voice_sample": "me.wav"})
     assert not_a_file.status_code == 400 and "must be a file" in not_a_file.json()["error"]
+    silence = ("quiet.wav", silent_wav_bytes())
+    no_speech = server.client.post("/api/jobs", files={"face": face, "voice_sample": silence},
+                                   data={**data, "voice_consent": "true"})
+    assert no_speech.status_code == 400 and "quiet.wav" in no_speech.json()["error"]
+    assert "silence" in no_speech.json()["error"]
     response = server.client.post("/api/jobs", files={"face": face, "voice_sample": sample},
                                   data={**data, "voice_consent": "true"})
     assert response.status_code == 201, response.text
@@ -187,6 +192,18 @@ def test_rest_needs_consent_and_speaks_in_the_uploaded_voice(server):
     assert job["status"] == "done", (job, server.log_text()[-3000:])
     folder = server.outputs / job_id
     assert_cloned_output_of_job(folder)
+
+
+def silent_wav_bytes(seconds: float = 8.0) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(24000)
+        file.writeframes(bytes(2 * int(seconds * 24000)))
+    return buffer.getvalue()
 
 
 def assert_cloned_output_of_job(folder: Path) -> None:

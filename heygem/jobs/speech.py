@@ -23,6 +23,7 @@ def keep_text(directory: Path, text: str, voice: str | None, speed: float, max_c
     voice (``voice`` "clone") needs ``voice_consent`` and speaks in the voice of the job's file
     ``voice_sample``, else of its face video ``face_name``'s own sound."""
     from heygem.speech.clone import VOICE_NAME, check_consent
+    from heygem.speech.reference import cleanest_speech
     from heygem.speech.tts import check_text, choose_voice
     from heygem.weights import weights_dir
 
@@ -31,6 +32,7 @@ def keep_text(directory: Path, text: str, voice: str | None, speed: float, max_c
     choose_voice(text, voice or None, weights_dir())  # an unknown voice (or clone without its files) is refused
     if voice == VOICE_NAME:
         voice_sample = voice_sample or _face_with_sound(directory, face_name)
+        cleanest_speech(directory / voice_sample)  # a sample without usable speech is refused now, not later
     elif voice_sample is not None:
         raise HeygemError("a voice sample is for the cloned voice: set the voice to clone, or leave the sample out")
     description = {"text": text, "voice": voice or None, "speed": speed, "max_characters": max_characters,

@@ -63,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     speech.add_argument("--text", help="words to speak instead of an audio file (made offline; see `voices`); "
                                        "also writes OUT.wav, OUT.srt and the subtitles --subtitles asks for")
     speech.add_argument("--text-file", type=Path, help="a UTF-8 text file to speak instead of an audio file")
-    inputs.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`")
+    inputs.add_argument("--voice", default=None, help="with --text: a voice name from `python -m heygem voices`, or "
+                                                      "clone: the face video's own voice (or --voice-sample's), "
+                                                      "by VibeVoice-1.5B from weights/vibevoice/")
+    inputs.add_argument("--voice-sample", type=Path, default=None,
+                        help="with --voice clone: a recording of 5-30 s of the person speaking (audio or video)")
+    inputs.add_argument("--voice-consent", action="store_true",
+                        help="with --voice clone: the person whose voice is cloned has agreed to it (required)")
     inputs.add_argument("--speed", type=float, default=1.0, help="with --text: speaking speed, 0.5 to 2.0")
     groups["output"].add_argument("--output", "-o", required=True, type=Path,
                                   help="the MP4 to write (named .mp4); a .json summary is written beside it")
@@ -100,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     voices = commands.add_parser(
         "voices", help="list the text-to-speech voices",
         description="List the voices `say` can use: the bundled Piper voice, Piper voices in weights/voices/ "
-                    "(NAME.onnx + NAME.onnx.json) and the espeak-ng fallback voices.",
+                    "(NAME.onnx + NAME.onnx.json), the espeak-ng fallback voices, and clone (a person's own "
+                    "voice, with their consent) when weights/vibevoice/ holds VibeVoice-1.5B.",
     )
     voices.set_defaults(handler=run_voices)
 
@@ -114,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the words to speak (sentences are split at . ! ? ; 。！？； and line breaks)")
     say.add_argument("--output", "-o", required=True, type=Path, help="the WAV file to write")
     say.add_argument("--voice", default=None, help="a voice name from `python -m heygem voices`")
+    say.add_argument("--voice-sample", type=Path, default=None,
+                     help="with --voice clone: a recording of 5-30 s of the person speaking (audio or video)")
+    say.add_argument("--voice-consent", action="store_true",
+                     help="with --voice clone: the person whose voice is cloned has agreed to it (required)")
     say.add_argument("--speed", type=float, default=1.0, help="speaking speed, 0.5 (slow) to 2.0 (fast)")
     say.add_argument("--pause", type=float, default=0.3, help="seconds of silence between sentences")
     say.add_argument("--srt", type=Path, default=None,
@@ -179,17 +190,20 @@ def generate_from_text(args: argparse.Namespace, config, progress):
     """Speak --text (or --text-file) into OUT.wav while the video is made in parts as the speech comes
     (heygem.spoken), write its cues to OUT.srt and give the video its subtitles as text.subtitles says
     (soft track, burned in, or none)."""
+    from heygem.speech.clone import check_consent
     from heygem.speech.subtitles import add_subtitles, write_srt
     from heygem.spoken import generate_spoken
     from heygem.weights import weights_dir
 
+    check_consent(args.voice, args.voice_consent)
     if args.text_file is not None:
         text = read_text_file(args.text_file, config.text.max_characters)
     else:
         text = args.text
     output_path = Path(args.output)
     summary, speech = generate_spoken(args.face, text, output_path, config, voice=args.voice, speed=args.speed,
-                                      weights_folder=weights_dir(), progress=progress)
+                                      weights_folder=weights_dir(), voice_sample=args.voice_sample,
+                                      progress=progress)
     if speech.voice_note:
         print(f"note: {speech.voice_note}", file=sys.stderr)
     subtitles = write_srt(speech.cues, output_path.with_suffix(".srt"))
@@ -258,14 +272,17 @@ def run_voices(args: argparse.Namespace) -> int:
 
 
 def run_say(args: argparse.Namespace) -> int:
+    from heygem.speech.clone import VOICE_NAME, check_consent
     from heygem.speech.subtitles import write_srt
-    from heygem.speech.tts import synthesize, write_wav
+    from heygem.speech.tts import clone_voice, synthesize, write_wav
     from heygem.weights import weights_dir
 
+    check_consent(args.voice, args.voice_consent)
+    voice = clone_voice(weights_dir(), args.voice_sample) if args.voice == VOICE_NAME else args.voice
     limit = args.max_text_chars if args.max_text_chars is not None else load_config().text.max_characters
     if limit < 0:
         raise HeygemError("--max-text-chars must be 0 (no limit) or more")
-    speech = synthesize(args.text, voice=args.voice, speed=args.speed, sentence_pause=args.pause,
+    speech = synthesize(args.text, voice=voice, speed=args.speed, sentence_pause=args.pause,
                             weights_dir=weights_dir(), max_characters=limit)
     write_wav(speech, args.output)
     if args.srt is not None:

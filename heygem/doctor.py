@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heygem import __version__
-from heygem.errors import first_line
+from heygem.errors import HeygemError, first_line
 from heygem.runtime.benchmark import Benchmark, run_benchmark, torch_sees_gpu
 
 logger = logging.getLogger("heygem")
@@ -425,7 +425,26 @@ def check_speech(weights_dir: Path | None = None) -> list[Check]:
         else:
             checks.append(Check("speech", model_path.name, OK, f"voice {voice.name} ({voice.language}, "
                                 f"{voice.sample_rate} Hz, {size_text(model_path)})"))
-    return checks
+    return checks + check_clone_voice(weights_dir)
+
+
+def check_clone_voice(weights_dir: Path) -> list[Check]:
+    """weights/vibevoice/ for --voice clone: every file there and every tensor with the shape config.json
+    gives (the shards' headers are read, the 5 GB are not loaded)."""
+    from heygem.speech import clone
+
+    folder = clone.model_folder(weights_dir)
+    if not any((folder / name).is_file() for name in (*clone.CONFIG_FILES, clone.INDEX_FILE)):
+        return [Check("speech", "weights/vibevoice", OK, f"no {folder}: --voice clone needs {clone.MODEL_NAME} "
+                      f"there ({clone.WHERE_TO_PUT})")]
+    try:
+        clone.check_files(folder)
+    except HeygemError as error:
+        return [Check("speech", "weights/vibevoice", PROBLEM, str(error), clone.WHERE_TO_PUT)]
+    shards = sorted(folder.glob("model-*.safetensors"))
+    total = sum(path.stat().st_size for path in shards)
+    return [Check("speech", "weights/vibevoice", OK, f"{clone.MODEL_NAME} for --voice clone: "
+                  f"{plural(len(shards), 'shard')} ({total / 1e9:.2f} GB), every tensor's shape as config.json gives")]
 
 
 def guarded(section: str, checker: Callable[[], list[Check]], required: bool) -> list[Check]:

@@ -9,7 +9,8 @@ script is spoken.
              a whole frame, its face going on where the part before left it (the still photo, or the
              video's frames and their track, which the parts before stored in the avatar cache), its
              stream going on after theirs
-    join     the parts' video without re-encoding, with the whole speech, into the output
+    join     the parts' video without re-encoding, with the whole speech, into the output (a cloned
+             voice's output says so in its metadata: "voice: clone, model: VibeVoice-1.5B")
 
 Where the parts meet, what a single render of the whole speech would give differs only a little:
 each part's audio features end at its own end (a sentence's pause, silent), and its x264 starts
@@ -34,11 +35,12 @@ import numpy as np
 
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
-from heygem.media.encode import check_output_name, concat_list, join_args, run_ffmpeg_to_end
+from heygem.media.encode import check_output_name, comment_args, concat_list, join_args, run_ffmpeg_to_end
 from heygem.media.probing import MIN_SPEECH_SECONDS, check_written, probe, probe_inputs
 from heygem.media.stream import StreamContinuation, mark_complete, stream_folder
 from heygem.pipeline import PROGRESS_SPANS, generate
 from heygem.speech import audio
+from heygem.speech.clone import MODEL_NAME as CLONE_MODEL_NAME
 from heygem.speech.subtitles import write_srt
 from heygem.speech.tts import Speech, check_length, check_text, choose_voice, stream_sentences, write_wav
 from heygem.types import GenerationSummary
@@ -52,6 +54,7 @@ _END = object()  # the speaker's last item
 
 def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, config: Config | None = None, *,
                     voice: str | None = None, speed: float = 1.0, weights_folder: Path | None = None,
+                    voice_sample: str | Path | None = None,
                     max_characters: int | None = None, max_seconds: float | None = None,
                     overrides: dict | None = None, progress: Callable[[str, float], None] | None = None,
                     should_stop: Callable[[], bool] | None = None) -> tuple[GenerationSummary, Speech]:
@@ -61,8 +64,9 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     .wav; the cues spoken so far to ``output_path`` with suffix .srt as they come (players that show the
     stream show them). ``max_characters``: the longest text taken (default ``config.text.max_characters``);
     ``max_seconds``: the longest speech (None: any), a HeygemError as soon as it is longer.
-    Raises HeygemError for unusable text, voice or options, as heygem.pipeline.generate does for the
-    rest."""
+    ``voice`` "clone" speaks in the voice of ``voice_sample`` (a recording), else of the face video's own
+    sound (heygem.speech.reference picks its cleanest speech). Raises HeygemError for unusable text,
+    voice or options, as heygem.pipeline.generate does for the rest."""
     started = time.perf_counter()
     config = apply_overrides(config if config is not None else load_config(), overrides or {})
     face_path, output_path = Path(face_path), Path(output_path)
@@ -72,6 +76,11 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
     check_text(text, max_characters)
     face_info, _ = probe_inputs(face_path, None, picture_only=True)  # the speech is not there yet
     choice = choose_voice(text, voice, weights_folder)
+    if choice.voice.kind == "clone":
+        choice = replace(choice, voice=replace(choice.voice, reference=_voice_sample(voice_sample, face_path,
+                                                                                     face_info)))
+    elif voice_sample is not None:
+        raise HeygemError("a voice sample is for the cloned voice: give --voice clone with it, or leave it out")
     if choice.note:
         logger.info("%s", choice.note)
     sentences: queue.Queue = queue.Queue()
@@ -130,6 +139,8 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
                         voice_note=choice.note)
         speech_path = write_wav(speech, output_path.with_suffix(".wav"))
         _join([summary.output_path for summary in summaries], speech_path, output_path, config)
+        if choice.voice.kind == "clone":
+            mark_cloned_voice(output_path)
         check_written(output_path, done_frames, fps)
         if stream_dir is not None:
             mark_complete(stream_dir)
@@ -142,6 +153,8 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
         shutil.rmtree(work_dir, ignore_errors=True)
     summary = _joined_summary(summaries, output_path, speech_path, done_frames, fps, time.perf_counter() - started,
                               part_offsets)
+    summary = replace(summary, voice=choice.voice.name,
+                      voice_model=CLONE_MODEL_NAME if choice.voice.kind == "clone" else "")
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")
     logger.info("spoken in %d part%s", len(summaries), "" if len(summaries) == 1 else "s")
@@ -153,6 +166,36 @@ def _write_cues_so_far(cues: list, srt_path: Path) -> None:
     partial = srt_path.with_name(f".{srt_path.name}.partial")
     write_srt(cues, partial)
     partial.replace(srt_path)
+
+
+def _voice_sample(voice_sample: str | Path | None, face_path: Path, face_info) -> Path:
+    """The recording the cloned voice imitates: the voice sample given, else the face video itself."""
+    if voice_sample is not None:
+        voice_sample = Path(voice_sample)
+        if not voice_sample.is_file():
+            raise HeygemError(f"the voice sample {voice_sample} is not a file")
+        return voice_sample
+    if face_info.kind != "video" or not face_info.has_audio:
+        raise HeygemError(f"{face_path.name} has no sound to take the voice from: give a voice sample "
+                          f"(--voice-sample FILE; REST: voice_sample) of 5-30 s of the person speaking")
+    return face_path
+
+
+def mark_cloned_voice(output_path: Path, summary_path: Path | None = None) -> None:
+    """The MP4's metadata ("voice: clone, model: VibeVoice-1.5B" as its comment, nothing re-encoded) and
+    the JSON summary at ``summary_path``, where given, say that the cloned voice spoke."""
+    tagged = output_path.with_name(f".{output_path.stem}.tagged.mp4")
+    try:
+        failure = run_ffmpeg_to_end(comment_args(output_path, tagged, f"voice: clone, model: {CLONE_MODEL_NAME}"))
+        if failure is not None:
+            raise HeygemError(f"writing the video's metadata failed: {failure}")
+        tagged.replace(output_path)
+    finally:
+        tagged.unlink(missing_ok=True)
+    if summary_path is not None and summary_path.is_file():
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        summary.update(voice="clone", voice_model=CLONE_MODEL_NAME)
+        summary_path.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
 
 
 def _speak(text, choice, speed, max_characters, sentences: queue.Queue, stop: threading.Event) -> None:

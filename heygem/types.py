@@ -152,6 +152,8 @@ class GenerationSummary:
     restorer_reason: str = ""
     parts: int = 1  # consecutive renders the output was made in (speech that came sentence by sentence)
     stream_processes: int = 0  # x264 processes that wrote the HLS stream (0: not streamed)
+    voice: str = ""  # typed text: the voice that spoke it ("clone": in the voice of a sample)
+    voice_model: str = ""  # the cloned voice's model ("VibeVoice-1.5B")
     warnings: list[str] = field(default_factory=list)  # what the user should know of a job that worked
 
     def to_json_dict(self) -> dict:

@@ -199,7 +199,7 @@ def list_keys(keys: list[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 REGISTRY_PATH = REPO_ROOT / "configs" / "weights.yaml"
-PURPOSES = ("engine", "restorer", "detector")
+PURPOSES = ("engine", "restorer", "detector", "voice")
 ENTRY_FIELDS = ("name", "files", "purpose", "enables", "size_bytes", "sha256", "sha256_prefix", "source", "url")
 HASH_CHUNK_BYTES = 1 << 20
 DOWNLOAD_CHUNK_BYTES = 1 << 16
@@ -219,7 +219,7 @@ class WeightsEntry:
 
     name: str
     files: tuple[str, ...]      # accepted file names; a download is saved under files[0]
-    purpose: str                # engine | restorer | detector
+    purpose: str                # engine | restorer | detector | voice
     enables: str                # what having the file gives the user
     size_bytes: int | None      # published size, None where no public source states it
     sha256: str | None          # published full SHA-256 (64 lowercase hex digits) or None

@@ -230,7 +230,8 @@ def test_the_shipped_registry_is_well_formed():
     entries = weights.load_registry()
     by_name = {entry.name: entry for entry in entries}
     musetalk = {name for name in by_name if name.startswith("musetalk_")}
-    assert set(by_name) - musetalk == {"wav2lip", "wav2lip_gan", "gfpgan_v1.4", "s3fd"}
+    vibevoice = {name for name in by_name if name.startswith("vibevoice_")}
+    assert set(by_name) - musetalk - vibevoice == {"wav2lip", "wav2lip_gan", "gfpgan_v1.4", "s3fd"}
     from heygem.engines.musetalk.files import PARSING_FILES, UNET_FILES, VAE_FILES, WHISPER_FILES
 
     official = {f"musetalk/{name}" for name in (*UNET_FILES["v15"], *UNET_FILES["v1"], *VAE_FILES, *WHISPER_FILES,

@@ -1,7 +1,8 @@
 """The REST API: jobs over HTTP, served by ``python app.py`` next to the web UI.
 
     POST   /api/jobs               multipart: face, audio (optional: the face video's own sound) or text (with
-                                   optional voice, speed and subtitles: none, soft or burn), options (JSON)
+                                   optional voice, speed and subtitles: none, soft or burn; voice=clone with
+                                   voice_consent=true and an optional voice_sample file), options (JSON)
                                    -> 201 {"id": ...}; bad files, file names that are not a plain name of a
                                    video, image or audio type, or unknown options -> 400 {"error": ...};
                                    queue full -> 429 (Retry-After); disk short or full -> 507
@@ -214,7 +215,7 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
         if limit is not None:
             request = counted_request(request, 2 * limit + MULTIPART_OVERHEAD)
         try:
-            form = await request.form(max_files=2, max_fields=8)
+            form = await request.form(max_files=3, max_fields=10)
         except UploadTooLarge:
             raise ApiError(413, f"the upload is larger than the limit of {human_size(limit)} per file") from None
         except Exception as error:  # malformed multipart
@@ -261,12 +262,18 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
                 raise ApiError(400, str(error)) from None
             face_upload = Upload(face.filename, face.file) if isinstance(face, UploadFile) else None
             audio_upload = Upload(audio.filename, audio.file) if audio is not None else None
+            sample, consent = form.get("voice_sample"), str(form.get("voice_consent") or "").strip().lower()
+            if sample is not None and not isinstance(sample, UploadFile) and str(sample).strip():
+                raise ApiError(400, "voice_sample must be a file (multipart field 'voice_sample'): a recording of "
+                                    "the person speaking")
+            sample_upload = Upload(sample.filename, sample.file) if isinstance(sample, UploadFile) else None
 
             def create_job() -> str:
                 job_face, job_options = presenter_job_face(presenters, presenter, user, face_upload, options,
                                                            lambda given: store.resolve_options(given, remote=True))
                 return store.create_job(job_face, audio_upload, job_options, text=text, voice=voice, speed=speed,
-                                        remote=True, submitter=user and user.name)
+                                        remote=True, submitter=user and user.name, voice_sample=sample_upload,
+                                        voice_consent=consent in ("true", "1", "yes", "on"))
 
             try:
                 job_id = await run_in_threadpool(create_job)

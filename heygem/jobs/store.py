@@ -446,7 +446,8 @@ class JobStore:
     def create_job(self, face: Path | str | Upload, audio: Path | str | Upload | None,
                    options: dict | None = None, *, batch: str | None = None, label: str | None = None,
                    item_key: str | None = None, text: str | None = None, voice: str | None = None,
-                   speed: float = 1.0, remote: bool = False, submitter: str | None = None) -> str:
+                   speed: float = 1.0, remote: bool = False, submitter: str | None = None,
+                   voice_sample: Path | str | Upload | None = None, voice_consent: bool = False) -> str:
         """Queue a generation and return its id.
 
         ``face`` is a video or photo, ``audio`` an audio file (or a video with
@@ -456,8 +457,9 @@ class JobStore:
         ``speed``) into the job's speech.wav, with its cues in speech.srt; the
         result then gets them as subtitles. ``remote``: the request comes from a client of a server
         (the page, gradio_client, REST), whose options are limited (heygem.jobs.request); ``submitter``:
-        the user it belongs to (heygem.jobs.users). Unknown options, unreadable files, files over the
-        upload limit and unusable text raise HeygemError here, before anything is queued.
+        the user it belongs to (heygem.jobs.users). ``voice`` "clone" needs ``voice_consent`` and speaks
+        in the voice of ``voice_sample`` (else of the face video's own sound). Unknown options, unreadable
+        files, files over the upload limit and unusable text raise HeygemError here, before anything is queued.
         """
         check_speech(audio is not None, text, own_audio=audio is None and text is None)
         if text is not None:
@@ -478,8 +480,11 @@ class JobStore:
                 max_characters = self.limits.max_text_characters
                 if max_characters is None:
                     max_characters = config.text.max_characters
+                sample_name = None if voice_sample is None else store_input(
+                    voice_sample, directory, "voice_sample", {face_name}, self.max_upload_bytes)
                 audio_name = speech.keep_text(directory, text, voice, speed, max_characters,
-                                              self.limits.max_audio_seconds)
+                                              self.limits.max_audio_seconds, voice_consent=voice_consent,
+                                              voice_sample=sample_name, face_name=face_name)
             spoken_later = audio is None and text is not None  # by the worker (heygem.jobs.speech)
             face_info, audio_info = probe_inputs(directory / face_name, None if audio_name is None
                                                  else directory / audio_name, picture_only=spoken_later)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME, is_disk_full, without_server_paths
-from heygem.jobs.speech import keep_speech, kept_text, speak_whole
+from heygem.jobs.speech import keep_speech, kept_text, speak_whole, voice_sample_path
 from heygem.jobs.store import CANCELLED, DONE, FAILED, Job, JobStore, job_device, owner_worker, process_owner
 from heygem.media.stream import stream_folder
 from heygem.runtime import timeline
@@ -138,13 +138,18 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
                     job.face_path, kept["text"], job.result_path, voice=kept["voice"], speed=kept["speed"],
                     max_characters=kept["max_characters"], max_seconds=kept.get("max_seconds"),
                     weights_folder=weights_dir(), overrides=overrides,
-                    progress=report, should_stop=should_stop)
+                    voice_sample=voice_sample_path(job.directory, kept), progress=report, should_stop=should_stop)
                 keep_speech(job.directory, speech, wav_path=job.result_path.with_suffix(".wav"))
             else:
                 if kept is not None:
                     speak_whole(job.directory, kept)
                 summary = generate(job.face_path, job.audio_path, job.result_path, overrides=overrides,
                                    progress=report, should_stop=should_stop)
+                if kept is not None and voice_sample_path(job.directory, kept) is not None and \
+                        job.result_path.is_file():  # a cloned voice spoke: the MP4 and its summary say so
+                    from heygem.spoken import mark_cloned_voice
+
+                    mark_cloned_voice(job.result_path, job.summary_path)
         except GenerationCancelled:
             logger.info("job %s cancelled after %.1f s", job.id, time.monotonic() - started)
             status, error, engine = CANCELLED, None, None

@@ -222,6 +222,13 @@ def join_args(list_path: Path, audio_path: Path, audio_info: MediaInfo, output_p
     return ["-nostdin", "-v", "error", "-y", *output.get_args()]
 
 
+def comment_args(input_path: Path, output_path: Path, comment: str) -> list[str]:
+    """ffmpeg arguments that copy every stream of the MP4 ``input_path`` into ``output_path`` with
+    ``comment`` in its metadata."""
+    return ["-nostdin", "-v", "error", "-y", "-i", str(input_path), "-map", "0", "-c", "copy",
+            "-metadata", f"comment={comment}", "-movflags", "+faststart", "-f", "mp4", str(output_path)]
+
+
 def concat_list(segment_names: list[str]) -> str:
     """The concat demuxer's list of segment files, in order (names relative to the list's folder)."""
     lines = ["ffconcat version 1.0"]

@@ -37,20 +37,28 @@ MEL_FRAMES_PER_SECOND = SAMPLE_RATE / HOP_LENGTH  # 80.0
 MEL_WINDOW = 16  # mel frames per Wav2Lip window (0.2 s)
 
 
-def audio_decode_args(path: Path) -> list[str]:
-    """ffmpeg arguments that decode the first audio stream of ``path`` to 16 kHz mono float32 on stdout."""
+def audio_decode_args(path: Path, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None) -> list[str]:
+    """ffmpeg arguments that decode the first audio stream of ``path`` to mono float32 on stdout at
+    ``sample_rate`` (16 kHz), its first ``max_seconds`` only when given."""
     import ffmpeg
 
-    output = ffmpeg.input(str(path))["a:0"].output("pipe:", format="f32le", ac=1, ar=SAMPLE_RATE)
+    limit = {} if max_seconds is None else {"t": f"{max_seconds:g}"}
+    output = ffmpeg.input(str(path), **limit)["a:0"].output("pipe:", format="f32le", ac=1, ar=sample_rate)
     return ["-nostdin", "-v", "error", *output.get_args()]
 
 
 def load_audio_16k(path: str | Path) -> np.ndarray:
     """Decode any audio (or a video's audio track) to (S,) float32 mono samples at 16 kHz."""
+    return decode_audio(path, SAMPLE_RATE)
+
+
+def decode_audio(path: str | Path, sample_rate: int, max_seconds: float | None = None) -> np.ndarray:
+    """Decode any audio (or a video's audio track) to (S,) float32 mono samples at ``sample_rate``; only
+    its first ``max_seconds`` when given. HeygemError when there is no sound to decode."""
     path = Path(path)
     with tempfile.TemporaryFile() as stderr_file:
-        result = subprocess.run([ffmpeg_binary(), *audio_decode_args(path)], stdout=subprocess.PIPE,
-                                stderr=stderr_file, stdin=subprocess.DEVNULL)
+        result = subprocess.run([ffmpeg_binary(), *audio_decode_args(path, sample_rate, max_seconds)],
+                                stdout=subprocess.PIPE, stderr=stderr_file, stdin=subprocess.DEVNULL)
         if result.returncode != 0:
             stderr_file.seek(0)
             lines = stderr_file.read().decode(errors="replace").strip().splitlines()

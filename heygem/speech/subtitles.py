@@ -159,9 +159,11 @@ def render_subtitle(text: str, width: int, height: int, size: float = 0.045,
 
 def burn_encode_args(width: int, height: int, fps_fraction: str, source_path: Path, output_path: Path,
                      crf: int = 18, preset: str = "veryfast") -> list[str]:
-    """ffmpeg arguments that encode raw RGB frames from stdin with x264 and copy ``source_path``'s audio."""
+    """ffmpeg arguments that encode raw RGB frames from stdin with x264 and copy ``source_path``'s audio and
+    metadata (a cloned voice's comment, say)."""
     return ["-nostdin", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}",
             "-framerate", fps_fraction, "-i", "pipe:", "-i", str(source_path), "-map", "0:v:0", "-map", "1:a?",
+            "-map_metadata", "1",
             "-c:v", "libx264", "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p", "-c:a", "copy",
             "-movflags", "+faststart", "-f", "mp4", str(output_path)]
 

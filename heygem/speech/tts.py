@@ -1,4 +1,6 @@
-"""Offline text to speech: a Piper voice (the bundled en_US-joe-medium or any in weights/voices/), or espeak-ng.
+"""Offline text to speech: a Piper voice (the bundled en_US-joe-medium or any in weights/voices/), espeak-ng,
+or the cloned voice (``clone``: VibeVoice-1.5B from weights/vibevoice/ speaking in the voice of a sample
+of speech, see heygem.speech.clone; its ``Voice.reference`` is the recording whose voice it takes).
 
     voices = list_voices(weights_dir)              # what can speak, best first
     speech = synthesize("Hello there. 你好。")      # Speech(samples, sample_rate, cues, voice, voice_note)
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from heygem.errors import HeygemError
+from heygem.speech import clone
 from heygem.speech.subtitles import Cue
 
 logger = logging.getLogger("heygem")
@@ -59,8 +62,9 @@ class Voice:
     name: str  # what --voice takes: "en_US-joe-medium", a weights/voices/ file stem, or "espeak-zh"
     language: str  # as the voice states it: "en_US", "zh_CN", or an espeak-ng code such as "zh"
     sample_rate: int  # Hz of the samples it makes
-    path: Path | None  # Piper: the .onnx file; espeak-ng: its data folder
-    kind: str = "piper"  # "piper" | "espeak"
+    path: Path | None  # Piper: the .onnx file; espeak-ng: its data folder; clone: weights/vibevoice
+    kind: str = "piper"  # "piper" | "espeak" | "clone"
+    reference: Path | None = None  # clone: the recording (audio, or a video's sound) whose voice it speaks in
 
     @property
     def language_family(self) -> str:
@@ -238,8 +242,9 @@ def _espeak_data_dir() -> Path | None:
 
 def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
     """Every voice that can speak here: the bundled Piper voice, each ``weights_dir/voices/NAME.onnx`` with
-    its ``NAME.onnx.json``, then the espeak-ng voices (``espeak-en``, ``espeak-zh``, ...). A .onnx without
-    its .json, or a .json that cannot be read, is skipped with a warning."""
+    its ``NAME.onnx.json``, then the espeak-ng voices (``espeak-en``, ``espeak-zh``, ...), then ``clone`` when
+    ``weights_dir/vibevoice/`` holds its files. A .onnx without its .json, or a .json that cannot be read,
+    is skipped with a warning."""
     voices: list[Voice] = []
     bundled = bundled_voice()
     if bundled is not None:
@@ -259,11 +264,29 @@ def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
         for language in ESPEAK_VOICES:
             voices.append(Voice(name=f"espeak-{language}", language=language, sample_rate=ESPEAK_SAMPLE_RATE,
                                 path=data_dir, kind="espeak"))
+    if weights_dir is not None and clone.files_present(clone.model_folder(weights_dir)):
+        voices.append(clone_voice(weights_dir))
     return voices
+
+
+def clone_voice(weights_dir: str | Path, reference: str | Path | None = None) -> Voice:
+    """The cloned voice, speaking in the voice of ``reference``; HeygemError saying where its files go
+    when weights_dir/vibevoice/ lacks them."""
+    folder = clone.model_folder(weights_dir)
+    if not clone.files_present(folder):
+        raise HeygemError(clone.missing_files_message(folder))
+    return Voice(name=clone.VOICE_NAME, language=clone.LANGUAGES, sample_rate=clone.SAMPLE_RATE, path=folder,
+                 kind="clone", reference=None if reference is None else Path(reference))
 
 
 def find_voice(name: str, weights_dir: str | Path | None = None) -> Voice:
     """The voice called ``name`` (as ``list_voices`` names it); HeygemError naming the choices otherwise."""
+    if name == clone.VOICE_NAME:
+        if weights_dir is None:
+            from heygem.weights import weights_dir as default_weights_dir
+
+            weights_dir = default_weights_dir()
+        return clone_voice(weights_dir)
     voices = list_voices(weights_dir)
     for voice in voices:
         if voice.name == name:
@@ -282,7 +305,7 @@ def choose_voice(text: str, voice: str | Voice | None = None, weights_dir: str |
     if voice is not None:
         chosen = find_voice(voice, weights_dir)
         note = ""
-        if chosen.language_family != language:
+        if chosen.kind != "clone" and chosen.language_family != language:
             note = (f"the text looks like {language!r} but the voice {chosen.name} speaks {chosen.language!r}; "
                     f"leave the voice unset to pick one for the text")
         return VoiceChoice(chosen, note)
@@ -435,7 +458,12 @@ def _piper_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
 def _speak_in_order(voice: Voice, sentences: list[str], speed: float) -> Iterator[np.ndarray]:
     """Each sentence's samples, in order. Piper voices run up to ``synthesis_workers()`` sentences at once
     (the onnxruntime session is safe to share; only that many sentences are in flight, so memory stays
-    flat); espeak-ng speaks one at a time."""
+    flat); espeak-ng and the cloned voice speak one at a time."""
+    if voice.kind == "clone":
+        speaker = clone.cloned_voice(voice.path, voice.reference)
+        for sentence in sentences:
+            yield speaker.speak(sentence)
+        return
     if voice.kind != "piper":
         for sentence in sentences:
             with _SYNTHESIS_LOCK:
@@ -509,9 +537,12 @@ def _espeak_sentence(voice: Voice, sentence: str, speed: float) -> np.ndarray:
 
 
 def load_voice(voice: Voice) -> None:
-    """Load the voice's model now (Piper: the ONNX session; espeak-ng: the library), not at the first sentence."""
+    """Load the voice's model now (Piper: the ONNX session; espeak-ng: the library; clone: the model and
+    its voice sample), not at the first sentence."""
     if voice.kind == "piper":
         _load_piper(voice.path)
+    elif voice.kind == "clone":
+        clone.cloned_voice(voice.path, voice.reference)
     else:
         with _SYNTHESIS_LOCK:
             _espeak()
@@ -533,8 +564,11 @@ def check_length(seconds: float, max_seconds: float | None) -> None:
                           f"{max_seconds:g} s per job: give a shorter text")
 
 
-def _check_options(speed: float, sentence_pause: float) -> None:
+def _check_options(speed: float, sentence_pause: float, voice: Voice | None = None) -> None:
     low, high = SPEED_RANGE
+    if voice is not None and voice.kind == "clone" and speed != 1.0:
+        raise HeygemError(f"the cloned voice speaks at the pace of its sample, not at speed {speed:g}: "
+                          f"leave the speed at 1")
     if not low <= speed <= high:
         raise HeygemError(f"speed {speed:g} is out of range: give a value from {low:g} (slow) to {high:g} (fast)")
     if not 0 <= sentence_pause <= MAX_SENTENCE_PAUSE:
@@ -546,13 +580,13 @@ def stream_sentences(text: str, choice: VoiceChoice, speed: float = 1.0, sentenc
     """Speak ``text`` one sentence at a time with ``choice.voice``; yields each sentence's samples (with
     ``sentence_pause`` seconds of silence after every sentence but the last) and its cue."""
     check_text(text, max_characters)
-    _check_options(speed, sentence_pause)
+    _check_options(speed, sentence_pause, choice.voice)
     voice = choice.voice
     sentences = split_sentences(text)
     if not sentences:
         raise HeygemError("the text has no words to speak: give at least one letter or digit")
-    if voice.kind == "piper":
-        _load_piper(voice.path)  # a broken voice fails here, before any thread starts
+    if voice.kind in ("piper", "clone"):
+        load_voice(voice)  # a broken voice (or voice sample) fails here, before any thread starts
     pause = np.zeros(int(round(sentence_pause * voice.sample_rate)), np.float32)
     position = 0  # samples so far
     for number, (sentence, samples) in enumerate(zip(sentences, _speak_in_order(voice, sentences, speed))):

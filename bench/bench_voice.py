@@ -1,0 +1,130 @@
+"""The cloned voice's speed (heygem.speech.clone, VibeVoice-1.5B through transformers 5): one stream.
+
+Random-init files of the full configuration (1204 tensors, bf16 on a GPU) are written in the published
+layout, loaded as heygem loads them (strict check, then from_pretrained from the folder), and given
+the bundled English sample as the voice to clone. A logits processor makes every sentence exactly
+--frames audio frames long (a random model stops wherever it likes), so the runs compare.
+
+    first sentence   load, then the first sentence (--first-frames frames): what a job waits before
+                     its first part can be rendered
+    one stream       a sentence of --frames frames, spoken --repeats times: seconds per audio frame and
+                     the real-time factor (seconds spent / seconds of speech; below 1 is faster than
+                     real time)
+    guidance         the same with transformers' generic logits guidance on: ``generate`` adds a third
+                     language-model pass per frame whenever guidance_scale != 1 (1.3 here), which
+                     heygem drops (the diffusion head keeps its guidance, as the original model does)
+
+    python bench/bench_voice.py                            # full size on the first GPU, bf16
+    python bench/bench_voice.py --folder weights/vibevoice  # the real files instead of random ones
+    python bench/bench_voice.py --tiny --device cpu --frames 6 --first-frames 3   # the reduced model, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+FIRST_SENTENCE = "Hello, and welcome."
+SENTENCE = ("This presenter was filmed once, and now it reads whatever is typed, in its own voice, "
+            "one sentence after another.")
+
+
+def parse_arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="the reduced configuration (CPU tests) instead of full")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--folder", type=Path, default=None,
+                        help="VibeVoice files to time (default: random-init files written to a temporary folder)")
+    parser.add_argument("--frames", type=int, default=150, help="audio frames per timed sentence (150 = 20 s)")
+    parser.add_argument("--first-frames", type=int, default=20, help="audio frames of the first sentence")
+    parser.add_argument("--repeats", type=int, default=2, help="timed sentences per variant")
+    parser.add_argument("--diffusion-steps", type=int, default=None, help="diffusion steps (default: the model's 10)")
+    parser.add_argument("--voice-sample", type=Path, default=REPO / "assets" / "speech_en.wav")
+    return parser.parse_args(argv)
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_sentence(voice, sentence: str, frames: int, device) -> tuple[float, int]:
+    """Seconds to speak ``sentence`` as exactly ``frames`` frames, and the samples made."""
+    from heygem.speech.clone_files import forced_frames
+
+    voice.logits_processors = [forced_frames(voice.model.model.config, frames)]
+    synchronize(device)
+    started = time.perf_counter()
+    samples = voice.speak(sentence)  # returned on the CPU: the device has finished
+    elapsed = time.perf_counter() - started
+    expected = frames * voice.model.samples_per_frame
+    if len(samples) != expected:
+        raise SystemExit(f"spoke {len(samples)} samples instead of {expected}")
+    return elapsed, len(samples)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from heygem.runtime.device import pick_device
+    from heygem.speech import clone
+    from heygem.speech.clone_files import write_random_files
+    from heygem.speech.reference import cleanest_speech
+
+    args = parse_arguments(argv)
+    device = pick_device(args.device)
+    size = "reduced" if args.tiny else "full"
+    with tempfile.TemporaryDirectory(prefix="bench-voice-") as scratch:
+        folder = args.folder
+        if folder is None:
+            started = time.perf_counter()
+            dtype = torch.bfloat16 if device.type == "cuda" else None
+            folder = write_random_files(Path(scratch) / "vibevoice", size=size, dtype=dtype)
+            print(f"wrote random-init {size} files in {time.perf_counter() - started:.1f} s")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        started = time.perf_counter()
+        model = clone.load_model(folder, str(device))
+        synchronize(device)
+        load_seconds = time.perf_counter() - started
+        reference, rate = cleanest_speech(args.voice_sample, model.sample_rate)
+        voice = clone.ClonedVoice(model, reference, rate, diffusion_steps=args.diffusion_steps)
+        prompt_tokens = int(voice.inputs(SENTENCE)["input_ids"].shape[1])
+        frame_seconds = model.samples_per_frame / model.sample_rate
+        dtype = next(model.model.parameters()).dtype
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+        print(f"{clone.MODEL_NAME} ({size}, {sum(p.numel() for p in model.model.parameters()) / 1e9:.3f} B "
+              f"parameters, {str(dtype).removeprefix('torch.')}) on {device} ({name}); torch {torch.__version__}; "
+              f"voice sample {len(reference) / rate:.1f} s, prompt {prompt_tokens} tokens")
+        first, _ = timed_sentence(voice, FIRST_SENTENCE, args.first_frames, device)
+        print(f"load {load_seconds:.2f} s; first sentence ({args.first_frames} frames, "
+              f"{args.first_frames * frame_seconds:.2f} s of speech) {first:.2f} s after it")
+        print()
+        print("| variant | LM passes per frame | frames | speech s | seconds | ms per frame | RTF |")
+        print("|---|---|---|---|---|---|---|")
+        for variant, logits_guidance, passes in (("heygem (guidance in the diffusion head)", False, 2),
+                                                 ("generate's logits guidance on", True, 3)):
+            model.model.logits_guidance = logits_guidance
+            timed_sentence(voice, FIRST_SENTENCE, 2, device)  # warm this variant's path
+            runs = [timed_sentence(voice, SENTENCE, args.frames, device)[0] for _ in range(args.repeats)]
+            seconds = min(runs)
+            speech = args.frames * frame_seconds
+            print(f"| {variant} | {passes} | {args.frames} | {speech:.2f} | {seconds:.2f} | "
+                  f"{1000 * seconds / args.frames:.1f} | {seconds / speech:.2f} |")
+        model.model.logits_guidance = False
+        if device.type == "cuda":
+            print(f"\npeak GPU memory {torch.cuda.max_memory_allocated(device) / 2 ** 30:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

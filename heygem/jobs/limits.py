@@ -1,4 +1,5 @@
-"""What a server lets a remote request start: caps on the processes and threads one job may ask for.
+"""What a job store lets in (JobLimits, and the refusals QueueFull and NotEnoughDisk), and what a server
+lets a remote request start: caps on the processes and threads one job may ask for.
 
 A job's options can set how many face trackers (``run.face_workers``, processes of their own), ffmpeg
 decoders (``run.decoders``) and x264 encoders (``run.encoders``) it starts. The command line run on its own
@@ -69,3 +70,27 @@ def check_process_caps(options: dict, caps: ProcessCaps | None = None) -> None:
         if value > limit:
             raise HeygemError(f"{option} asks for {value} {what}; this server allows at most {limit} per job "
                               "(0 picks from the cores)")
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What a job store accepts before it queues a job; None switches a limit off."""
+
+    max_queued: int | None = None  # jobs waiting to run; one more is refused (QueueFull, HTTP 429)
+    max_audio_seconds: float | None = None  # longest speech, so the longest output
+    max_output_height: int | None = None  # tallest output frame (the face's own, or media.output_height)
+    min_free_bytes: int | None = None  # free disk space under outputs/ needed to take a job (HTTP 507)
+    max_text_characters: int | None = None  # longest text spoken for a job; None: the config's text.max_characters
+    process_caps: ProcessCaps | None = None  # processes a remote job may start; None: the machine's cores
+
+
+class QueueFull(HeygemError):
+    """Too many jobs are waiting; ``retry_after`` seconds is a fair time to try again."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotEnoughDisk(HeygemError):
+    """The outputs folder's disk has less free space than a job needs."""

@@ -46,7 +46,7 @@ from heygem.jobs.files import (
     store_input,
     without_server_paths,
 )
-from heygem.jobs.limits import ProcessCaps
+from heygem.jobs.limits import JobLimits, NotEnoughDisk, QueueFull  # noqa: F401 - the store's refusals, named here too
 from heygem.jobs.request import check_options, check_speech, check_speed, finite_json
 from heygem.media.probing import probe_inputs
 
@@ -258,30 +258,6 @@ def _status_row(db, job_id: str):
     if row is None:
         raise HeygemError(f"there is no job {job_id!r}")
     return row
-
-
-@dataclass(frozen=True)
-class JobLimits:
-    """What a job store accepts before it queues a job; None switches a limit off."""
-
-    max_queued: int | None = None  # jobs waiting to run; one more is refused (QueueFull, HTTP 429)
-    max_audio_seconds: float | None = None  # longest speech, so the longest output
-    max_output_height: int | None = None  # tallest output frame (the face's own, or media.output_height)
-    min_free_bytes: int | None = None  # free disk space under outputs/ needed to take a job (HTTP 507)
-    max_text_characters: int | None = None  # longest text spoken for a job; None: the config's text.max_characters
-    process_caps: ProcessCaps | None = None  # processes a remote job may start; None: the machine's cores
-
-
-class QueueFull(HeygemError):
-    """Too many jobs are waiting; ``retry_after`` seconds is a fair time to try again."""
-
-    def __init__(self, message: str, retry_after: int):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class NotEnoughDisk(HeygemError):
-    """The outputs folder's disk has less free space than a job needs."""
 
 
 class JobStore:

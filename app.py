@@ -21,9 +21,9 @@ from heygem.cli import add_devices_flag
 from heygem.errors import HeygemError
 from heygem.jobs.api import create_router
 from heygem.jobs.files import DEFAULT_OUTPUTS, keep_server_files_under
-from heygem.jobs.limits import ProcessCaps
+from heygem.jobs.limits import JobLimits, ProcessCaps
 from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
-from heygem.jobs.store import JobLimits, JobStore
+from heygem.jobs.store import JobStore
 from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.presenters.records import PresenterStore

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import ASSETS, rest_client
 
-from heygem.jobs.store import JobLimits, JobStore
+from heygem.jobs.limits import JobLimits
+from heygem.jobs.store import JobStore
 
 FACE = ASSETS / "astronaut.jpg"
 

@@ -24,8 +24,9 @@ import pytest
 from conftest import ASSETS, REPO, rest_client, run_ffmpeg
 
 from heygem.errors import HeygemError
+from heygem.jobs.limits import JobLimits
 from heygem.jobs.request import check_options, parse_options
-from heygem.jobs.store import JobLimits, JobStore
+from heygem.jobs.store import JobStore
 from heygem.media.probing import probe
 
 FACE = ASSETS / "astronaut.jpg"
@@ -470,7 +471,7 @@ def test_the_pages_face_slot_says_a_text_file_is_not_an_image_or_video(tmp_path)
     with gr.Blocks():
         face = uploaded_file(file_types=["video", "image"])
     assert face.preprocess(FileData(path=str(FACE))) == str(FACE)
-    with pytest.raises(gr.Error, match="notes.txt is not a video or an image"):
+    with pytest.raises(gr.Error, match="notes.txt is not a file this field takes: pick a video"):
         face.preprocess(FileData(path=str(tmp_path / "notes.txt")))
 
 

@@ -394,7 +394,7 @@ def test_a_job_store_from_before_the_worker_columns_is_upgraded(tmp_path, media)
 
 
 def test_limits_refuse_a_job_before_anything_is_written(tmp_path, face_photo, speech_wav, monkeypatch):
-    from heygem.jobs.store import JobLimits, NotEnoughDisk, QueueFull
+    from heygem.jobs.limits import JobLimits, NotEnoughDisk, QueueFull
 
     store = JobStore(tmp_path / "out", limits=JobLimits(max_queued=1, max_audio_seconds=60, max_output_height=512))
     store.create_job(face_photo, speech_wav)
@@ -420,7 +420,7 @@ def test_the_rest_api_answers_429_with_retry_after_and_507(tmp_path, face_photo,
     from fastapi.testclient import TestClient
 
     from heygem.jobs.api import create_router
-    from heygem.jobs.store import JobLimits
+    from heygem.jobs.limits import JobLimits
 
     def client_for(limits):
         store = JobStore(tmp_path / f"out{id(limits)}", limits=limits)
@@ -449,7 +449,7 @@ def test_an_upload_that_meets_a_full_disk_is_refused_with_507_and_leaves_nothing
 
     from heygem.jobs import files
     from heygem.jobs.api import create_router
-    from heygem.jobs.store import NotEnoughDisk
+    from heygem.jobs.limits import NotEnoughDisk
 
     real_open = open
 

@@ -418,7 +418,8 @@ def test_jobs_from_text_limit_and_subtitle_mode(tmp_path):
 
     import app as web_app
     from heygem.jobs.api import create_router
-    from heygem.jobs.store import JobLimits, JobStore, process_owner
+    from heygem.jobs.limits import JobLimits
+    from heygem.jobs.store import JobStore, process_owner
     from heygem.jobs.worker import run_job
 
     assert web_app.parse_args(["--max-text-chars", "30"]).max_text_chars == 30

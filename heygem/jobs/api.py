@@ -52,8 +52,9 @@ from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
 from heygem.jobs import files
 from heygem.jobs.files import Upload, UploadTooLarge, download_name, human_size, without_server_paths
+from heygem.jobs.limits import NotEnoughDisk, QueueFull
 from heygem.jobs.request import check_upload_name, flatten_options, parse_options
-from heygem.jobs.store import DONE, JobStore, NotEnoughDisk, QueueFull
+from heygem.jobs.store import DONE, JobStore
 from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
 from heygem.presenters.api import add_presenter_routes

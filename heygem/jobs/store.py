@@ -46,7 +46,7 @@ from heygem.jobs.files import (
     store_input,
     without_server_paths,
 )
-from heygem.jobs.limits import JobLimits, NotEnoughDisk, QueueFull  # noqa: F401 - the store's refusals, named here too
+from heygem.jobs.limits import JobLimits, NotEnoughDisk, QueueFull
 from heygem.jobs.request import check_options, check_speech, check_speed, finite_json
 from heygem.media.probing import probe_inputs
 

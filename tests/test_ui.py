@@ -232,6 +232,25 @@ def test_the_card_of_a_finished_job_says_its_warnings_in_the_browsers_language()
     assert "Place in the queue: 2 (1 job ahead of it)" in job_card(queued)
 
 
+def test_a_failed_jobs_card_names_the_job_and_where_its_log_is_and_its_stages_are_on_a_time_line():
+    from heygem.ui.common import chart_update
+
+    failed = SimpleNamespace(status="failed", seconds=2.0, engine="landmark", progress=0.4, label=None,
+                             error="unexpected error (ValueError: boom); see job.log", id="20261206-3",
+                             read_summary=lambda: None)
+    card = job_card(failed)
+    assert "job 20261206-3" in card and "unexpected error (ValueError: boom)" in card
+    assert "Its log: the Jobs tab, job 20261206-3." in card
+    assert "任务 20261206-3" in job_card(failed, "zh")
+    assert chart_update(failed)["visible"] is False  # no summary: nothing drawn
+    summary = {"total_seconds": 2.0, "seconds_per_stage": {"faces": 1.0, "encode": 1.5},
+               "stage_spans": {"faces": [0.1, 1.1], "encode": [0.4, 1.9]}}
+    done = SimpleNamespace(**{**vars(failed), "status": "done", "error": None, "read_summary": lambda: summary})
+    drawn = chart_update(done)
+    assert drawn["visible"] is True and "finding faces" in drawn["value"] and "2.0 s in all" in drawn["value"]
+    assert "Its log" not in job_card(done)
+
+
 def test_every_word_of_the_page_is_there_in_english_and_chinese():
     import re
 

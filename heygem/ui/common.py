@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import gradio as gr
-import pandas as pd
 
 from heygem.config import REPO_ROOT
 from heygem.errors import HeygemError
 from heygem.jobs.store import DONE, RUNNING, JobStore
-from heygem.pipeline import step_of
+from heygem.ui.timeline import timeline_html
 from heygem.weights import weights_dir
 
 logger = logging.getLogger("heygem")
@@ -64,8 +63,6 @@ WORDS: dict[str, tuple[str, str]] = {
     "result": ("Result", "结果"),
     "download": ("Download MP4", "下载 MP4"),
     "cancel": ("Cancel", "取消"),
-    "chart": ("Seconds per stage", "各阶段耗时（秒）"),
-    "chart.total": ("Seconds per stage · {seconds:.1f} s in all", "各阶段耗时（秒）· 共 {seconds:.1f} 秒"),
     "recent": ("Your recent jobs: pick one to follow it here", "最近的任务：选择一个在此查看"),
     "second.job": ("Job {new} is queued after job {old}, which keeps running (see Jobs); this page now "
                    "follows job {new}.", "任务 {new} 已排在任务 {old} 之后，{old} 会继续运行（见“任务”页）；"
@@ -112,6 +109,7 @@ WORDS: dict[str, tuple[str, str]] = {
     "card.finished.plain": ("Finished", "已完成"),
     "card.restorer": ("restorer: {restorer}", "修复：{restorer}"),
     "card.after": ("after {seconds:.1f} s", "{seconds:.1f} 秒后"),
+    "card.log": ("Its log: the Jobs tab, job {job}.", "任务日志：见 Jobs 页，任务 {job}。"),
     "card.warnings": ("Worth knowing:", "请注意："),
 }
 WORDS.update({f"height.{pixels}": (f"{pixels} px high", f"高 {pixels} 像素") for pixels in OUTPUT_HEIGHTS[1:]})
@@ -439,6 +437,8 @@ def job_card(job, language_code: str = "en") -> str:
         detail = say("card.after", language_code, seconds=job.seconds) if job.seconds else ""
     width = 100 if job.status == DONE else int(round(job.progress * 100))
     error = f'<div class="job-error">{html.escape(job.error)}</div>' if job.error else ""
+    if job.error and job.status == "failed":  # what went wrong, step by step: the job's log, in the Jobs tab
+        error += f'<div class="job-log-hint">{say("card.log", language_code, job=html.escape(job.id))}</div>'
     if warnings:
         error += (f'<div class="job-warnings"><strong>{say("card.warnings", language_code)}</strong><ul>'
                   + "".join(f"<li>{html.escape(warning)}</li>" for warning in warnings) + "</ul></div>")
@@ -456,26 +456,10 @@ def problem_card(message: str) -> str:
     return f'<div class="job-card" data-status="problem"><div class="job-error">{html.escape(message)}</div></div>'
 
 
-def stage_frame(job) -> pd.DataFrame | None:
-    """Seconds per stage of a finished job, each named with its pipeline step ("6 render: blend"), in
-    the steps' order, for the bar chart."""
-    summary = job.read_summary() if job is not None else None
-    stages = (summary or {}).get("seconds_per_stage") or {}
-    if not stages:
-        return None
-    labelled = sorted(((step_of(name) or "·", name, value) for name, value in stages.items()),
-                      key=lambda entry: entry[0])
-    return pd.DataFrame({"stage": [f"{step}: {name}" if name != step.split(" ", 1)[-1] else step
-                                   for step, name, _ in labelled],
-                         "seconds": [round(float(value), 2) for _, _, value in labelled]})
-
-
 def chart_update(job, language_code: str = "en") -> dict:
-    frame = stage_frame(job)
-    if frame is None:
-        return gr.update(visible=False)
-    total = (job.read_summary() or {}).get("total_seconds") or frame["seconds"].sum()
-    return gr.update(value=frame, visible=True, label=say("chart.total", language_code, seconds=float(total)))
+    """A finished job's stages on one time line (heygem.ui.timeline), as the Jobs tab draws them."""
+    drawn = timeline_html(job.read_summary() if job is not None else None)
+    return gr.update(value=drawn, visible=bool(drawn))
 
 
 def error_text(error: Exception) -> str:

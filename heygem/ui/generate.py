@@ -312,8 +312,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                 with gr.Row():
                     download = gr.DownloadButton(ui_text("download"), visible=False, elem_id="download-button")
                     cancel_button = gr.Button(ui_text("cancel"), visible=False, variant="stop", size="lg")
-                chart = gr.BarPlot(x="stage", y="seconds", visible=False, height=260, sort=None,
-                                   x_label_angle=-35, x_title="", label=ui_text("chart"), elem_id="stage-chart")
+                chart = gr.HTML(visible=False, elem_id="stage-chart")  # the stages on a time line
         face.change(preview_face, face, [face_image, face_video, use_video_audio], queue=False,
                     show_progress="hidden", api_visibility="private")
         face.change(look_at_face, face, [face, face_image, face_video, faces, faces_note, face_index],

@@ -194,6 +194,20 @@ def test_rest_needs_consent_and_speaks_in_the_uploaded_voice(server):
     assert_cloned_output_of_job(folder)
 
 
+def test_gradio_client_needs_consent_and_speaks_in_the_sample_voice(server):
+    from gradio_client import Client, handle_file
+
+    client = Client(server.url, verbose=False)
+    asked = {"face": handle_file(str(ASSETS / "astronaut.jpg")), "text": TEXT, "voice": "clone",
+             "voice_sample": handle_file(str(ASSETS / "speech_en.wav")), "options": json.dumps(OPTIONS)}
+    with pytest.raises(Exception, match="consent"):
+        client.predict(**asked, api_name="/submit_job")
+    job_id = client.predict(**asked, voice_consent=True, api_name="/submit_job")
+    job = wait_done(server, job_id)
+    assert job["status"] == "done", (job, server.log_text()[-3000:])
+    assert_cloned_output_of_job(server.outputs / job_id)
+
+
 def silent_wav_bytes(seconds: float = 8.0) -> bytes:
     import io
 

@@ -41,25 +41,30 @@ def client_api(store: JobStore, access: PageAccess) -> None:
     reports any job. Nothing of this shows on the page."""
 
     def queue(face: str | None, audio: str | None, engine: str, options: str, text: str, voice: str,
-              request) -> str:
+              voice_sample: str | None, voice_consent: bool, request) -> str:
         if not face:
             raise HeygemError("add a face: a video or a photo (the face parameter)")
         chosen = parse_options(options)
         if engine:
             chosen["engine.name"] = engine
         return store.create_job(face, audio or None, chosen, text=text if text else None, voice=voice or None,
-                                remote=True, submitter=access.submitter(request))
+                                remote=True, submitter=access.submitter(request), voice_sample=voice_sample or None,
+                                voice_consent=bool(voice_consent))
 
     async def generate(face: str, audio: str | None = None, engine: str = "auto", options: str = "{}",
-                       text: str = "", voice: str = "", progress=gr.Progress(),  # noqa: B008 - how Gradio passes progress
+                       text: str = "", voice: str = "", voice_sample: str | None = None, voice_consent: bool = False,
+                       progress=gr.Progress(),  # noqa: B008 - how Gradio passes progress
                        request: gr.Request = None) -> tuple[str, str]:
         """Make a lip-synced MP4 of ``face`` (a video or photo) speaking ``audio``, or ``text`` spoken offline
         by ``voice`` (see `python -m heygem voices`; the result then carries subtitles); with neither, the face
-        video's own sound. ``engine``: auto, wav2lip or landmark. ``options``: JSON of more options with the
+        video's own sound. ``voice`` "clone" speaks in the voice of ``voice_sample`` (else of the face video's
+        own sound) and needs ``voice_consent`` True: you may use that person's voice. ``engine``: auto, wav2lip
+        or landmark. ``options``: JSON of more options with the
         dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4 and the
         job's id (for /job_status)."""
         try:
-            job_id = await asyncio.to_thread(queue, face, audio, engine, options, text, voice, request)
+            job_id = await asyncio.to_thread(queue, face, audio, engine, options, text, voice, voice_sample,
+                                             voice_consent, request)
         except HeygemError as error:
             raise user_error(str(error), store) from None
         try:
@@ -78,11 +83,12 @@ def client_api(store: JobStore, access: PageAccess) -> None:
         return video, job_id
 
     def submit(face: str, audio: str | None = None, engine: str = "auto", options: str = "{}", text: str = "",
-               voice: str = "", request: gr.Request = None) -> str:
+               voice: str = "", voice_sample: str | None = None, voice_consent: bool = False,
+               request: gr.Request = None) -> str:
         """Queue a job as /generate does, without waiting: returns its id, for /job_status and for
         GET /api/jobs/ID/result once it is done."""
         try:
-            return queue(face, audio, engine, options, text, voice, request)
+            return queue(face, audio, engine, options, text, voice, voice_sample, voice_consent, request)
         except HeygemError as error:
             raise user_error(str(error), store) from None
 
@@ -100,6 +106,8 @@ def client_api(store: JobStore, access: PageAccess) -> None:
         options = gr.Textbox("{}", label="options")
         text = gr.Textbox("", label="text")
         voice = gr.Textbox("", label="voice")
+        voice_sample = uploaded_file(label="voice_sample")
+        voice_consent = gr.Checkbox(False, label="voice_consent")
         video = gr.File(label="video")
         job_id = gr.Textbox(label="job_id")
         made_id = gr.Textbox(label="job_id")
@@ -107,7 +115,7 @@ def client_api(store: JobStore, access: PageAccess) -> None:
         run = gr.Button()
         queue_button = gr.Button()
         look = gr.Button()
-    inputs = [face, audio, engine, options, text, voice]
+    inputs = [face, audio, engine, options, text, voice, voice_sample, voice_consent]
     run.click(generate, inputs, [video, made_id], api_name="generate", concurrency_limit=8)
     queue_button.click(submit, inputs, made_id, api_name="submit_job", concurrency_limit=8)
     look.click(job_status, job_id, status, api_name="job_status", queue=False)

@@ -200,6 +200,21 @@ def test_the_generate_tab_applies_the_same_check(tmp_path, speech):
     assert store.get(job_id).options["face.pads"] == [0, 10, 0, 0]
 
 
+def test_the_generate_tab_takes_the_users_word_before_a_cloned_voice(tmp_path):
+    from heygem.ui.generate import queue_generation
+
+    store = JobStore(tmp_path / "outputs")
+    controls = ("landmark", 0, 10, 0, 0, 5, "none", 0, 25, "mediapipe")
+    with pytest.raises(HeygemError, match="consent"):
+        queue_generation(store, str(FACE), None, False, "Hello there.", "clone", 1.0, "soft", *controls)
+    assert nothing_queued(store)
+    asked = {}
+    store.create_job = lambda *args, **kwargs: asked.update(kwargs) or "queued"
+    assert queue_generation(store, str(FACE), None, False, "Hello there.", "clone", 1.0, "soft", *controls,
+                            voice_consent=True) == "queued"
+    assert asked["voice"] == "clone" and asked["voice_consent"] is True
+
+
 # ---------------------------------------------------------------------- caps on processes
 
 

@@ -49,6 +49,8 @@ WORDS: dict[str, tuple[str, str]] = {
     "text.placeholder": ("Hello! Speech is made on this machine, with subtitles.",
                          "你好！语音在本机合成，并带字幕。"),
     "voice": ("Voice", "声音"),
+    "voice.consent": ("I may use this person's voice (the cloned voice speaks in the face video's own voice)",
+                      "我有权使用此人的声音（克隆的声音使用人脸视频自带的声音）"),
     "speed": ("Speed", "语速"),
     "subtitles": ("Subtitles", "字幕"),
     "subtitles.soft": ("soft track", "软字幕轨"),

@@ -107,9 +107,11 @@ def example_pairs() -> list[list[str]]:
 
 
 def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
-                     *controls, submitter: str | None = None, face_index: int | None = None) -> str:
+                     *controls, submitter: str | None = None, face_index: int | None = None,
+                     voice_consent: bool = False) -> str:
     """Queue the form's job as a remote request (checked as REST checks one); HeygemError says what to fix.
-    ``face_index``: the face picked among several (face.face_index; None: the largest)."""
+    ``face_index``: the face picked among several (face.face_index; None: the largest). ``voice_consent``:
+    the user says they may use the voice the cloned voice ("clone") takes from the face video."""
     text = (text or "").strip()
     if not face_path:
         raise HeygemError("Add a face first: a video or a photo.")
@@ -125,7 +127,7 @@ def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, te
         raise HeygemError(f"the speed must be a number such as 1.0, not {speed!r}") from None
     return store.create_job(face_path, None if use_video_audio or text else audio_path, options, text=text or None,
                             voice=None if voice in (None, "", "auto") else voice, speed=speed, remote=True,
-                            submitter=submitter)
+                            submitter=submitter, voice_consent=bool(voice_consent))
 
 
 def recent_choices(jobs, language_code: str = "en") -> list[tuple[str, str]]:
@@ -173,13 +175,14 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                 gr.update(visible=False), remembered, "", recent_update(request), gr.update(visible=False))
 
     def submit(request: gr.Request, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
-               face_index, *controls):
+               face_index, voice_consent, *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued. A job queued
         while the page follows an unfinished one is said to be queued after it."""
         words = language(request)
         try:
             job_id = queue_generation(store, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
-                                      *controls, submitter=access.submitter(request), face_index=face_index)
+                                      *controls, submitter=access.submitter(request), face_index=face_index,
+                                      voice_consent=voice_consent)
         except HeygemError as error:
             problem = without_server_paths(str(error), server_folders(store.outputs_dir), every_path=False)
             gr.Warning(problem)
@@ -287,6 +290,9 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                     text = gr.Textbox(label=ui_text("text"), lines=3, elem_id="text-input",
                                       placeholder=ui_text("text.placeholder"))
                     voice = gr.Dropdown(voice_choices(), value="auto", label=ui_text("voice"), elem_id="voice-input")
+                    # the cloned voice speaks in the face video's own voice: only with the user's word that they may
+                    voice_consent = gr.Checkbox(False, label=ui_text("voice.consent"), visible=False,
+                                                elem_id="voice-consent")
                     with gr.Row():
                         speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=ui_text("speed"), elem_id="speed-input")
                         modes = [(ui_text(f"subtitles.{mode}"), mode) for mode in ("soft", "burn", "none")]
@@ -313,6 +319,8 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                     download = gr.DownloadButton(ui_text("download"), visible=False, elem_id="download-button")
                     cancel_button = gr.Button(ui_text("cancel"), visible=False, variant="stop", size="lg")
                 chart = gr.HTML(visible=False, elem_id="stage-chart")  # the stages on a time line
+        voice.change(lambda chosen: gr.update(visible=chosen == "clone", value=False), voice, voice_consent,
+                     queue=False, show_progress="hidden", api_visibility="private")
         face.change(preview_face, face, [face_image, face_video, use_video_audio], queue=False,
                     show_progress="hidden", api_visibility="private")
         face.change(look_at_face, face, [face, face_image, face_video, faces, faces_note, face_index],
@@ -335,7 +343,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
             return event
 
         submitted = then_watch(generate.click(
-            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, face_index, *controls],
+            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, face_index, voice_consent, *controls],
             follow_outputs, concurrency_limit=8, show_progress="minimal", api_visibility="private",
             js=FORGET_LIVE_TIME_JS))
         # the card and the live player in view, whatever was open (the newest Generate's, as the watch)

@@ -93,9 +93,12 @@ def queued_job(tmp_path):
     return store, store.claim_next(owner), owner
 
 
-def server_log_lines():
-    """The records the heygem logger hands the server's own handlers, with their tracebacks."""
+def run_logged(store, job, owner, generate) -> tuple[str, list[str]]:
+    """Run ``job`` with ``generate`` as a worker does: its status, and the records the heygem logger handed
+    the server's own handlers meanwhile, with their tracebacks."""
     import logging
+
+    from heygem.jobs.worker import run_job
 
     records = []
 
@@ -103,14 +106,16 @@ def server_log_lines():
         def emit(self, record):
             records.append(logging.Formatter().format(record))
 
-    return records, Keep()
+    handler = Keep()
+    logging.getLogger("heygem").addHandler(handler)
+    try:
+        return run_job(store, job, owner, generate=generate), records
+    finally:
+        logging.getLogger("heygem").removeHandler(handler)
 
 
 def test_a_full_disk_mid_job_says_so_and_the_traceback_stays_in_the_server_log(tmp_path):
-    import logging
     import sqlite3
-
-    from heygem.jobs.worker import run_job
 
     store, job, owner = queued_job(tmp_path)
 
@@ -118,12 +123,8 @@ def test_a_full_disk_mid_job_says_so_and_the_traceback_stays_in_the_server_log(t
         progress("render", 0.5)
         raise sqlite3.OperationalError("database or disk is full")
 
-    records, handler = server_log_lines()
-    logging.getLogger("heygem").addHandler(handler)
-    try:
-        assert run_job(store, job, owner, generate=generate) == "failed"
-    finally:
-        logging.getLogger("heygem").removeHandler(handler)
+    status, records = run_logged(store, job, owner, generate)
+    assert status == "failed"
     error = store.get(job.id).error
     assert "disk is full" in error and "OperationalError" not in error, error
     log = job.log_path.read_text()
@@ -132,21 +133,13 @@ def test_a_full_disk_mid_job_says_so_and_the_traceback_stays_in_the_server_log(t
 
 
 def test_an_unexpected_error_keeps_its_traceback_out_of_the_job_log(tmp_path):
-    import logging
-
-    from heygem.jobs.worker import run_job
-
     store, job, owner = queued_job(tmp_path)
 
     def generate(face, audio, output, **_):
         raise KeyError("a bug")
 
-    records, handler = server_log_lines()
-    logging.getLogger("heygem").addHandler(handler)
-    try:
-        assert run_job(store, job, owner, generate=generate) == "failed"
-    finally:
-        logging.getLogger("heygem").removeHandler(handler)
+    status, records = run_logged(store, job, owner, generate)
+    assert status == "failed"
     assert "unexpected error" in store.get(job.id).error
     log = job.log_path.read_text()
     assert "unexpected error" in log and "Traceback" not in log and "line " not in log, log

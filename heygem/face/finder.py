@@ -219,11 +219,12 @@ def pool_key(config: FaceConfig, size: int, still_images: bool, detector: FaceDe
     return config.min_confidence, max(1, size), still_images, detector
 
 
-def count_faces(config: FaceConfig, frame: Frame, detector: FaceDetector | None = None) -> int:
-    """How many faces the detector finds in ``frame`` (for a message: a face_index past them)."""
+def count_faces(config: FaceConfig, frames: Sequence[Frame], detector: FaceDetector | None = None) -> list[int]:
+    """How many faces the detector finds in each of ``frames`` (small faces searched again on tiles, as a
+    job finds them): for a message naming how many there are."""
     finder = FaceFinder(config, still_images=True, detector=detector)
     try:
-        return len(finder.detect(frame))
+        return [len(boxes) for boxes in finder.detect_many(list(frames))]
     finally:
         finder.close()
 

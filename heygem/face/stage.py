@@ -185,7 +185,7 @@ class FaceStage:
             return
         from heygem.face.finder import count_faces
 
-        found = count_faces(self.config.face, next(iter(I420Frames(self._first_new_i420))), self._shared_detector())
+        found = count_faces(self.config.face, list(I420Frames(self._first_new_i420)), self._shared_detector())[0]
         if 0 < found <= index:
             raise HeygemError(f"face_index {index}: only {found} face{' was' if found == 1 else 's were'} found in "
                               f"{self.source.info.path.name} (counted from 0, left to right): give "

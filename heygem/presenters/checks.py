@@ -60,7 +60,9 @@ def look(clip_path: Path, face_index: int | None = None, max_seconds: float | No
                               "long: cut the clip")
     geometry = working_geometry(info, config.media.output_height)
     times, frames_bgr = looked_at_frames(info, geometry)
-    faces = count_faces(frames_bgr, config)
+    from heygem.face.finder import count_faces
+
+    faces = count_faces(config.face, frames_bgr)
     most = max(faces)
     if most == 0:
         raise HeygemError(f"no face was found in {name} (looked {moments(info, times)}): use a clip where one "
@@ -114,14 +116,6 @@ def _frame_at(path: Path, seconds: float, geometry: FrameGeometry) -> np.ndarray
     if result.returncode != 0 or len(result.stdout) < frame_bytes:
         return None
     return np.frombuffer(result.stdout[:frame_bytes], np.uint8).reshape(geometry.height, geometry.width, 3)
-
-
-def count_faces(frames_bgr: list[np.ndarray], config: Config) -> list[int]:
-    """How many faces the face detector finds in each frame."""
-    from heygem.face.finder import FaceFinder
-
-    with FaceFinder(config.face, still_images=True) as finder:
-        return [len(boxes) for boxes in finder.detect_many(frames_bgr)]
 
 
 def frame_spans(frames: np.ndarray, fps: float) -> str:

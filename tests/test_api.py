@@ -230,9 +230,10 @@ def test_gradio_client_generates_a_video_by_named_parameters(app, speech_clip):
 
     client = Client(app.url, verbose=False)
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/submit_job", "/job_status"}  # the page's own events are not offered
+    # the page's own events are not offered
+    assert set(endpoints) == {"/generate", "/submit_job", "/job_status", "/presenters"}
     assert [parameter["parameter_name"] for parameter in endpoints["/generate"]["parameters"]] == [
-        "face", "audio", "engine", "options", "text", "voice", "voice_sample", "voice_consent"]
+        "face", "audio", "engine", "options", "text", "voice", "voice_sample", "voice_consent", "presenter"]
     video, job_id = client.predict(face=handle_file(str(ASSETS / "astronaut.jpg")),
                                    audio=handle_file(str(speech_clip)), engine="landmark",
                                    options='{"media.output_height": 256}', api_name="/generate")

@@ -324,6 +324,19 @@ def test_rest_presenters_are_their_owners_and_make_jobs(server, clips, short_spe
         summary = json.loads((server.outputs / job_id / "result.json").read_text())
         assert summary["avatar_cache"] == "hit" and (summary["width"], summary["height"]) == (320, 240)
 
+    # gradio_client: the presenters listed, a job made from one by id, no other user's
+    from gradio_client import Client
+
+    as_bob = Client(server.url, verbose=False, auth=("bob", "bob-long-secret"))
+    assert presenter_id in [shown["id"] for shown in as_bob.predict(api_name="/presenters")]
+    video, job_id = as_bob.predict(presenter=presenter_id, text="Hello again.", api_name="/generate")
+    assert probe(video).has_audio and len(decode_frames(Path(video))) > 10
+    assert json.loads((server.outputs / job_id / "result.json").read_text())["avatar_cache"] == "hit"
+    as_carol = Client(server.url, verbose=False, auth=("carol", "carol-long-secret"))
+    assert as_carol.predict(api_name="/presenters") == []
+    with pytest.raises(Exception, match="there is no presenter"):
+        as_carol.predict(presenter=presenter_id, text="Hello.", api_name="/submit_job")
+
     gone = client.delete(f"/api/presenters/{presenter_id}", headers=as_user("bob"))
     assert gone.json() == {"id": presenter_id, "status": "deleted"}
     assert client.get(f"/api/presenters/{presenter_id}", headers=as_user("bob")).status_code == 404

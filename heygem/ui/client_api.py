@@ -4,6 +4,8 @@ this shows on the page.
     client.predict(face=handle_file("me.jpg"), text="Hello.", api_name="/generate")  # -> (MP4 path, job id)
     job_id = client.predict(face=..., audio=handle_file("speech.wav"), api_name="/submit_job")
     client.predict(job_id=job_id, api_name="/job_status")  # -> {"status": ..., "progress": ...}
+    client.predict(api_name="/presenters")  # -> [{"id": ..., "name": ..., "status": ...}, ...]
+    client.predict(presenter="p-...", text="Hello.", api_name="/generate")  # a saved presenter instead of a face
 
 Every request goes through the same check as REST (heygem.jobs.request, as a remote client); a user's
 mistake comes back as one message and one line in the server's log, never a traceback.
@@ -20,6 +22,9 @@ from heygem.errors import HeygemError
 from heygem.jobs.files import server_folders, without_server_paths
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
+from heygem.jobs.users import sees_every_job
+from heygem.presenters.api import job_face
+from heygem.presenters.records import PresenterStore
 from heygem.ui.access import PageAccess
 from heygem.ui.common import WATCH_INTERVAL, uploaded_file
 
@@ -38,33 +43,38 @@ def user_error(message: str, store: JobStore | None = None) -> gr.Error:
 def client_api(store: JobStore, access: PageAccess) -> None:
     """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
     MP4 and the job's id (with progress), /submit_job queues a job and returns its id at once, /job_status
-    reports any job. Nothing of this shows on the page."""
+    reports any job, /presenters lists the saved presenters a face may be replaced by. Nothing of this
+    shows on the page."""
+    presenters = PresenterStore(store.outputs_dir)
 
     def queue(face: str | None, audio: str | None, engine: str, options: str, text: str, voice: str,
-              voice_sample: str | None, voice_consent: bool, request) -> str:
-        if not face:
-            raise HeygemError("add a face: a video or a photo (the face parameter)")
+              voice_sample: str | None, voice_consent: bool, presenter: str, request) -> str:
+        if not face and not presenter:
+            raise HeygemError("add a face: a video or a photo (the face parameter), or a saved presenter's id "
+                              "(the presenter parameter)")
         chosen = parse_options(options)
         if engine:
             chosen["engine.name"] = engine
+        face, chosen = job_face(presenters, presenter, access.user(request), face or None, chosen,
+                                lambda given: store.resolve_options(given, remote=True))
         return store.create_job(face, audio or None, chosen, text=text if text else None, voice=voice or None,
                                 remote=True, submitter=access.submitter(request), voice_sample=voice_sample or None,
                                 voice_consent=bool(voice_consent))
 
-    async def generate(face: str, audio: str | None = None, engine: str = "auto", options: str = "{}",
+    async def generate(face: str | None = None, audio: str | None = None, engine: str = "auto", options: str = "{}",
                        text: str = "", voice: str = "", voice_sample: str | None = None, voice_consent: bool = False,
-                       progress=gr.Progress(),  # noqa: B008 - how Gradio passes progress
+                       presenter: str = "", progress=gr.Progress(),  # noqa: B008 - how Gradio passes progress
                        request: gr.Request = None) -> tuple[str, str]:
         """Make a lip-synced MP4 of ``face`` (a video or photo) speaking ``audio``, or ``text`` spoken offline
         by ``voice`` (see `python -m heygem voices`; the result then carries subtitles); with neither, the face
         video's own sound. ``voice`` "clone" speaks in the voice of ``voice_sample`` (else of the face video's
-        own sound) and needs ``voice_consent`` True: you may use that person's voice. ``engine``: auto, wav2lip
-        or landmark. ``options``: JSON of more options with the
-        dotted names of configs/default.yaml, e.g. {"media.output_height": 360}. Returns the MP4 and the
-        job's id (for /job_status)."""
+        own sound) and needs ``voice_consent`` True: you may use that person's voice. ``presenter``: a saved
+        presenter's id (see /presenters) instead of ``face``. ``engine``: auto, wav2lip or landmark.
+        ``options``: JSON of more options with the dotted names of configs/default.yaml, e.g.
+        {"media.output_height": 360}. Returns the MP4 and the job's id (for /job_status)."""
         try:
             job_id = await asyncio.to_thread(queue, face, audio, engine, options, text, voice, voice_sample,
-                                             voice_consent, request)
+                                             voice_consent, presenter, request)
         except HeygemError as error:
             raise user_error(str(error), store) from None
         try:
@@ -82,15 +92,21 @@ def client_api(store: JobStore, access: PageAccess) -> None:
             raise user_error(f"job {job_id} {job.status}: {job.error or 'no result'}")
         return video, job_id
 
-    def submit(face: str, audio: str | None = None, engine: str = "auto", options: str = "{}", text: str = "",
-               voice: str = "", voice_sample: str | None = None, voice_consent: bool = False,
-               request: gr.Request = None) -> str:
+    def submit(face: str | None = None, audio: str | None = None, engine: str = "auto", options: str = "{}",
+               text: str = "", voice: str = "", voice_sample: str | None = None, voice_consent: bool = False,
+               presenter: str = "", request: gr.Request = None) -> str:
         """Queue a job as /generate does, without waiting: returns its id, for /job_status and for
         GET /api/jobs/ID/result once it is done."""
         try:
-            return queue(face, audio, engine, options, text, voice, voice_sample, voice_consent, request)
+            return queue(face, audio, engine, options, text, voice, voice_sample, voice_consent, presenter, request)
         except HeygemError as error:
             raise user_error(str(error), store) from None
+
+    def list_presenters(request: gr.Request) -> list[dict]:
+        """The saved presenters this user may use (an admin: everyone's): id, name, status, seconds, warnings."""
+        user = access.user(request)
+        shown = presenters.list(user and user.name, every_user=sees_every_job(user))
+        return [presenter.to_dict() for presenter in shown]
 
     def job_status(job_id: str, request: gr.Request) -> dict:
         """Where a job stands: status, progress, stage, error, times, engine (as GET /api/jobs/ID gives)."""
@@ -108,6 +124,8 @@ def client_api(store: JobStore, access: PageAccess) -> None:
         voice = gr.Textbox("", label="voice")
         voice_sample = uploaded_file(label="voice_sample")
         voice_consent = gr.Checkbox(False, label="voice_consent")
+        presenter = gr.Textbox("", label="presenter")
+        presenter_list = gr.JSON(label="presenters")
         video = gr.File(label="video")
         job_id = gr.Textbox(label="job_id")
         made_id = gr.Textbox(label="job_id")
@@ -115,7 +133,9 @@ def client_api(store: JobStore, access: PageAccess) -> None:
         run = gr.Button()
         queue_button = gr.Button()
         look = gr.Button()
-    inputs = [face, audio, engine, options, text, voice, voice_sample, voice_consent]
+        listing = gr.Button()
+    inputs = [face, audio, engine, options, text, voice, voice_sample, voice_consent, presenter]
     run.click(generate, inputs, [video, made_id], api_name="generate", concurrency_limit=8)
     queue_button.click(submit, inputs, made_id, api_name="submit_job", concurrency_limit=8)
     look.click(job_status, job_id, status, api_name="job_status", queue=False)
+    listing.click(list_presenters, None, presenter_list, api_name="presenters", queue=False)

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser(
         "generate", help="make one lip-synced video",
         description="Make one lip-synced MP4 from a face video or photo and an audio file (or a video's audio).",
-        usage="%(prog)s --face FACE (--audio AUDIO | --text TEXT | --text-file FILE) -o OUT.mp4 [options]",
+        usage="%(prog)s (--face FACE | --presenter NAME) (--audio AUDIO | --text TEXT | --text-file FILE) "
+              "-o OUT.mp4 [options]",
         formatter_class=HelpFormatter,
     )
     groups = option_groups(generate)

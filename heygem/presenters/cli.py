@@ -93,10 +93,11 @@ def add_presenter_flags(generate: argparse.ArgumentParser) -> None:
     (:func:`presenter_face` asks for one of the two). argparse has no public way to change an added
     argument, so the flag's action is looked up by its option string."""
     generate._option_string_actions["--face"].required = False
-    generate.add_argument("--presenter", metavar="NAME|ID", default=None,
-                          help="a saved presenter (`presenters add`) instead of --face")
-    generate.add_argument("--outputs", default=str(DEFAULT_OUTPUTS),
-                          help="with --presenter: the outputs folder it was saved in (default: outputs/)")
+    inputs = next((group for group in generate._action_groups if group.title == "inputs"), generate)  # beside --face
+    inputs.add_argument("--presenter", metavar="NAME|ID", default=None,
+                        help="a saved presenter (`presenters add`) instead of --face")
+    inputs.add_argument("--outputs", default=str(DEFAULT_OUTPUTS),
+                        help="with --presenter: the outputs folder it was saved in")
 
 
 def presenter_face(args: argparse.Namespace, overrides: dict) -> Path:

@@ -226,8 +226,8 @@ def test_a_face_is_picked_among_several_and_the_job_says_so_and_is_remembered(pa
     page.locator("#face-input input[type=file]").set_input_files(str(two_faces))
     page.wait_for_selector("#face-picker img")
     assert page.locator("#face-picker img").count() == 2
-    assert "the largest (face 1) speaks" in page.inner_text("#face-note")
-    assert not page.locator("#own-audio").is_visible()  # a photo has no sound of its own
+    page.locator("#face-note").get_by_text("the largest (face 1) speaks").wait_for()
+    page.locator("#own-audio").wait_for(state="hidden")  # a photo has no sound of its own
     page.locator("#face-picker button").first.click()  # face 0, the smaller one on the left
     page.locator("#face-note").get_by_text("Face 0 speaks.").wait_for()
     # the whole sample (7 s): the first job is still at work when the second is asked for
@@ -253,6 +253,7 @@ def test_a_face_is_picked_among_several_and_the_job_says_so_and_is_remembered(pa
     page.reload()  # the page still follows its job, and lists both among the recent ones
     page.wait_for_selector("#job-card [data-status=done]")
     assert page.inner_text("#job-card .job-id").split()[1] == job_id
+    page.locator("#recent-jobs").get_by_text(first).first.wait_for()  # listed once the page has loaded them
     recent = page.inner_text("#recent-jobs")
     assert job_id in recent and first in recent
     page.wait_for_selector("#result-video video[src]")
@@ -269,6 +270,7 @@ def test_a_chinese_browser_gets_chinese_words(browser, app_url):
         page.locator("#generate-button").get_by_text("生成").wait_for()
         page.locator("#job-card").get_by_text("任务进度显示在这里。").wait_for()  # a handler's words too
         page.locator("#options-accordion").click()
+        page.get_by_text("输出高度").first.wait_for()  # the options are drawn once the accordion has opened
         shown = page.inner_text("body")
         for words in ("人脸：视频或照片", "或输入要说的话", "选项", "输出高度", "人脸检测器", "照片的帧率"):
             assert words in shown, words

@@ -374,7 +374,7 @@ def test_the_batch_tab_lists_every_file_and_previews_the_pairing_before_start(pa
     assert rows.count() == 2
     assert [cell.strip() for cell in rows.nth(0).locator("[role=gridcell]").all_inner_texts()[:4]] == \
         ["anna", "anna.jpg", "anna.wav", "not started"]
-    assert "2 of 2 item(s) will run" in page.inner_text("body")
+    page.get_by_text("2 of 2 item(s) will run").first.wait_for()
     assert page.problems == []
 
 

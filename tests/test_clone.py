@@ -81,36 +81,36 @@ def test_a_missing_folder_says_where_to_put_the_files(tmp_path):
     assert "\n" not in message and "weights/vibevoice/" in message and "config.json" in message
 
 
-def test_a_missing_tensor_is_named_with_its_shard(model_folder, tmp_path):
+def refused_after_changing(folder: Path, name: str, change) -> tuple[Path, str]:
+    """Rewrite the shard holding tensor ``name`` with ``change(tensors)`` applied; the shard and the one-line
+    refusal of check_files."""
     from safetensors.torch import load_file, save_file
 
-    folder = copy_of(model_folder, tmp_path)
     index = json.loads((folder / "model.safetensors.index.json").read_text())
-    name = "model.diffusion_head.final_layer.linear_2.weight"
     shard = folder / index["weight_map"][name]
     tensors = load_file(shard)
-    del tensors[name]
+    change(tensors)
     save_file(tensors, shard, metadata={"format": "pt"})
     with pytest.raises(HeygemError) as caught:
         clone.check_files(folder)
     message = str(caught.value)
     assert "\n" not in message and shard.name in message and name in message
+    return shard, message
+
+
+def test_a_missing_tensor_is_named_with_its_shard(model_folder, tmp_path):
+    name = "model.diffusion_head.final_layer.linear_2.weight"
+    refused_after_changing(copy_of(model_folder, tmp_path), name, lambda tensors: tensors.pop(name))
 
 
 def test_a_tensor_of_the_wrong_shape_is_named_with_its_shard(model_folder, tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    folder = copy_of(model_folder, tmp_path)
-    index = json.loads((folder / "model.safetensors.index.json").read_text())
     name = "model.multi_modal_projector.linear_1.weight"
-    shard = folder / index["weight_map"][name]
-    tensors = load_file(shard)
-    tensors[name] = torch.zeros(tensors[name].shape[0], tensors[name].shape[1] + 1)
-    save_file(tensors, shard, metadata={"format": "pt"})
-    with pytest.raises(HeygemError) as caught:
-        clone.check_files(folder)
-    message = str(caught.value)
-    assert "\n" not in message and shard.name in message and name in message and "shape" in message
+
+    def widen(tensors):
+        tensors[name] = torch.zeros(tensors[name].shape[0], tensors[name].shape[1] + 1)
+
+    _, message = refused_after_changing(copy_of(model_folder, tmp_path), name, widen)
+    assert "shape" in message
 
 
 def test_a_missing_shard_and_a_cut_shard_are_named(model_folder, tmp_path):

@@ -26,6 +26,7 @@ from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobStore
 from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
+from heygem.presenters.api import Preparer
 from heygem.presenters.records import PresenterStore
 from heygem.runtime import library_logs
 
@@ -128,12 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     from heygem.ui.access import PageAccess  # the page's rules over the store and the users (imports gradio)
 
     access = PageAccess(store, users)
-    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access)
-    demo.queue(default_concurrency_limit=4, max_size=256)
     presenters = PresenterStore(args.outputs, max_seconds=args.max_presenter_seconds or None,
                                 max_upload_bytes=max_upload_bytes)
+    preparer = Preparer(presenters, store.base_config)  # one for the page and the REST API: one clip at a time
+    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access, presenters, preparer)
+    demo.queue(default_concurrency_limit=4, max_size=256)
     router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins,
-                           presenters=presenters)
+                           presenters=presenters, preparer=preparer)
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(

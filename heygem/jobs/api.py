@@ -57,7 +57,7 @@ from heygem.jobs.request import check_upload_name, flatten_options, parse_option
 from heygem.jobs.store import DONE, JobStore
 from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
-from heygem.presenters.api import add_presenter_routes
+from heygem.presenters.api import Preparer, add_presenter_routes
 from heygem.presenters.api import job_face as presenter_job_face
 from heygem.presenters.records import PresenterStore
 from heygem.weights import weights_dir
@@ -142,11 +142,12 @@ def server_folders(store: JobStore, job) -> dict[Path, str]:
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users: Users | None = None,
                   max_upload_bytes: int | None = None, sign_ins: FailedSignIns | None = None,
-                  presenters: PresenterStore | None = None) -> APIRouter:
+                  presenters: PresenterStore | None = None, preparer: Preparer | None = None) -> APIRouter:
     """The /api routes over ``store``; include them in the app that also serves the UI. ``users``: who
     may call them, each seeing their own jobs (``auth``, one shared name and password, is then unused).
     ``sign_ins``: the failed sign-ins counted (shared with the page's login). ``presenters``: the saved
-    presenters (heygem.presenters), by default those of the store's folder."""
+    presenters (heygem.presenters), by default those of the store's folder; ``preparer``: what prepares new
+    ones (the page's too), by default one started here."""
     sign_ins = sign_ins if sign_ins is not None else FailedSignIns()
 
     def signed_in(request: Request):
@@ -342,5 +343,5 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             raise ApiError(409, str(error)) from None
 
     add_stream_routes(router, find_job)  # GET /jobs/{id}/stream.m3u8 and its segments, as the job is encoded
-    add_presenter_routes(router, presenters, store.base_config)  # /presenters (heygem.presenters.api)
+    add_presenter_routes(router, presenters, preparer or Preparer(presenters, store.base_config))  # /presenters
     return router

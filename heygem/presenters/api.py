@@ -100,10 +100,9 @@ def job_face(presenters: PresenterStore, presenter_id: str | None, user, face, o
     return use_for_job(presenter, resolve_options(options)[1]), options
 
 
-def add_presenter_routes(router: APIRouter, presenters: PresenterStore, config: Config | None = None) -> Preparer:
+def add_presenter_routes(router: APIRouter, presenters: PresenterStore, preparer: Preparer) -> None:
     """The /presenters routes on ``router`` (whose route class signs the user in as request.state.user);
-    returns the preparer it started."""
-    preparer = Preparer(presenters, config)
+    new presenters go to ``preparer`` (one per server: the page hands it its presenters too)."""
 
     def visible(presenter_id: str, request: Request) -> Presenter | None:
         presenter = presenters.get(presenter_id)

@@ -40,12 +40,12 @@ def user_error(message: str, store: JobStore | None = None) -> gr.Error:
     return gr.Error(message, print_exception=False)
 
 
-def client_api(store: JobStore, access: PageAccess) -> None:
+def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore | None = None) -> None:
     """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
     MP4 and the job's id (with progress), /submit_job queues a job and returns its id at once, /job_status
     reports any job, /presenters lists the saved presenters a face may be replaced by. Nothing of this
     shows on the page."""
-    presenters = PresenterStore(store.outputs_dir)
+    presenters = presenters if presenters is not None else PresenterStore(store.outputs_dir)
 
     def queue(face: str | None, audio: str | None, engine: str, options: str, text: str, voice: str,
               voice_sample: str | None, voice_consent: bool, presenter: str, request) -> str:

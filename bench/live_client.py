@@ -170,19 +170,25 @@ def envelope_on_grid(times: np.ndarray, values: np.ndarray, start: float, step: 
     return np.interp(start + step * np.arange(count), times, values)
 
 
-def mouth_change(result: TalkResult) -> tuple[np.ndarray, np.ndarray]:
-    """(times, change): each received frame's mean difference of the mouth box from the quietest frames'
-    (a photo's own mouth)."""
+def mouth_motion(result: TalkResult) -> tuple[np.ndarray, np.ndarray]:
+    """(times, motion): how much the mouth box changed from the frame before, mean grey levels per pixel. A
+    photo's frames are still but for the mouth; the video codec's own changes are small and rare."""
     times = np.array([when for when, _ in result.frames])
     crops = np.stack([crop.astype(np.float32) for _, crop in result.frames])  # (N, h, w)
-    rest = np.median(crops, axis=0)
-    return times, np.abs(crops - rest).mean(axis=(1, 2))
+    return times, np.r_[0.0, np.abs(np.diff(crops, axis=0)).mean(axis=(1, 2))]
+
+
+def smoothed(values: np.ndarray, width: int) -> np.ndarray:
+    return np.convolve(values, np.ones(width) / width, mode="same")
 
 
 def mouth_delay(result: TalkResult, step: float = 0.01, most: float = 1.0) -> tuple[float, float]:
-    """(seconds, correlation): the lag at which the received mouth change best follows the sent loudness."""
+    """(seconds, correlation): the lag at which the received mouth's motion best follows the sent loudness
+    (both smoothed over 0.12 s), searched up to ``most`` seconds."""
     sent_times, sent_rms = np.array(result.sent).T
-    times, change = mouth_change(result)
+    sent_rms = smoothed(sent_rms, 6)
+    times, change = mouth_motion(result)
+    change = smoothed(change, 3)
     start, stop = max(sent_times[0], times[0]), min(sent_times[-1], times[-1])
     count = int((stop - start) / step)
     loud = envelope_on_grid(sent_times, sent_rms, start, step, count)

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import ASSETS, run_ffmpeg
-from live_client import mouth_motion, mouth_delay, portrait_mouth_box, serving, talk
+from live_client import mouth_delay, mouth_motion, portrait_mouth_box, serving, talk
 
 from heygem.speech.audio import load_audio_16k
 
@@ -143,3 +143,42 @@ def test_typed_text_and_websocket_pcm_move_the_mouth(live_url, mouth_box, speech
     streamed = motion[times > result.connected + 4.0]
     assert np.percentile(said, 75) > still + 1.5, "the typed sentences move the mouth"
     assert np.percentile(streamed, 75) > still + 1.5, "the WebSocket's PCM moves the mouth"
+
+
+@pytest.mark.browser
+def test_the_live_tab_plays_the_presenter_speaking_the_microphone(tmp_path):
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, running_app
+
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium at /usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    speech = tmp_path / "speech.wav"
+    run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-ar", "48000", str(speech))
+    arguments = [*CHROMIUM_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                 f"--use-file-for-fake-audio-capture={speech}", "--autoplay-policy=no-user-gesture-required"]
+    with running_app(tmp_path, "--workers", "0") as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=arguments, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            page.get_by_role("tab", name="Live").click()
+            page.locator("#live-start").click()
+            page.wait_for_function("() => { const v = document.querySelector('#live-video');"
+                                   " return v && v.readyState >= 2 && v.currentTime > 1.0; }", timeout=60_000)
+            sample = """() => { const v = document.querySelector('#live-video');
+                const c = document.createElement('canvas'); c.width = v.videoWidth; c.height = v.videoHeight;
+                const g = c.getContext('2d'); g.drawImage(v, 0, 0);
+                return Array.from(g.getImageData(0, 0, c.width, c.height).data.filter((_, i) => i % 16 === 0)); }"""
+            frames = []
+            for _ in range(8):
+                frames.append(np.array(page.evaluate(sample), np.float32))
+                page.wait_for_timeout(250)
+            assert "landmark" in page.locator("#live-status").inner_text()
+            page.screenshot(path=str(tmp_path / "live tab.png"))  # looked at when the tab changes
+            page.locator("#live-stop").click()
+        finally:
+            browser.close()
+    assert frames[0].size > 1000 and frames[0].max() > 50, "the video shows the presenter"
+    changes = [np.abs(after - before).mean() for before, after in zip(frames, frames[1:])]
+    assert max(changes) > 0.05, "the frames change as the presenter speaks"

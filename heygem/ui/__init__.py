@@ -23,12 +23,13 @@ from heygem.ui.client_api import client_api
 from heygem.ui.common import CSS, PAGE_SCRIPT, page_i18n, ui_text
 from heygem.ui.generate import generate_tab
 from heygem.ui.jobs import JOBS_CSS, jobs_tab
+from heygem.ui.live_tab import LIVE_CSS, LIVE_SCRIPT, live_tab
 from heygem.ui.system import system_tab
 from heygem.ui.timeline import TIMELINE_CSS
 
 
 def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None = None) -> gr.Blocks:
-    """The Blocks app: Generate, Batch, Jobs and System tabs over ``store``; ``access``: who sees which
+    """The Blocks app: Generate, Batch, Jobs, Live and System tabs over ``store``; ``access``: who sees which
     jobs (default: a server for one person, who sees every job)."""
     access = access if access is not None else PageAccess(store)
     with gr.Blocks(title="heygem", delete_cache=(3600, 86400)) as demo:  # Gradio's copies of files: a day
@@ -39,6 +40,7 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
             generate_tab(store, access)
             batch_tab(store, batch_roots, access)
             jobs_tab(store, access)
+            live_tab(store, access)
             system_tab(access)
         client_api(store, access)
     return demo
@@ -46,5 +48,6 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
 
 def page_style() -> dict:
     """The page's theme, CSS, script and words in English and Chinese, as launch() takes them."""
-    return {"theme": gr.themes.Soft(), "css": CSS + JOBS_CSS + BATCH_CSS + TIMELINE_CSS, "head": PAGE_SCRIPT,
+    return {"theme": gr.themes.Soft(), "css": CSS + JOBS_CSS + BATCH_CSS + TIMELINE_CSS + LIVE_CSS,
+            "head": PAGE_SCRIPT + LIVE_SCRIPT,
             "i18n": page_i18n()}

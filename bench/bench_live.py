@@ -95,7 +95,7 @@ def main() -> None:
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     print("| " + " | ".join(f"{statistics.median(row[column] for row in rows):.3f}" for column in columns) + " |")
-    print("lowest fps of any session: %.2f" % min(row["fps"] for row in rows))
+    print(f"lowest fps of any session: {min(row['fps'] for row in rows):.2f}")
 
 
 if __name__ == "__main__":

@@ -141,7 +141,8 @@ def live_tab(store: JobStore, access: PageAccess) -> None:
         return gr.Dropdown(choices=presenter_choices(presenters, access, request), value="")
 
     tab.select(refresh, outputs=presenter, api_visibility="private")
-    start.click(None, inputs=presenter, js="(presenter) => { window.heygemLive.start(presenter); }", api_visibility="private")
+    start.click(None, inputs=presenter, js="(presenter) => { window.heygemLive.start(presenter); }",
+                api_visibility="private")
     stop.click(None, js="() => { window.heygemLive.stop(); }", api_visibility="private")
     say.click(None, inputs=text, js="(text) => { window.heygemLive.say(text); }", api_visibility="private")
     text.submit(None, inputs=text, js="(text) => { window.heygemLive.say(text); }", api_visibility="private")

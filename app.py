@@ -26,6 +26,7 @@ from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobStore
 from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
+from heygem.live.sessions import LiveSettings
 from heygem.presenters.api import Preparer
 from heygem.presenters.records import PresenterStore
 from heygem.runtime import library_logs
@@ -69,6 +70,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=None,
                         help="job workers in this process (default: one per GPU, or one; with --devices: one per "
                              "listed device; 0: run them elsewhere with `python -m heygem jobs work`)")
+    parser.add_argument("--max-live", type=int, default=2, metavar="N",
+                        help="live sessions (the Live tab, POST /api/live) at once; more are refused with HTTP 429 "
+                             "(0: no limit)")
+    parser.add_argument("--live-idle-seconds", type=float, default=120, metavar="S",
+                        help="a live session in which nobody speaks this long ends")
+    parser.add_argument("--ice-server", action="append", default=[], metavar="URL",
+                        help="a STUN or TURN server for live sessions beyond the LAN (repeat for more): "
+                             "stun:stun.example.org:3478, turn:NAME:SECRET@turn.example.org:3478")
     add_devices_flag(parser)
     add_ray_flag(parser, "jobs")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -135,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access, presenters, preparer)
     demo.queue(default_concurrency_limit=4, max_size=256)
     router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins,
-                           presenters=presenters, preparer=preparer)
+                           presenters=presenters, preparer=preparer,
+                           live=LiveSettings(args.max_live, args.live_idle_seconds, tuple(args.ice_server)))
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(

@@ -17,6 +17,7 @@
                                    queue full -> 429 with Retry-After, disk short -> 507)
     /api/presenters...             saved presenters, and presenter=ID instead of face in POST /api/jobs
                                    (heygem.presenters.api)
+    /api/live...                   live sessions over WebRTC (heygem.live.routes)
 
 Every error is JSON ``{"error": message}`` (a query parameter of the wrong type too: 400). With
 ``auth`` set, every route needs HTTP basic auth with the same user and password as the web UI. With
@@ -57,6 +58,8 @@ from heygem.jobs.request import check_upload_name, flatten_options, parse_option
 from heygem.jobs.store import DONE, JobStore
 from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
+from heygem.live.routes import add_live_routes
+from heygem.live.sessions import LiveSettings
 from heygem.presenters.api import Preparer, add_presenter_routes
 from heygem.presenters.api import job_face as presenter_job_face
 from heygem.presenters.records import PresenterStore
@@ -142,12 +145,14 @@ def server_folders(store: JobStore, job) -> dict[Path, str]:
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users: Users | None = None,
                   max_upload_bytes: int | None = None, sign_ins: FailedSignIns | None = None,
-                  presenters: PresenterStore | None = None, preparer: Preparer | None = None) -> APIRouter:
+                  presenters: PresenterStore | None = None, preparer: Preparer | None = None,
+                  live: LiveSettings | None = None) -> APIRouter:
     """The /api routes over ``store``; include them in the app that also serves the UI. ``users``: who
     may call them, each seeing their own jobs (``auth``, one shared name and password, is then unused).
     ``sign_ins``: the failed sign-ins counted (shared with the page's login). ``presenters``: the saved
     presenters (heygem.presenters), by default those of the store's folder; ``preparer``: what prepares new
-    ones (the page's too), by default one started here."""
+    ones (the page's too), by default one started here. ``live``: what live sessions (heygem.live) may do,
+    by default LiveSettings()."""
     sign_ins = sign_ins if sign_ins is not None else FailedSignIns()
 
     def signed_in(request: Request):
@@ -344,4 +349,5 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
 
     add_stream_routes(router, find_job)  # GET /jobs/{id}/stream.m3u8 and its segments, as the job is encoded
     add_presenter_routes(router, presenters, preparer or Preparer(presenters, store.base_config))  # /presenters
+    add_live_routes(router, presenters, signed_in, live, store.base_config)  # /live (heygem.live.routes)
     return router

@@ -25,6 +25,7 @@ from heygem.ui.client_api import client_api
 from heygem.ui.common import CSS, PAGE_SCRIPT, page_i18n, ui_text
 from heygem.ui.generate import generate_tab
 from heygem.ui.jobs import JOBS_CSS, jobs_tab
+from heygem.ui.live_tab import LIVE_CSS, LIVE_SCRIPT, live_tab
 from heygem.ui.presenters import PRESENTERS_CSS, presenters_tab
 from heygem.ui.system import system_tab
 from heygem.ui.timeline import TIMELINE_CSS
@@ -32,7 +33,7 @@ from heygem.ui.timeline import TIMELINE_CSS
 
 def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None = None,
              presenters: PresenterStore | None = None, preparer: Preparer | None = None) -> gr.Blocks:
-    """The Blocks app: Generate, Presenters, Batch, Jobs and System tabs over ``store``; ``access``: who sees
+    """The Blocks app: Generate, Presenters, Batch, Jobs, Live and System tabs over ``store``; ``access``: who sees
     which jobs (default: a server for one person, who sees every job); ``presenters`` and ``preparer``: the
     saved presenters and what prepares new ones, shared with the REST API (default: the store's folder's,
     and a preparer of the page's own)."""
@@ -48,6 +49,7 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
             presenters_tab(presenters, preparer, access)
             batch_tab(store, batch_roots, access)
             jobs_tab(store, access)
+            live_tab(store, access)
             system_tab(access)
         client_api(store, access, presenters)
     return demo
@@ -55,5 +57,5 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
 
 def page_style() -> dict:
     """The page's theme, CSS, script and words in English and Chinese, as launch() takes them."""
-    return {"theme": gr.themes.Soft(), "css": CSS + JOBS_CSS + BATCH_CSS + TIMELINE_CSS + PRESENTERS_CSS,
-            "head": PAGE_SCRIPT, "i18n": page_i18n()}
+    return {"theme": gr.themes.Soft(), "css": CSS + JOBS_CSS + BATCH_CSS + TIMELINE_CSS + PRESENTERS_CSS + LIVE_CSS,
+            "head": PAGE_SCRIPT + LIVE_SCRIPT, "i18n": page_i18n()}

@@ -18,7 +18,7 @@ from conftest import REPO, assert_playable_mp4, decode_frames, run_ffmpeg
 from heygem.errors import HeygemError
 from heygem.media.probing import probe
 from heygem.presenters import checks
-from heygem.presenters.prepare import cleanest_speech, prepare
+from heygem.presenters.prepare import prepare
 from heygem.presenters.records import READY, PresenterStore
 from heygem.types import FrameGeometry
 
@@ -119,15 +119,23 @@ def probe_like(frames: int, fps: float, width: int, height: int):
                      duration=frames / fps)
 
 
-def test_cleanest_speech_is_5_to_30_seconds_of_voice():
-    rate = 16000
-    assert cleanest_speech(np.zeros(rate * 20, np.float32)) is None  # silence
-    tone = 0.3 * np.sin(2 * np.pi * 200 * np.arange(rate * 40) / rate).astype(np.float32)
-    assert cleanest_speech(tone[: rate * 3]) is None  # voiced, but under 5 s
-    quiet = np.zeros(rate * 50, np.float32)
-    quiet[rate * 12: rate * 52] = tone[: rate * 38]  # 38 s of voice from 12 s on
-    start, seconds = cleanest_speech(quiet)
-    assert 11.9 <= start <= 12.1 and 29.9 <= seconds <= 30.0
+def test_the_speech_sample_is_what_the_cloned_voice_would_pick(clips, tmp_path):
+    """The presenter's sample is cut by the cloned voice's own rule (heygem.speech.reference): the speech of
+    a talking clip, nothing from a steady tone (voiced, but no speech)."""
+    from heygem.presenters.prepare import cut_speech_sample
+    from heygem.speech.audio import decode_audio
+    from heygem.speech.reference import cleanest_speech
+
+    sample = tmp_path / "speech.wav"
+    seconds = cut_speech_sample(probe(clips["talking"]), sample)
+    expected, rate = cleanest_speech(clips["talking"])
+    assert seconds == round(len(expected) / rate, 3) and 5.0 <= seconds <= 7.5
+    written = decode_audio(sample, rate)
+    assert len(written) == len(expected) and np.abs(written - expected).max() < 1e-3  # 16-bit steps
+    tone = tmp_path / "tone.wav"
+    run_ffmpeg("-f", "lavfi", "-i", "sine=frequency=200:duration=12", str(tone))
+    assert cut_speech_sample(probe(tone), tmp_path / "none.wav") is None
+    assert not (tmp_path / "none.wav").exists()
 
 
 def test_prepared_video_and_photo(clips, tmp_path):

@@ -60,7 +60,7 @@ from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
 from heygem.live.routes import add_live_routes
 from heygem.live.sessions import LiveSettings
-from heygem.presenters.api import Preparer, add_presenter_routes
+from heygem.presenters.api import Preparer, add_presenter_routes, voice_sample_for
 from heygem.presenters.api import job_face as presenter_job_face
 from heygem.presenters.records import PresenterStore
 from heygem.weights import weights_dir
@@ -278,8 +278,9 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             def create_job() -> str:
                 job_face, job_options = presenter_job_face(presenters, presenter, user, face_upload, options,
                                                            lambda given: store.resolve_options(given, remote=True))
+                job_sample = voice_sample_for(presenters, presenter, voice, sample_upload)  # a presenter's own voice
                 return store.create_job(job_face, audio_upload, job_options, text=text, voice=voice, speed=speed,
-                                        remote=True, submitter=user and user.name, voice_sample=sample_upload,
+                                        remote=True, submitter=user and user.name, voice_sample=job_sample,
                                         voice_consent=consent in ("true", "1", "yes", "on"))
 
             try:

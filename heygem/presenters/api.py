@@ -100,6 +100,16 @@ def job_face(presenters: PresenterStore, presenter_id: str | None, user, face, o
     return use_for_job(presenter, resolve_options(options)[1]), options
 
 
+def voice_sample_for(presenters: PresenterStore, presenter_id: str | None, voice: str | None, sample):
+    """The voice sample a job takes: ``sample`` when one was sent; else, for the cloned voice and a saved
+    presenter, the presenter's own speech sample (cut once when it was prepared); else None (the job
+    then takes the face video's own sound)."""
+    if sample or voice != "clone" or not presenter_id:
+        return sample
+    presenter = presenters.get(presenter_id.strip())
+    return presenter.sample_path if presenter is not None and presenter.sample_path is not None else sample
+
+
 def add_presenter_routes(router: APIRouter, presenters: PresenterStore, preparer: Preparer) -> None:
     """The /presenters routes on ``router`` (whose route class signs the user in as request.state.user);
     new presenters go to ``preparer`` (one per server: the page hands it its presenters too)."""

@@ -113,4 +113,6 @@ def presenter_face(args: argparse.Namespace, overrides: dict) -> Path:
     presenter = PresenterStore(args.outputs).find(args.presenter)
     options = job_options(presenter, overrides)
     setattr(args, "face.face_index", options["face.face_index"])
+    if getattr(args, "voice", None) == "clone" and args.voice_sample is None and presenter.sample_path is not None:
+        args.voice_sample = presenter.sample_path  # the presenter's own voice, cut once when it was prepared
     return use_for_job(presenter, check_options(options, load_config(args.config))[1])

@@ -23,7 +23,7 @@ from heygem.jobs.files import server_folders, without_server_paths
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
 from heygem.jobs.users import sees_every_job
-from heygem.presenters.api import job_face
+from heygem.presenters.api import job_face, voice_sample_for
 from heygem.presenters.records import PresenterStore
 from heygem.ui.access import PageAccess
 from heygem.ui.common import WATCH_INTERVAL, uploaded_file
@@ -57,8 +57,9 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
             chosen["engine.name"] = engine
         face, chosen = job_face(presenters, presenter, access.user(request), face or None, chosen,
                                 lambda given: store.resolve_options(given, remote=True))
+        voice_sample = voice_sample_for(presenters, presenter, voice, voice_sample or None)  # a presenter's own
         return store.create_job(face, audio or None, chosen, text=text if text else None, voice=voice or None,
-                                remote=True, submitter=access.submitter(request), voice_sample=voice_sample or None,
+                                remote=True, submitter=access.submitter(request), voice_sample=voice_sample,
                                 voice_consent=bool(voice_consent))
 
     async def generate(face: str | None = None, audio: str | None = None, engine: str = "auto", options: str = "{}",

@@ -16,7 +16,7 @@ from heygem.errors import HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, server_folders, without_server_paths
 from heygem.jobs.request import check_speech
 from heygem.jobs.store import DONE, JobStore
-from heygem.presenters.api import job_face
+from heygem.presenters.api import job_face, voice_sample_for
 from heygem.presenters.records import PresenterStore
 from heygem.speech.tts import pcm16
 from heygem.ui.access import PageAccess
@@ -81,9 +81,11 @@ def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, te
     options = options_from_controls(*controls)
     if text:
         options["text.subtitles"] = subtitles
-    if presenter:  # its clip, face and track instead of the upload (as REST and gradio_client take one)
-        face_path, options = job_face(presenters or PresenterStore(store.outputs_dir), presenter, user, None,
-                                      options, lambda given: store.resolve_options(given, remote=True))
+    if presenter:  # its clip, face, track and voice instead of the upload (as REST and gradio_client take one)
+        presenters = presenters or PresenterStore(store.outputs_dir)
+        face_path, options = job_face(presenters, presenter, user, None, options,
+                                      lambda given: store.resolve_options(given, remote=True))
+        voice_sample = voice_sample_for(presenters, presenter, voice, voice_sample)
     elif face_index is not None:
         options["face.face_index"] = int(face_index)
     try:

@@ -32,7 +32,8 @@ DEPRECATED_ATTENTION_NAMES = {"query.": "to_q.", "key.": "to_k.", "value.": "to_
 UNUSED_OPTIONAL_PACKAGES = ("peft", "sklearn")
 LIBRARY_MODULES = ("diffusers.models.unets.unet_2d_condition", "diffusers.models.autoencoders.autoencoder_kl",
                    "diffusers.models.attention_processor", "diffusers.models.upsampling",
-                   "transformers.models.whisper.modeling_whisper", "transformers.models.whisper.feature_extraction_whisper")
+                   "transformers.models.whisper.modeling_whisper",
+                   "transformers.models.whisper.feature_extraction_whisper")
 _IMPORT_LOCK = threading.Lock()
 
 

@@ -89,11 +89,16 @@ class NetworkCopy:
             with safe_open(str(self.path), framework="pt") as handle:
                 if (handle.metadata() or {}).get("source") != self.description:
                     raise ValueError("it was made from other files")
-            return load_file(str(self.path), device=str(device))
+            tensors = load_file(str(self.path), device=str(device))
         except Exception as error:  # noqa: BLE001 - a damaged file raises anything; the files are there
             logger.warning("musetalk: cannot use the network copy %s (%s: %s); loading the official files",
                            self.path.name, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
             return None
+        if str(device) == "cpu":
+            # fresh allocations: on the CPU the file's tensors lie at its own offsets, and kernels that meet
+            # data aligned otherwise than torch aligns it may sum in another order (1e-6 apart, measured)
+            tensors = {name: tensor.clone() for name, tensor in tensors.items()}
+        return tensors
 
     def write(self, state: dict) -> bool:
         """Write ``state`` (name -> tensor) as the copy, under a temporary name then renamed; copies of other

@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from heygem.engines import start_loading
     from heygem.jobs.request import check_options
     from heygem.pipeline import generate
 
@@ -148,6 +149,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
         args.face = presenter_face(args, option_overrides(args))
     config = check_options(option_overrides(args), load_config(args.config))[1]  # as every job request is checked
+    start_loading(config.engine)  # MuseTalk's imports begin while the inputs are probed and decoded
     check_output_path(args)
     bars: dict[str, tqdm] = {}
     stage_spans = {}

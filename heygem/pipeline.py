@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from heygem.config import Config, apply_overrides, load_config
-from heygem.engines import choose_engine
+from heygem.engines import choose_engine, start_loading
 from heygem.errors import GenerationCancelled
 from heygem.face.found import faces_warning, find_faces
 from heygem.face.stage import FaceStage
@@ -111,6 +111,7 @@ def generate(
     clock = StageClock(origin=started)
     report = _Reporter(progress, should_stop)
     owner = threading.get_ident()  # what a job keeps for the next is kept for this thread's next job
+    start_loading(config.engine)  # an engine's imports begin now, beside steps 1 and 2 (EngineKind.start_loading)
 
     # 1. probe: the inputs, the output's size, rate and length
     encode.check_output_name(output_path)

@@ -97,6 +97,11 @@ class EngineKind(ABC):
         """The loaded engine for one job of thread ``owner`` (it may be one kept from that thread's
         earlier job, heygem.runtime.kept). Can take seconds; runs while the first frames are decoded."""
 
+    def start_loading(self, config: EngineConfig) -> None:
+        """Begin, in the background, what a later :meth:`load` will need (library imports): called as soon
+        as the caller knows this engine will run, before the inputs are probed. Nothing by default."""
+        return None
+
     def audio_features(self, engine: LipSyncEngine, samples_16k, fps: float, frame_count: int):
         """The engine's own audio features for a job's speech ((S,) float32 at 16 kHz), made in the
         background as soon as the engine has loaded (heygem.render.prepared); None for an engine that

@@ -102,7 +102,7 @@ def main() -> None:
                                                                           args.musetalk_size))
     from bench_pipeline import machine_description, make_inputs
 
-    from heygem.config import load_config
+    from heygem.config import apply_overrides, load_config
     from heygem.presenters.prepare import job_options, prepare, presenter_config, use_for_job
     from heygem.presenters.records import PresenterStore
 
@@ -115,7 +115,7 @@ def main() -> None:
     started = time.perf_counter()
     presenter = prepare(store, store.create(clip, "bench"))
     prepared_seconds = time.perf_counter() - started
-    config = presenter_config(presenter.face_index, load_config())
+    config = presenter_config(presenter.face_index, apply_overrides(load_config(), options))  # the jobs' own
 
     timed_job(clip, speech, folder / "warm-up.mp4", {**options, "run.avatar_cache": False})  # the engine, kept
     ways = {"presenter": [], "new upload": []}

@@ -163,6 +163,7 @@ def generate(
                                    decoder_count(config.run.decoders, geometry))
         face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir, detector_checkpoint,
                                first_frame=part.first_frame)
+        source.turns = _turns(face_stage, part, part.first_frame + frame_count)
 
         # 6. render, 7. encode: the engine's render stages, then x264
         encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
@@ -221,6 +222,7 @@ def generate(
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
         avatar_cache=face_stage.cache_outcome, detector=config.face.detector, stream_processes=stream_processes,
         warnings=warnings_future.result() if warnings_future is not None else [],
+        turns=list(source.turns) if source.turns is not None else None,
     )
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")
@@ -229,6 +231,25 @@ def generate(
 
 
 _BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heygem-background")
+
+
+def _turns(face_stage: FaceStage, part: StreamContinuation, frames_wanted: int) -> tuple[int, int] | None:
+    """Where a face video shorter than the speech turns back and forward again: a later part of a longer
+    output (heygem.spoken) as the first part chose; else, when the whole video's track is known before
+    decoding (a presenter, the avatar cache), the frames heygem.face.turns picks from it, if the video is
+    shorter than this output or the output is made in parts (its length not known yet); else None (at
+    the video's last and first frames)."""
+    if part.first_frame > 0:
+        return part.turns
+    track = face_stage.whole_track
+    if track is None or (part.last and frames_wanted <= track.frame_count):
+        return None
+    from heygem.face.turns import turn_frames
+
+    late, early = turn_frames(track)
+    logger.info("the face video (%d frames) turns back at frame %d and forward at frame %d", track.frame_count,
+                late, early)
+    return late, early
 
 
 def _input_warnings(face_info, config: Config, samples_16k) -> list[str]:

@@ -155,6 +155,9 @@ class GenerationSummary:
     voice: str = ""  # typed text: the voice that spoke it ("clone": in the voice of a sample)
     voice_model: str = ""  # the cloned voice's model ("VibeVoice-1.5B")
     warnings: list[str] = field(default_factory=list)  # what the user should know of a job that worked
+    # [late, early]: the source frames where a face video shorter than the speech turns back and forward again,
+    # chosen from its face track known before decoding (heygem.face.turns); None: at its last and first frames
+    turns: list[int] | None = None
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

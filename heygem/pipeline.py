@@ -4,9 +4,11 @@
     2. speech    decode the audio; its features computed in the background   heygem.speech
     3. choose    the engine, the restorer and the face detector; their
                  networks loaded in the background                           heygem.engines, heygem.render.restore
-    4. decode    the face input, in bounded batches of I420 frames            heygem.media.decode, .source
+    4. decode    the face input, in bounded batches of I420 frames (a video   heygem.media.decode, .source
+                 shorter than the speech turns where its head is still)       heygem.face.turns
     5. faces     a face for every frame: from the avatar cache, or tracked   heygem.face
-    6. render    the engine's mouths, restored and blended into the frames   heygem.engines, heygem.render
+    6. render    the engine's mouths, restored and blended into the frames;  heygem.engines, heygem.render
+                 in the speech's pauses the filmed mouth                     heygem.render.pauses
     7. encode    x264 and the audio into the MP4                             heygem.media.encode
     8. finish    check the file, write the JSON summary beside it
 
@@ -28,6 +30,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from heygem.config import Config, apply_overrides, load_config
 from heygem.engines import choose_engine
 from heygem.errors import GenerationCancelled
@@ -38,12 +42,14 @@ from heygem.media.decode import decoder_count
 from heygem.media.probing import check_written, fps_to_fraction, probe_inputs, working_geometry
 from heygem.media.source import SourceFrames, frames_per_batch
 from heygem.media.stream import StreamContinuation, stream_folder
+from heygem.render.pauses import FilmedMouth
 from heygem.render.prepared import Prepared
 from heygem.render.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator, timeline
 from heygem.runtime.flow import Stage, StageClock, run_stages
 from heygem.runtime.workdir import new_work_dir
 from heygem.speech import audio
+from heygem.speech.pauses import mouth_weights
 from heygem.types import FrameBatch, GenerationSummary
 from heygem.weights import require_s3fd_checkpoint
 
@@ -58,7 +64,7 @@ STEPS = (
     (3, "choose", ("load_engine", "load_restorer")),
     (4, "decode", ("decode",)),
     (5, "faces", ("faces",)),
-    (6, "render", ("generate", "restore", "blend", "plan", "render", "paste")),
+    (6, "render", ("keep_filmed", "generate", "restore", "blend", "plan", "render", "paste", "pauses")),
     (7, "encode", ("encode",)),
     (8, "finish", ()),
 )
@@ -176,6 +182,9 @@ def generate(
         timeline.mark("x264 started")
         prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, features_future)
         render = engine.kind.render(prepared, config, restorer.name)
+        # in the speech's pauses the face's own mouth, as filmed, whatever the engine drew (heygem.render.pauses)
+        filmed_mouth = FilmedMouth(mouth_weights(samples_16k, fps, frame_count)
+                                   if not engine.kind.keeps_filmed_mouth_in_pauses else np.ones(frame_count))
         written = {"frames": 0, "without_face": 0}
 
         def encode_frames(batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
@@ -188,7 +197,8 @@ def generate(
 
         batch_frames = frames_per_batch(geometry, config.media.batch_frames, render.bytes_per_pixel)
         run_stages(source.output_batches(frame_count, batch_frames, part.first_frame),
-                   [Stage("faces", face_stage.run), *render.stages(), Stage("encode", encode_frames)],
+                   [Stage("faces", face_stage.run), *filmed_mouth.around(render.stages()),
+                    Stage("encode", encode_frames)],
                    concurrent=config.run.concurrent, should_stop=should_stop, clock=clock)
         report("finish", 0.0)
 

@@ -96,6 +96,9 @@ class FrameBatch:
     # finished pixels, one per frame, from an engine that blends them itself (see I420Window); frames
     # without one keep their decoded bytes
     windows_i420: list[I420Window | None] = field(default_factory=list)
+    # the frames a pause in the speech touches, as decoded: (rows (R,), (R, H * 3/2, W) uint8), put back after
+    # the render (heygem.render.pauses); None: none
+    filmed_i420: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass

@@ -359,11 +359,14 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--pairing", default="stem",
                         help="stem: same file name before the suffix (a folder's only face speaks every audio and "
                              "text); cross: every face with every audio; "
-                             "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem)")
+                             "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem); "
+                             "a presenter column instead of face names a saved presenter (`presenters add`, by name "
+                             "or id, kept in --jobs-dir), and an unknown one fails only its row")
     parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
                                           "or a file holding such JSON; the option flags below override it")
     parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
-                        help="the job store the items run through (default: outputs/)")
+                        help="the job store the items run through, and the presenters a manifest names "
+                             "(default: outputs/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_devices_flag(parser)
     add_ray_flag(parser, "items")

@@ -76,6 +76,9 @@ class EngineKind(ABC):
     sharp_face_size: int | None = None  # the side of faces made sharp enough that auto restores nothing
     reads_mel: bool = True  # whether it reads the speech's Wav2Lip mel windows (else features of its own)
     needs_weights: bool = True  # whether it runs on a checkpoint the user brings
+    # whether its mouths let go in the speech's pauses by themselves (else heygem.render.pauses puts the
+    # filmed mouth back there)
+    keeps_filmed_mouth_in_pauses: bool = False
     weights_label: str = ""  # what its weights are called in messages: "Wav2Lip checkpoint"
 
     def find_weights(self, config: EngineConfig) -> Path | None:

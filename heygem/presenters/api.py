@@ -89,15 +89,14 @@ def job_face(presenters: PresenterStore, presenter_id: str | None, user, face, o
     user), or not ready."""
     if not presenter_id:
         return face, options
-    from heygem.presenters.prepare import job_options, use_for_job
+    from heygem.presenters.prepare import presenter_job
 
     if face is not None:
         raise HeygemError("send a face file or a presenter, not both")
     presenter = presenters.get(presenter_id.strip())
     if presenter is None or not may_see(user, presenter.submitter):
         raise HeygemError(f"there is no presenter {presenter_id!r}")
-    options = job_options(presenter, options)
-    return use_for_job(presenter, resolve_options(options)[1]), options
+    return presenter_job(presenter, options, resolve_options)
 
 
 def voice_sample_for(presenters: PresenterStore, presenter_id: str | None, voice: str | None, sample):

@@ -175,6 +175,14 @@ def use_for_job(presenter: Presenter, config: Config) -> Path:
     return presenter.clip_path
 
 
+def presenter_job(presenter: Presenter, options: dict | None, resolve_options) -> tuple[Path, dict]:
+    """(face path, options) of a job made with ``presenter``: its options (flat) with the presenter's face
+    chosen, and its clip, whose track is put in the avatar cache under the key the job's config gives
+    (``resolve_options(options) -> (flat options, config)``). HeygemError while it is not ready."""
+    options = job_options(presenter, options)
+    return use_for_job(presenter, resolve_options(options)[1]), options
+
+
 def job_options(presenter: Presenter, options: dict | None) -> dict:
     """A job's options (flat dotted keys, or nested by section) with the presenter's face chosen, flat."""
     return {**flatten_options(options), "face.face_index": presenter.face_index}

@@ -363,3 +363,43 @@ def test_rest_refusals_are_400_and_keep_nothing(server, clips, clip, fields, mes
     assert refused.status_code == 400 and message in refused.json()["error"], refused.text
     assert server.client.get("/api/presenters", headers=as_user("carol")).json() == {"presenters": []}
     assert list((server.outputs / "presenters").iterdir()) == []
+
+
+def test_the_batch_tab_has_a_saved_presenter_speak_every_audio_and_text_file(server, clips, short_speech, tmp_path,
+                                                                            monkeypatch):
+    """The Batch tab's planning with a presenter (heygem.ui.batch over heygem.jobs.batch): every audio and .txt
+    file becomes an item of the presenter, a face among the files is said to be unused, the preview names the
+    presenter, and the queued jobs (run by the server's worker) use its track."""
+    from heygem.jobs.batch import plan_for_presenter
+    from heygem.jobs.store import JobStore
+    from heygem.ui.batch import preview_table, queue_batch
+
+    with open(clips["face video"], "rb") as clip:
+        made = server.client.post("/api/presenters", headers=as_user("bob"), data={"name": "Batch Bob"},
+                                  files={"video": ("bob.mp4", clip, "video/mp4")})
+    presenter_id = made.json()["id"]
+    wait_for(server, f"/api/presenters/{presenter_id}", "bob", lambda body: body["status"] != "preparing")
+    greeting = tmp_path / "greeting.txt"
+    greeting.write_text("Hello from a batch.", encoding="utf-8")
+    files = [short_speech, greeting, clips["photo"]]
+    items = plan_for_presenter(files, presenter_id)
+    assert sorted((item.name, item.problem is None) for item in items) == sorted(
+        [(short_speech.stem, True), ("greeting", True), (clips["photo"].stem, False)])
+    presenters = PresenterStore(server.outputs)
+    table, summary = preview_table(items, presenters)
+    assert summary.startswith("**Preview:** 2 of 3 item(s) will run")
+    assert set(table["face"]) == {"presenter Batch Bob"}
+    with pytest.raises(HeygemError, match="no audio or text files"):
+        plan_for_presenter([clips["photo"]], presenter_id)
+
+    store = JobStore(server.outputs)
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(server.outputs.parent / "cache"))  # the page's: the server's own
+    _, outcome = queue_batch(store, [item for item in items if item.problem is None],
+                             {"media.output_height": 120}, submitter="bob")
+    for name, job_id in outcome.items():
+        assert isinstance(job_id, str), (name, job_id)
+        job = wait_for(server, f"/api/jobs/{job_id}", "bob", lambda body: body["status"] in ("done", "failed"))
+        assert job["status"] == "done", job
+        summary = json.loads((server.outputs / job_id / "result.json").read_text())
+        assert summary["avatar_cache"] == "hit" and summary["height"] == 120
+        assert len(decode_frames(server.outputs / job_id / "result.mp4")) > 10

@@ -199,6 +199,31 @@ def plan_items(files: list[Path], pairing: str = "stem", base_dir: Path | None =
     return _unique_names(items)
 
 
+def plan_for_presenter(files: list[Path], presenter: str, base_dir: Path | None = None) -> list[BatchItem]:
+    """Every audio or .txt file spoken by one saved presenter (its name or id, resolved when the items are
+    queued: :func:`with_presenter`), an item each named after the file; faces among the files are listed as
+    not used. With ``base_dir``, a file whose real path is outside it is skipped as in :func:`plan_items`."""
+    files = [Path(path) for path in files]
+    escaped = _outside(files, Path(base_dir)) if base_dir is not None else []
+    items = []
+    for path in files:
+        role = file_role(path)
+        if path in escaped:
+            items.append(BatchItem(name=path.stem, face_path=None, audio_path=None, presenter=presenter,
+                                   problem=f"{path.name} links to a file outside the batch folder: skipped"))
+        elif role in ("audio", "text"):
+            item = _speech_item(path.stem, None, path)
+            item.presenter = presenter
+            items.append(item)
+        elif role in ("image", "video"):
+            items.append(BatchItem(name=path.stem, face_path=path, audio_path=None, presenter=presenter,
+                                   problem=f"{path.name} not used: the saved presenter speaks every audio and "
+                                           "text file"))
+    if not any(item.problem is None for item in items):
+        raise HeygemError("no audio or text files for the presenter to speak were found")
+    return _unique_names(items)
+
+
 def _outside(files: list[Path], folder: Path) -> list[Path]:
     """The files whose real path (links followed) is not inside ``folder``'s."""
     root = folder.resolve()

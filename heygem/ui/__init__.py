@@ -47,7 +47,7 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
         with gr.Tabs():
             generate_tab(store, access, presenters)
             presenters_tab(presenters, preparer, access)
-            batch_tab(store, batch_roots, access)
+            batch_tab(store, batch_roots, access, presenters)
             jobs_tab(store, access)
             live_tab(store, access)
             system_tab(access)

@@ -141,11 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     presenters = PresenterStore(args.outputs, max_seconds=args.max_presenter_seconds or None,
                                 max_upload_bytes=max_upload_bytes)
     preparer = Preparer(presenters, store.base_config)  # one for the page and the REST API: one clip at a time
-    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access, presenters, preparer)
+    live = LiveSettings(args.max_live, args.live_idle_seconds, tuple(args.ice_server))  # its tickets: page and REST
+    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access, presenters, preparer, live)
     demo.queue(default_concurrency_limit=4, max_size=256)
     router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins,
                            presenters=presenters, preparer=preparer,
-                           live=LiveSettings(args.max_live, args.live_idle_seconds, tuple(args.ice_server)))
+                           live=live)
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(

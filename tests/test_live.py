@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import ASSETS, run_ffmpeg
-from live_client import mouth_delay, mouth_motion, portrait_mouth_box, serving, talk
+from live_client import microphone, mouth_delay, mouth_motion, portrait_mouth_box, serving, talk
 
 from heygem.speech.audio import load_audio_16k
 
@@ -19,6 +19,7 @@ pytest.importorskip("aiortc")
 
 AUTH = ("live", "a-long-enough-password")
 HEADERS = {"Authorization": "Basic " + base64.b64encode(":".join(AUTH).encode()).decode()}
+BOB = {"Authorization": "Basic " + base64.b64encode(b"bob:bob-long-secret").decode()}
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +146,61 @@ def test_typed_text_and_websocket_pcm_move_the_mouth(live_url, mouth_box, speech
     assert np.percentile(streamed, 75) > still + 1.5, "the WebSocket's PCM moves the mouth"
 
 
+async def browser_like_offer() -> str:
+    """The SDP of an offer such as the page's: a microphone sent, video received."""
+    from aiortc import RTCPeerConnection
+
+    peer = RTCPeerConnection()
+    peer.addTrack(microphone(np.zeros(16000, np.float32), []))
+    peer.addTransceiver("video", direction="recvonly")
+    await peer.setLocalDescription(await peer.createOffer())
+    sdp = peer.localDescription.sdp
+    await peer.close()
+    return sdp
+
+
+def test_a_live_ticket_starts_one_session_as_its_user_once_and_not_after_it_expires(tmp_path):
+    from heygem.jobs.users import Users
+    from heygem.live.sessions import LiveSettings
+    from heygem.live.tickets import KEY_HEADER, TICKET_HEADER
+
+    users_path = tmp_path / "users.txt"
+    users_path.write_text("alice:alice-long-secret\nbob:bob-long-secret\n", encoding="utf-8")
+    settings = LiveSettings(max_sessions=2, idle_seconds=30)
+    clock = [1000.0]
+    settings.tickets.clock = lambda: clock[0]
+    offer = {"sdp": asyncio.run(browser_like_offer()), "type": "offer"}
+    with serving(tmp_path / "outputs", users=Users.load(users_path), live=settings) as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
+        ticket = settings.tickets.issue("bob")  # what the page's Start hands its script
+        started = client.post("/api/live", json=offer, headers={TICKET_HEADER: ticket})
+        assert started.status_code == 200, started.text
+        answer = started.json()
+        assert answer["type"] == "answer" and answer["engine"] == "landmark" and answer["key"]
+        again = client.post("/api/live", json=offer, headers={TICKET_HEADER: ticket})
+        assert again.status_code == 401 and "used already" in again.json()["error"]
+
+        late = settings.tickets.issue("bob")
+        clock[0] += 61
+        expired = client.post("/api/live", json=offer, headers={TICKET_HEADER: late})
+        assert expired.status_code == 401 and "expired" in expired.json()["error"]
+        forged = client.post("/api/live", json=offer, headers={TICKET_HEADER: "x" * 43})
+        assert forged.status_code == 401 and "not one this server gave" in forged.json()["error"]
+        assert client.post("/api/live", json=offer).status_code == 401, "no ticket, no credentials"
+        jobs = client.get("/api/jobs", headers={TICKET_HEADER: settings.tickets.issue("bob")})
+        assert jobs.status_code == 401, "a ticket starts a live session and opens nothing else"
+
+        session = answer["session"]
+        assert client.delete(f"/api/live/{session}", auth=("alice", "alice-long-secret")).status_code == 404, \
+            "the session is bob's"
+        assert client.delete(f"/api/live/{session}", headers={KEY_HEADER: "y" * 43}).status_code == 401
+        assert client.delete(f"/api/live/{session}", headers={KEY_HEADER: answer["key"]}).status_code == 200
+        assert client.get("/api/live", auth=("bob", "bob-long-secret")).json()["sessions"] == 0
+
+
 @pytest.mark.browser
-def test_the_live_tab_plays_the_presenter_speaking_the_microphone(tmp_path):
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, running_app
+def test_the_live_tab_plays_the_presenter_speaking_the_microphone_for_a_signed_in_user(tmp_path):
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, opened_page, running_app
 
     if not CHROMIUM.exists():
         pytest.skip("needs Debian's chromium at /usr/bin/chromium")
@@ -157,28 +210,42 @@ def test_the_live_tab_plays_the_presenter_speaking_the_microphone(tmp_path):
     run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-ar", "48000", str(speech))
     arguments = [*CHROMIUM_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                  f"--use-file-for-fake-audio-capture={speech}", "--autoplay-policy=no-user-gesture-required"]
-    with running_app(tmp_path, "--workers", "0") as url, sync_playwright() as playwright:
+    users = tmp_path / "users.txt"
+    users.write_text("bob:bob-long-secret\n", encoding="utf-8")
+    with running_app(tmp_path, "--workers", "0", "--users", str(users), headers=BOB) as url, \
+            sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=arguments, headless=True)
         try:
-            page = browser.new_page()
-            page.goto(url)
-            page.get_by_role("tab", name="Live").click()
-            page.locator("#live-start").click()
-            page.wait_for_function("() => { const v = document.querySelector('#live-video');"
-                                   " return v && v.readyState >= 2 && v.currentTime > 1.0; }", timeout=60_000)
-            sample = """() => { const v = document.querySelector('#live-video');
-                const c = document.createElement('canvas'); c.width = v.videoWidth; c.height = v.videoHeight;
-                const g = c.getContext('2d'); g.drawImage(v, 0, 0);
-                return Array.from(g.getImageData(0, 0, c.width, c.height).data.filter((_, i) => i % 16 === 0)); }"""
-            frames = []
-            for _ in range(8):
-                frames.append(np.array(page.evaluate(sample), np.float32))
-                page.wait_for_timeout(250)
-            assert "landmark" in page.locator("#live-status").inner_text()
-            page.screenshot(path=str(tmp_path / "live tab.png"))  # looked at when the tab changes
-            page.locator("#live-stop").click()
+            with opened_page(browser, url, user=("bob", "bob-long-secret")) as page:  # the page's own sign-in
+                frames = use_the_live_tab(page, tmp_path)
         finally:
             browser.close()
     assert frames[0].size > 1000 and frames[0].max() > 50, "the video shows the presenter"
     changes = [np.abs(after - before).mean() for before, after in zip(frames, frames[1:])]
     assert max(changes) > 0.05, "the frames change as the presenter speaks"
+
+
+def use_the_live_tab(page, folder) -> list[np.ndarray]:
+    """Start, watch, say, stop on the Live tab; a few frames of its video (RGBA, every 4th pixel)."""
+    page.get_by_role("tab", name="Live").click()
+    page.locator("#live-start").click()
+    page.wait_for_function("() => { const v = document.querySelector('#live-video');"
+                           " return v && v.readyState >= 2 && v.currentTime > 1.0; }", timeout=60_000)
+    sample = """() => { const v = document.querySelector('#live-video');
+        const c = document.createElement('canvas'); c.width = v.videoWidth; c.height = v.videoHeight;
+        const g = c.getContext('2d'); g.drawImage(v, 0, 0);
+        return Array.from(g.getImageData(0, 0, c.width, c.height).data.filter((_, i) => i % 16 === 0)); }"""
+    frames = []
+    for _ in range(8):
+        frames.append(np.array(page.evaluate(sample), np.float32))
+        page.wait_for_timeout(250)
+    assert "landmark" in page.locator("#live-status").inner_text()
+    page.locator("#live-text").locator("textarea, input").first.fill("Hello there.")
+    with page.expect_response(lambda response: response.url.endswith("/say")) as said:
+        page.locator("#live-say").click()  # with the session's key: the script has no credentials
+    assert said.value.status == 200, said.value.text()
+    page.screenshot(path=str(folder / "live tab.png"))  # looked at when the tab changes
+    with page.expect_response(lambda response: response.request.method == "DELETE") as ended:
+        page.locator("#live-stop").click()
+    assert ended.value.status == 200, ended.value.text()
+    return frames

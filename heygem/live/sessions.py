@@ -41,7 +41,8 @@ class LiveFull(HeygemError):
 
 @dataclass(frozen=True)
 class LiveSettings:
-    """What a server allows its live sessions (app.py's --max-live, --live-idle-seconds, --ice-server), and
+    """What a server allows its live sessions (app.py's --max-live, --live-idle-seconds, --ice-server,
+    --live-engine), and
     the one registry of tickets and session keys its page and its routes share (app.py hands the same
     settings to both)."""
 
@@ -50,6 +51,7 @@ class LiveSettings:
     ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs (turn:NAME:SECRET@host:3478) for peers beyond the LAN
     output_height: int = LIVE_HEIGHT
     fps: float = LIVE_FPS
+    engine: str = "auto"  # --live-engine: auto (the jobs' engine where it runs live in real time) or a name
     tickets: LiveTickets = field(default_factory=LiveTickets, compare=False, repr=False)  # heygem.live.tickets
 
     def ice_server_list(self) -> list[dict]:
@@ -185,7 +187,7 @@ class LiveSessions:
             face = await asyncio.to_thread(_kept_face, str(face_path), stamp, description,
                                            str(track_dir) if track_dir else None, config.face.face_index,
                                            self.settings.output_height)
-            choice = choose_live_engine(config)
+            choice = choose_live_engine(config, self.settings.engine)
             step = await asyncio.to_thread(start_step, choice, config, self.settings.fps)
             session = LiveSession(id=secrets.token_hex(8), submitter=getattr(user, "name", None), face=face,
                                   engine=choice.name, engine_reason=choice.reason, step=step,

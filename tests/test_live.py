@@ -257,7 +257,7 @@ def test_wav2lip_runs_live_where_forced_and_draws_the_mouth_only(tmp_path, no_we
     import torch
 
     from heygem.config import apply_overrides, load_config
-    from heygem.live.engine_step import choose_live_engine
+    from heygem.live.engine_step import choose_live_engine, start_step
     from heygem.live.face import BUNDLED_PORTRAIT, load_face
     from heygem.live.sessions import LiveSettings
     from heygem.models.wav2lip import Wav2Lip
@@ -272,6 +272,13 @@ def test_wav2lip_runs_live_where_forced_and_draws_the_mouth_only(tmp_path, no_we
     assert result.answer["engine"] == "wav2lip" and "--live-engine" in result.answer["engine_reason"]
     assert result.answer["delay_seconds"] == pytest.approx(0.2725, abs=0.001), "16 columns: 0.2125 s, and 0.06 s"
     assert len(result.frames) > 8, "frames came back (on 2 CPU cores, fewer than 25 a second)"
+    config = load_config()
+    first = start_step(choose_live_engine(config, "wav2lip"), config, 25.0)
+    generator = first.engine
+    first.close()
+    second = start_step(choose_live_engine(config, "wav2lip"), config, 25.0)
+    assert second.engine is generator, "the next session's generator is the one the last session loaded"
+    second.close()
 
     untouched = load_face(BUNDLED_PORTRAIT, apply_overrides(load_config(), {"media.output_height": 360}), "portrait")
     original = av.VideoFrame.from_ndarray(untouched.frames_i420[0], format="yuv420p").to_ndarray(format="gray")

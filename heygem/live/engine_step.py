@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -88,7 +89,15 @@ class Wav2LipStep:
         if weights is None:
             raise HeygemError(ENGINES["wav2lip"].missing_weights())
         # one face a pass: the generator's fixed batch (and its CUDA graph) is one frame, not a job's 64
-        self.engine = Wav2LipEngine(weights, dataclasses.replace(config.engine, batch_size=1))
+        options = dataclasses.replace(config.engine, batch_size=1)
+        stat = Path(weights).stat()
+        self.key = (str(Path(weights).resolve()), stat.st_mtime_ns, stat.st_size, options.device, options.precision,
+                    options.cuda_graph, options.cudnn, options.deterministic)
+        with _IDLE_LOCK:
+            idle = _IDLE_WAV2LIP.get(self.key)
+            self.engine = idle.pop() if idle else None
+        if self.engine is None:  # loading, moving to the GPU and capturing the graph: a second or two
+            self.engine = Wav2LipEngine(weights, options)
         self.blend = config.blend
         self.fps = fps
 
@@ -108,8 +117,19 @@ class Wav2LipStep:
         return frame
 
     def close(self) -> None:
-        self.engine.close()
+        """The generator is kept for the next session on the same checkpoint (KEEP_IDLE at most)."""
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        with _IDLE_LOCK:
+            idle = _IDLE_WAV2LIP.setdefault(self.key, [])
+            if len(idle) < KEEP_IDLE:
+                idle.append(engine)
 
+
+KEEP_IDLE = 2  # Wav2Lip generators kept loaded for the next sessions, per checkpoint and options
+_IDLE_WAV2LIP: dict[tuple, list] = {}  # (checkpoint, its stamp, options) -> generators no session uses now
+_IDLE_LOCK = threading.Lock()
 
 LIVE_STEPS = {"landmark": LandmarkStep, "wav2lip": Wav2LipStep}
 LIVE_ENGINES = ("auto", *LIVE_STEPS)  # what --live-engine takes

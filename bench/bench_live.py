@@ -2,6 +2,7 @@
 comes back.
 
     python bench/bench_live.py [--speech assets/speech_en.wav] [--seconds 8] [--sessions 1] [--height 360]
+                               [--engine auto|landmark|wav2lip]
 
 Serves the REST API's routes (live included) with uvicorn in this process, then runs ``--sessions`` clients at
 once on the bundled portrait; for each:
@@ -13,7 +14,10 @@ once on the bundled portrait; for each:
 - sound delay: the same for the sound received against the sound sent; mouth - sound is how far the mouth
   is from its sound (what the viewer sees; positive: the mouth is late).
 
-Prints a Markdown table. On a GPU machine ``--sessions N`` counts how many sessions hold 25 fps each.
+Prints a Markdown table. On a GPU machine ``--sessions N`` counts how many sessions hold 25 fps each, and
+``--engine wav2lip`` runs the sessions on the Wav2Lip checkpoint found in the weights folder (weights/, or
+$HEYGEM_WEIGHTS), on the GPU: a random-init checkpoint in the public layout
+(``--random-wav2lip``) costs the same time per frame as a trained one.
 """
 
 from __future__ import annotations
@@ -63,8 +67,21 @@ async def run(url: str, speech: np.ndarray, seconds: float, sessions: int, box) 
                      "fps": (len(settled) - 1) / (settled[-1] - settled[0]),
                      "mouth delay s": lag, "correlation": correlation, "sound delay s": sound,
                      "mouth - sound s": lag - sound, "server delay s": result.answer["delay_seconds"],
-                     "engine": result.answer["engine"]})
+                     "engine": result.answer["engine"], "reason": result.answer["engine_reason"]})
     return rows
+
+
+def write_random_wav2lip() -> None:
+    """A random-init Wav2Lip checkpoint in a temporary weights folder, which $HEYGEM_WEIGHTS then names."""
+    import os
+
+    import torch
+
+    from heygem.models.wav2lip import Wav2Lip
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-live-weights-"))
+    torch.save({"state_dict": Wav2Lip().state_dict()}, folder / "wav2lip.pth")
+    os.environ["HEYGEM_WEIGHTS"] = str(folder)
 
 
 def main() -> None:
@@ -74,24 +91,32 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1, help="clients at once")
     parser.add_argument("--height", type=int, default=360, help="the sessions' frame height")
     parser.add_argument("--runs", type=int, default=3, help="rounds (the first warms the server up, not counted)")
+    parser.add_argument("--engine", default="auto",
+                        help="the sessions' engine (as app.py's --live-engine): auto, landmark, wav2lip")
+    parser.add_argument("--random-wav2lip", action="store_true",
+                        help="run on a random-init Wav2Lip checkpoint written to a temporary weights folder "
+                             "(the same cost per frame as a trained one; the mouths are noise)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     from heygem.live.sessions import LiveSettings
     from heygem.speech.audio import load_audio_16k
 
+    if args.random_wav2lip:
+        write_random_wav2lip()
     speech = load_audio_16k(args.speech)
     box = portrait_mouth_box(args.height)
     rows = []
     with serving(Path(tempfile.mkdtemp(prefix="bench-live-")),
-                 live=LiveSettings(max_sessions=0, output_height=args.height)) as url:
+                 live=LiveSettings(max_sessions=0, output_height=args.height, engine=args.engine)) as url:
         for number in range(args.runs):
             found = asyncio.run(run(url, speech, args.seconds, args.sessions, box))
             if number > 0 or args.runs == 1:
                 rows += found
     columns = ["first frame s", "fps", "mouth delay s", "correlation", "sound delay s", "mouth - sound s",
                "server delay s"]
-    print(f"{args.sessions} session(s), {args.height}p, engine {rows[0]['engine']}, median of {len(rows)}:")
+    print(f"{args.sessions} session(s), {args.height}p, engine {rows[0]['engine']} ({rows[0]['reason']}), "
+          f"median of {len(rows)}:")
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     print("| " + " | ".join(f"{statistics.median(row[column] for row in rows):.3f}" for column in columns) + " |")

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import ASSETS, run_ffmpeg
-from live_client import mouth_delay, mouth_motion, portrait_mouth_box, serving, talk
+from live_client import microphone, mouth_delay, mouth_motion, portrait_mouth_box, serving, talk
 
 from heygem.speech.audio import load_audio_16k
 
@@ -19,6 +19,7 @@ pytest.importorskip("aiortc")
 
 AUTH = ("live", "a-long-enough-password")
 HEADERS = {"Authorization": "Basic " + base64.b64encode(":".join(AUTH).encode()).decode()}
+BOB = {"Authorization": "Basic " + base64.b64encode(b"bob:bob-long-secret").decode()}
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,7 @@ def test_typed_text_and_websocket_pcm_move_the_mouth(live_url, mouth_box, speech
     from websockets.sync.client import connect
 
     async def say_and_stream(session, client):
+        await asyncio.sleep(1.5)  # the mouth still, before anything is said
         said = await client.post(f"/api/live/{session}/say", json={"text": "Hello there. How are you today?"})
         assert said.status_code == 200 and said.json()["sentences"] == 2
 
@@ -139,15 +141,67 @@ def test_typed_text_and_websocket_pcm_move_the_mouth(live_url, mouth_box, speech
                               during=say_and_stream))
     times, motion = mouth_motion(result)
     still = np.median(motion[(times > result.connected + 1.0) & (times < result.connected + 1.5)])
-    said = motion[(times > result.connected + 1.5) & (times < result.connected + 3.5)]
-    streamed = motion[times > result.connected + 4.0]
+    said = motion[(times > result.connected + 1.5) & (times < result.connected + 5.0)]
+    streamed = motion[times > result.connected + 5.5]
     assert np.percentile(said, 75) > still + 1.5, "the typed sentences move the mouth"
     assert np.percentile(streamed, 75) > still + 1.5, "the WebSocket's PCM moves the mouth"
 
 
+async def browser_like_offer() -> str:
+    """The SDP of an offer such as the page's: a microphone sent, video received."""
+    from aiortc import RTCPeerConnection
+
+    peer = RTCPeerConnection()
+    peer.addTrack(microphone(np.zeros(16000, np.float32), []))
+    peer.addTransceiver("video", direction="recvonly")
+    await peer.setLocalDescription(await peer.createOffer())
+    sdp = peer.localDescription.sdp
+    await peer.close()
+    return sdp
+
+
+def test_a_live_ticket_starts_one_session_as_its_user_once_and_not_after_it_expires(tmp_path):
+    from heygem.jobs.users import Users
+    from heygem.live.sessions import LiveSettings
+    from heygem.live.tickets import KEY_HEADER, TICKET_HEADER
+
+    users_path = tmp_path / "users.txt"
+    users_path.write_text("alice:alice-long-secret\nbob:bob-long-secret\n", encoding="utf-8")
+    settings = LiveSettings(max_sessions=2, idle_seconds=30)
+    clock = [1000.0]
+    settings.tickets.clock = lambda: clock[0]
+    offer = {"sdp": asyncio.run(browser_like_offer()), "type": "offer"}
+    with serving(tmp_path / "outputs", users=Users.load(users_path), live=settings) as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
+        ticket = settings.tickets.issue("bob")  # what the page's Start hands its script
+        started = client.post("/api/live", json=offer, headers={TICKET_HEADER: ticket})
+        assert started.status_code == 200, started.text
+        answer = started.json()
+        assert answer["type"] == "answer" and answer["engine"] == "landmark" and answer["key"]
+        again = client.post("/api/live", json=offer, headers={TICKET_HEADER: ticket})
+        assert again.status_code == 401 and "used already" in again.json()["error"]
+
+        late = settings.tickets.issue("bob")
+        clock[0] += 61
+        expired = client.post("/api/live", json=offer, headers={TICKET_HEADER: late})
+        assert expired.status_code == 401 and "expired" in expired.json()["error"]
+        forged = client.post("/api/live", json=offer, headers={TICKET_HEADER: "x" * 43})
+        assert forged.status_code == 401 and "not one this server gave" in forged.json()["error"]
+        assert client.post("/api/live", json=offer).status_code == 401, "no ticket, no credentials"
+        jobs = client.get("/api/jobs", headers={TICKET_HEADER: settings.tickets.issue("bob")})
+        assert jobs.status_code == 401, "a ticket starts a live session and opens nothing else"
+
+        session = answer["session"]
+        assert client.delete(f"/api/live/{session}", auth=("alice", "alice-long-secret")).status_code == 404, \
+            "the session is bob's"
+        assert client.delete(f"/api/live/{session}", headers={KEY_HEADER: "y" * 43}).status_code == 401
+        assert client.delete(f"/api/live/{session}", headers={KEY_HEADER: answer["key"]}).status_code == 200
+        assert client.get("/api/live", auth=("bob", "bob-long-secret")).json()["sessions"] == 0
+
+
 @pytest.mark.browser
-def test_the_live_tab_plays_the_presenter_speaking_the_microphone(tmp_path):
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, running_app
+def test_the_live_tab_plays_the_presenter_speaking_the_microphone_for_a_signed_in_user(tmp_path):
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, opened_page, running_app
 
     if not CHROMIUM.exists():
         pytest.skip("needs Debian's chromium at /usr/bin/chromium")
@@ -157,28 +211,81 @@ def test_the_live_tab_plays_the_presenter_speaking_the_microphone(tmp_path):
     run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-ar", "48000", str(speech))
     arguments = [*CHROMIUM_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                  f"--use-file-for-fake-audio-capture={speech}", "--autoplay-policy=no-user-gesture-required"]
-    with running_app(tmp_path, "--workers", "0") as url, sync_playwright() as playwright:
+    users = tmp_path / "users.txt"
+    users.write_text("bob:bob-long-secret\n", encoding="utf-8")
+    with running_app(tmp_path, "--workers", "0", "--users", str(users), headers=BOB) as url, \
+            sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=arguments, headless=True)
         try:
-            page = browser.new_page()
-            page.goto(url)
-            page.get_by_role("tab", name="Live").click()
-            page.locator("#live-start").click()
-            page.wait_for_function("() => { const v = document.querySelector('#live-video');"
-                                   " return v && v.readyState >= 2 && v.currentTime > 1.0; }", timeout=60_000)
-            sample = """() => { const v = document.querySelector('#live-video');
-                const c = document.createElement('canvas'); c.width = v.videoWidth; c.height = v.videoHeight;
-                const g = c.getContext('2d'); g.drawImage(v, 0, 0);
-                return Array.from(g.getImageData(0, 0, c.width, c.height).data.filter((_, i) => i % 16 === 0)); }"""
-            frames = []
-            for _ in range(8):
-                frames.append(np.array(page.evaluate(sample), np.float32))
-                page.wait_for_timeout(250)
-            assert "landmark" in page.locator("#live-status").inner_text()
-            page.screenshot(path=str(tmp_path / "live tab.png"))  # looked at when the tab changes
-            page.locator("#live-stop").click()
+            with opened_page(browser, url, user=("bob", "bob-long-secret")) as page:  # the page's own sign-in
+                frames = use_the_live_tab(page, tmp_path)
         finally:
             browser.close()
     assert frames[0].size > 1000 and frames[0].max() > 50, "the video shows the presenter"
     changes = [np.abs(after - before).mean() for before, after in zip(frames, frames[1:])]
     assert max(changes) > 0.05, "the frames change as the presenter speaks"
+
+
+def use_the_live_tab(page, folder) -> list[np.ndarray]:
+    """Start, watch, say, stop on the Live tab; a few frames of its video (RGBA, every 4th pixel)."""
+    page.get_by_role("tab", name="Live").click()
+    page.locator("#live-start").click()
+    page.wait_for_function("() => { const v = document.querySelector('#live-video');"
+                           " return v && v.readyState >= 2 && v.currentTime > 1.0; }", timeout=60_000)
+    sample = """() => { const v = document.querySelector('#live-video');
+        const c = document.createElement('canvas'); c.width = v.videoWidth; c.height = v.videoHeight;
+        const g = c.getContext('2d'); g.drawImage(v, 0, 0);
+        return Array.from(g.getImageData(0, 0, c.width, c.height).data.filter((_, i) => i % 16 === 0)); }"""
+    frames = []
+    for _ in range(8):
+        frames.append(np.array(page.evaluate(sample), np.float32))
+        page.wait_for_timeout(250)
+    assert "landmark" in page.locator("#live-status").inner_text()
+    page.locator("#live-text").locator("textarea, input").first.fill("Hello there.")
+    with page.expect_response(lambda response: response.url.endswith("/say")) as said:
+        page.locator("#live-say").click()  # with the session's key: the script has no credentials
+    assert said.value.status == 200, said.value.text()
+    page.screenshot(path=str(folder / "live tab.png"))  # looked at when the tab changes
+    with page.expect_response(lambda response: response.request.method == "DELETE") as ended:
+        page.locator("#live-stop").click()
+    assert ended.value.status == 200, ended.value.text()
+    return frames
+
+
+def test_wav2lip_runs_live_where_forced_and_draws_the_mouth_only(tmp_path, no_weights, speech):
+    import av
+    import torch
+
+    from heygem.config import apply_overrides, load_config
+    from heygem.live.engine_step import choose_live_engine, start_step
+    from heygem.live.face import BUNDLED_PORTRAIT, load_face
+    from heygem.live.sessions import LiveSettings
+    from heygem.models.wav2lip import Wav2Lip
+
+    torch.manual_seed(0)
+    torch.save({"state_dict": Wav2Lip().state_dict()}, no_weights / "wav2lip.pth")  # random weights, public layout
+    auto = choose_live_engine(load_config())
+    assert auto.name == "landmark" and "GPU" in auto.reason, "a job's wav2lip stays off live on a CPU unless forced"
+
+    with serving(tmp_path / "outputs", live=LiveSettings(max_sessions=1, idle_seconds=30, engine="wav2lip")) as url:
+        result = asyncio.run(talk(url, speech, seconds=4.0))
+    assert result.answer["engine"] == "wav2lip" and "--live-engine" in result.answer["engine_reason"]
+    assert result.answer["delay_seconds"] == pytest.approx(0.2725, abs=0.001), "16 columns: 0.2125 s, and 0.06 s"
+    assert len(result.frames) > 8, "frames came back (on 2 CPU cores, fewer than 25 a second)"
+    config = load_config()
+    first = start_step(choose_live_engine(config, "wav2lip"), config, 25.0)
+    generator = first.engine
+    first.close()
+    second = start_step(choose_live_engine(config, "wav2lip"), config, 25.0)
+    assert second.engine is generator, "the next session's generator is the one the last session loaded"
+    second.close()
+
+    untouched = load_face(BUNDLED_PORTRAIT, apply_overrides(load_config(), {"media.output_height": 360}), "portrait")
+    original = av.VideoFrame.from_ndarray(untouched.frames_i420[0], format="yuv420p").to_ndarray(format="gray")
+    x1, y1, x2, y2 = portrait_mouth_box()
+    mouth, above = [], []
+    for _, shown in result.frames[5:]:  # whole frames (H, W) grey, while the speech plays (2.2 s of words)
+        difference = np.abs(shown.astype(np.float32) - original)
+        mouth.append(difference[y1:y2, x1:x2].mean())
+        above.append(difference[: y1 // 2].mean())  # the hair and the sky: never drawn
+    assert np.median(mouth) > 12 and np.median(above) < 5, (np.median(mouth), np.median(above))

@@ -17,7 +17,9 @@
                                    queue full -> 429 with Retry-After, disk short -> 507)
     /api/presenters...             saved presenters, and presenter=ID instead of face in POST /api/jobs
                                    (heygem.presenters.api)
-    /api/live...                   live sessions over WebRTC (heygem.live.routes)
+    /api/live...                   live sessions over WebRTC (heygem.live.routes); the page's Live tab
+                                   signs in with a one-use ticket and its session's key instead
+                                   (heygem.live.tickets)
 
 Every error is JSON ``{"error": message}`` (a query parameter of the wrong type too: 400). With
 ``auth`` set, every route needs HTTP basic auth with the same user and password as the web UI. With
@@ -60,6 +62,7 @@ from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
 from heygem.live.routes import add_live_routes
 from heygem.live.sessions import LiveSettings
+from heygem.live.tickets import TicketRefused
 from heygem.presenters.api import Preparer, add_presenter_routes, voice_sample_for
 from heygem.presenters.api import job_face as presenter_job_face
 from heygem.presenters.records import PresenterStore
@@ -154,12 +157,23 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
     ones (the page's too), by default one started here. ``live``: what live sessions (heygem.live) may do,
     by default LiveSettings()."""
     sign_ins = sign_ins if sign_ins is not None else FailedSignIns()
+    live = live if live is not None else LiveSettings()
 
     def signed_in(request: Request):
         """The request's user (request.state.user), or 401 (429 after repeated failures); None when the
         server has no users. Run in a worker thread: a hashed secret takes a while to check."""
         if users is None and auth is None:
             return None
+        try:  # the page's Live tab: a one-use ticket, or its session's key (heygem.live.tickets)
+            live_pass = live.tickets.pass_for(request.scope.get("method", "GET"), request.url.path,
+                                              request.path_params, request.headers)
+        except TicketRefused as refused:
+            raise ApiError(401, str(refused)) from None
+        if live_pass is not None:
+            user = users.get(live_pass.user_name) if users is not None else None
+            if users is not None and user is None:
+                raise ApiError(401, "the user this live ticket was given to is no longer on this server")
+            return user
         header = request.headers.get("authorization", "")
         address, name = request.client.host if request.client else None, claimed_name(header)
         wait = sign_ins.retry_after(address, name)

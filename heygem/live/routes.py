@@ -4,13 +4,15 @@ take the same users and keys as the rest of /api:
     GET    /api/live                     -> {"ice_servers", "sessions", "max_sessions", "idle_seconds"}
     POST   /api/live                     JSON {"sdp", "type": "offer", "presenter"?: id} (the client sends
                                          its microphone, receives video and sound) -> {"sdp", "type":
-                                         "answer", "session", "engine", "engine_reason", "face",
+                                         "answer", "session", "key", "engine", "engine_reason", "face",
                                          "delay_seconds", "width", "height"}; every session busy -> 429
     POST   /api/live/{session}/say       JSON {"text"} -> {"session", "sentences"}: the presenter says it
     DELETE /api/live/{session}           -> {"session", "status": "ended"}
     WS     /api/live/{session}/audio     binary messages of 16 kHz mono s16le PCM: a voice agent's speech
 
-A session belongs to the user who started it (another gets 404, an admin any).
+A session belongs to the user who started it (another gets 404, an admin any). The page's Live tab signs in
+with a one-use ticket instead of the REST API's credentials, and then with its session's key
+(heygem.live.tickets; checked with the rest of the sign-in in heygem.jobs.api).
 """
 
 from __future__ import annotations

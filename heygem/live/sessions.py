@@ -24,6 +24,7 @@ from heygem.errors import HeygemError
 from heygem.live.audio_in import SAMPLE_RATE, AudioTimeline, Resampler, lookahead_seconds, mel_window, samples_to_16k
 from heygem.live.engine_step import LiveEngineStep, choose_live_engine, start_step
 from heygem.live.face import BUNDLED_PORTRAIT, LiveFace, load_face
+from heygem.live.tickets import LiveTickets
 from heygem.live.tracks import ARRIVAL_MARGIN, delayed_audio_track, presenter_video_track
 
 logger = logging.getLogger("heygem")
@@ -40,13 +41,18 @@ class LiveFull(HeygemError):
 
 @dataclass(frozen=True)
 class LiveSettings:
-    """What a server allows its live sessions (app.py's --max-live, --live-idle-seconds, --ice-server)."""
+    """What a server allows its live sessions (app.py's --max-live, --live-idle-seconds, --ice-server,
+    --live-engine), and
+    the one registry of tickets and session keys its page and its routes share (app.py hands the same
+    settings to both)."""
 
     max_sessions: int = 2  # sessions at once; more are refused (0: no limit)
     idle_seconds: float = 120.0  # a session in which nobody spoke this long ends
     ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs (turn:NAME:SECRET@host:3478) for peers beyond the LAN
     output_height: int = LIVE_HEIGHT
     fps: float = LIVE_FPS
+    engine: str = "auto"  # --live-engine: auto (the jobs' engine where it runs live in real time) or a name
+    tickets: LiveTickets = field(default_factory=LiveTickets, compare=False, repr=False)  # heygem.live.tickets
 
     def ice_server_list(self) -> list[dict]:
         """The ICE servers as a browser's RTCPeerConnection takes them: {"urls", "username"?, "credential"?}."""
@@ -73,6 +79,7 @@ class LiveSession:
     engine_reason: str
     step: LiveEngineStep
     delay: float  # seconds the output (sound and mouth) is behind what came in
+    key: str = ""  # signs in as the session's user on its own routes (heygem.live.tickets)
     timeline: AudioTimeline = field(default_factory=AudioTimeline)
     peer: object = None  # aiortc.RTCPeerConnection
     video: object = None  # the outgoing tracks (heygem.live.tracks)
@@ -114,7 +121,7 @@ class LiveSession:
             return spoken
 
     def answer(self) -> dict:
-        return {"session": self.id, "engine": self.engine, "engine_reason": self.engine_reason,
+        return {"session": self.id, "key": self.key, "engine": self.engine, "engine_reason": self.engine_reason,
                 "face": self.face.description, "delay_seconds": round(self.delay, 3),
                 "width": self.face.geometry.width, "height": self.face.geometry.height}
 
@@ -180,11 +187,12 @@ class LiveSessions:
             face = await asyncio.to_thread(_kept_face, str(face_path), stamp, description,
                                            str(track_dir) if track_dir else None, config.face.face_index,
                                            self.settings.output_height)
-            choice = choose_live_engine(config)
+            choice = choose_live_engine(config, self.settings.engine)
             step = await asyncio.to_thread(start_step, choice, config, self.settings.fps)
             session = LiveSession(id=secrets.token_hex(8), submitter=getattr(user, "name", None), face=face,
                                   engine=choice.name, engine_reason=choice.reason, step=step,
                                   delay=lookahead_seconds(step.mel_columns) + ARRIVAL_MARGIN)
+            session.key = self.settings.tickets.issue_key(session.id, session.submitter)
             servers = [RTCIceServer(**server) for server in self.settings.ice_server_list()]
             peer = RTCPeerConnection(RTCConfiguration(iceServers=servers or None))
             session.peer = peer
@@ -250,6 +258,7 @@ class LiveSessions:
         if session.ended:
             return
         session.ended = True
+        self.settings.tickets.forget_key(session.id)
         for task in session.tasks:
             task.cancel()
         if session.peer is not None:

@@ -17,6 +17,7 @@ import gradio as gr  # noqa: E402 - after the switches above
 
 from heygem import __version__  # noqa: E402
 from heygem.jobs.store import JobStore
+from heygem.live.sessions import LiveSettings
 from heygem.presenters.api import Preparer
 from heygem.presenters.records import PresenterStore
 from heygem.ui.access import PageAccess
@@ -32,11 +33,13 @@ from heygem.ui.timeline import TIMELINE_CSS
 
 
 def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None = None,
-             presenters: PresenterStore | None = None, preparer: Preparer | None = None) -> gr.Blocks:
+             presenters: PresenterStore | None = None, preparer: Preparer | None = None,
+             live: LiveSettings | None = None) -> gr.Blocks:
     """The Blocks app: Generate, Presenters, Batch, Jobs, Live and System tabs over ``store``; ``access``: who sees
     which jobs (default: a server for one person, who sees every job); ``presenters`` and ``preparer``: the
     saved presenters and what prepares new ones, shared with the REST API (default: the store's folder's,
-    and a preparer of the page's own)."""
+    and a preparer of the page's own); ``live``: the live settings the REST API's routes were given (the
+    Live tab's tickets are theirs to check)."""
     access = access if access is not None else PageAccess(store)
     presenters = presenters if presenters is not None else PresenterStore(store.outputs_dir)
     preparer = preparer if preparer is not None else Preparer(presenters, store.base_config)
@@ -49,7 +52,7 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
             presenters_tab(presenters, preparer, access)
             batch_tab(store, batch_roots, access, presenters)
             jobs_tab(store, access)
-            live_tab(store, access)
+            live_tab(store, access, presenters, live)
             system_tab(access)
         client_api(store, access, presenters)
     return demo

@@ -125,3 +125,21 @@ def test_without_musetalk_files_nothing_is_loaded_and_a_failed_engine_step_leave
     assert usable.status == READY and usable.prepared == ["track"] and latent_files(fresh) == []
     assert any("musetalk latents" in record.getMessage() and "out of memory" in record.getMessage()
                for record in caplog.records), caplog.text
+
+
+def test_a_presenters_table_of_an_earlier_version_gets_the_prepared_column(tmp_path):
+    import re
+    import sqlite3
+
+    from heygem.presenters import records
+
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    earlier = re.sub(r",( +--[^\n]*\n) +prepared [^\n]*\n", r"\1", records._SCHEMA)  # the column left out
+    assert "prepared" not in earlier.split("CREATE INDEX")[0]
+    with sqlite3.connect(outputs / records.DATABASE_NAME) as db:
+        db.executescript(earlier)
+        db.execute("INSERT INTO presenters (id, name, status, created, clip_name, kind, seconds, width, height, "
+                   "bytes) VALUES ('p-20240501-120000-3fa2c1', 'old', 'ready', 0, 'c.mp4', 'video', 2, 320, 240, 1)")
+    (old,) = PresenterStore(outputs).list()
+    assert old.prepared == [] and old.to_dict()["prepared"] == []

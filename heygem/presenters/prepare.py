@@ -61,7 +61,8 @@ def presenter_config(face_index: int | None, config: Config | None = None) -> Co
 
 def prepare(store: PresenterStore, presenter: Presenter, config: Config | None = None,
             progress: Callable[[float], None] | None = None) -> Presenter:
-    """Prepare ``presenter`` (track, thumbnail, speech sample, warnings) and mark it ready.
+    """Prepare ``presenter`` (track, what the installed engines prepare once, thumbnail, speech sample,
+    warnings) and mark it ready, with the list of what was prepared.
     HeygemError when the clip cannot serve (no face in any frame); the caller decides what that means."""
     config = presenter_config(presenter.face_index, config)
     info = probe(presenter.clip_path, role="face")

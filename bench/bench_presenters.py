@@ -6,12 +6,13 @@
 
 Makes a ``--seconds`` clip of the bundled portrait drifting (``--size``, 25 fps) and speech of the same
 length (the English sample looped), prepares the clip as a presenter (heygem.presenters: the checks, the
-whole clip's track, the thumbnail, the speech sample) and times that once. Then, in this one process as a
-server's worker runs them (the engine loaded by an untimed first job and kept), ``--runs`` times each way,
-alternated:
+whole clip's track, what the installed engines prepare once (MuseTalk: every face crop's latents), the
+thumbnail, the speech sample) and times that once, saying what was prepared and how long the track took.
+Then, in this one process as a server's worker runs them (the engine loaded by an untimed first job and
+kept), ``--runs`` times each way, alternated:
 
 - presenter: the job made from the presenter (its track and, for MuseTalk, its crops' latents from the
-  avatar cache: ``avatar_cache: hit``);
+  avatar cache, put there by the preparation: ``avatar_cache: hit``, no crop encoded);
 - new upload: the same clip as a face never seen before (``run.avatar_cache`` off: every frame tracked,
   every MuseTalk crop encoded).
 
@@ -51,6 +52,11 @@ def random_weights(folder: Path, engine: str, musetalk_size: str) -> Path:
 
         write_random_files(folder / "musetalk", size=musetalk_size)
     return folder
+
+
+def stored_latents(cache: Path) -> int:
+    """How many crops' latents the avatar cache holds (heygem.face.avatar_cache: latents/NAMESPACE/DIGEST.npy)."""
+    return sum(1 for _ in (cache / "latents").glob("*/*.npy"))
 
 
 def timed_job(face: Path, speech: Path, output: Path, overrides: dict) -> dict:
@@ -103,7 +109,14 @@ def main() -> None:
     from bench_pipeline import machine_description, make_inputs
 
     from heygem.config import apply_overrides, load_config
-    from heygem.presenters.prepare import job_options, prepare, presenter_config, use_for_job
+    from heygem.presenters.prepare import (
+        TRACKING_SHARE,
+        engines_to_prepare,
+        job_options,
+        prepare,
+        presenter_config,
+        use_for_job,
+    )
     from heygem.presenters.records import PresenterStore
 
     width, height = (int(value) for value in args.size.lower().split("x"))
@@ -112,25 +125,38 @@ def main() -> None:
     if args.output_height:
         options["media.output_height"] = args.output_height
     store = PresenterStore(folder / "outputs", max_seconds=None)
+    track_share = TRACKING_SHARE if engines_to_prepare(load_config()) else 0.95  # of the preparation's progress
+    tracked: list[float] = []  # when the preparation's progress passed the track's share
     started = time.perf_counter()
-    presenter = prepare(store, store.create(clip, "bench"))
+
+    def progress(fraction: float) -> None:
+        if not tracked and fraction >= track_share:
+            tracked.append(time.perf_counter() - started)
+
+    presenter = prepare(store, store.create(clip, "bench"), progress=progress)
     prepared_seconds = time.perf_counter() - started
+    print(f"presenter prepared in {prepared_seconds:.1f} s (track {tracked[0] if tracked else 0.0:.1f} s): "
+          f"{', '.join(presenter.prepared)}", flush=True)
     config = presenter_config(presenter.face_index, apply_overrides(load_config(), options))  # the jobs' own
 
     timed_job(clip, speech, folder / "warm-up.mp4", {**options, "run.avatar_cache": False})  # the engine, kept
     ways = {"presenter": [], "new upload": []}
+    latents_before = stored_latents(folder / "avatar-cache")
     for run in range(args.runs):
         face = use_for_job(presenter, config)
         made = timed_job(face, speech, folder / f"presenter-{run}.mp4", job_options(presenter, options))
         assert made["avatar_cache"] == "hit", made["avatar_cache"]
+        if run == 0 and args.engine == "musetalk":  # the new uploads keep none (run.avatar_cache off)
+            print(f"crop latents the presenter's first job encoded: "
+                  f"{stored_latents(folder / 'avatar-cache') - latents_before}", flush=True)
         ways["presenter"].append(made)
         ways["new upload"].append(timed_job(clip, speech, folder / f"new-{run}.mp4",
                                             {**options, "run.avatar_cache": False}))
 
     frames = ways["presenter"][0]["frames"]
     lines = [f"{machine_description()}; {args.engine}; a {args.size} clip of {args.seconds:g} s prepared as a "
-             f"presenter in {prepared_seconds:.1f} s; jobs of {frames} frames (output height "
-             f"{args.output_height or height}), engine kept, median of {args.runs}:", "",
+             f"presenter in {prepared_seconds:.1f} s ({', '.join(presenter.prepared)}); jobs of {frames} frames "
+             f"(output height {args.output_height or height}), engine kept, median of {args.runs}:", "",
              "| face | first streamed segment (s) | done (s) | faces stage (s) |", "| --- | --- | --- | --- |"]
     for name, measured in ways.items():
         lines.append(f"| {name} | {statistics.median(job['first'] for job in measured):.2f} | "

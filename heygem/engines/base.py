@@ -8,6 +8,9 @@ An engine is two things:
 - the loaded engine (:class:`LipSyncEngine`), which the render stages ask for mouths through its
   public methods only.
 
+An engine may also prepare once, for a saved presenter, what its jobs on that clip would otherwise
+compute each time (:meth:`EngineKind.prepare_presenter`, heygem.presenters.prepare).
+
 Adding an engine is one module (or small package) with its kind, and one line in the registry.
 An engine module imports nothing heavy at the top (torch, say): choosing an engine only looks at
 files.
@@ -16,14 +19,17 @@ files.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from heygem.config import Config, EngineConfig
-from heygem.types import EngineBatch, FacePatch
+from heygem.types import EngineBatch, Face, FacePatch
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from heygem.render.prepared import Prepared
     from heygem.runtime.flow import Stage
 
@@ -80,6 +86,7 @@ class EngineKind(ABC):
     # filmed mouth back there)
     keeps_filmed_mouth_in_pauses: bool = False
     weights_label: str = ""  # what its weights are called in messages: "Wav2Lip checkpoint"
+    presenter_preparation: str = ""  # what prepare_presenter keeps for a presenter ("musetalk latents"); "": none
 
     def find_weights(self, config: EngineConfig) -> Path | None:
         """The checkpoint this engine would run on (the option's file, else the first one found in the
@@ -115,6 +122,15 @@ class EngineKind(ABC):
     def render(self, prepared: Prepared, config: Config, restorer: str) -> RenderPath:
         """The render stages for this engine, the chosen restorer and this machine (--render): decided
         before the engine has loaded. HeygemError for a combination that cannot run."""
+
+    def prepare_presenter(self, engine: LipSyncEngine,
+                          batches: Iterator[tuple[np.ndarray, list[Face | None]]]) -> None:
+        """Compute once what this engine's jobs on a presenter's clip would compute each time, and keep it
+        where those jobs look for it (the avatar cache): ``batches`` are the whole clip's frames in order,
+        (N, H, W, 3) uint8 BGR at the size a job with default options works at, each with its N faces (None
+        where there is none) as such a job's face stage hands them over. Only called for an engine whose
+        :attr:`presenter_preparation` names something; nothing by default."""
+        return None
 
     def after_job(self, engine: LipSyncEngine, owner: int, ended_well: bool) -> None:
         """Called once a job is over: what the engine keeps for ``owner``'s next job is kept (only after

@@ -65,7 +65,7 @@ def presenters_command(args: argparse.Namespace) -> int:
         sample = f"{presenter.speech_seconds:.1f} s" if presenter.speech_seconds else "none (too little speech)"
         length = f"{presenter.seconds:.1f} s video" if presenter.kind == "video" else "photo"
         print(f"added presenter {presenter.name!r} ({presenter.id}): {length}, {presenter.width}x{presenter.height}, "
-              f"speech sample {sample}")
+              f"speech sample {sample}; prepared: {', '.join(presenter.prepared)}")
         for warning in presenter.warnings:
             print(f"warning: {warning}")
         return 0
@@ -77,6 +77,8 @@ def presenters_command(args: argparse.Namespace) -> int:
             speech = f"{presenter.speech_seconds:.1f} s" if presenter.speech_seconds else "-"
             print(f"{presenter.id:26} {presenter.name[:20]:20} {presenter.status:10} {presenter.kind:6} "
                   f"{presenter.seconds:8.1f} {size:>10}  {presenter.submitter or '':10} {speech}")
+            if presenter.prepared:
+                print(f"    prepared: {', '.join(presenter.prepared)}")
             for note in presenter.warnings + ([presenter.error] if presenter.error else []):
                 print(f"    {note}")
         return 0

@@ -53,11 +53,13 @@ CREATE TABLE IF NOT EXISTS presenters (
     height INTEGER NOT NULL,
     bytes INTEGER NOT NULL,
     warnings TEXT NOT NULL DEFAULT '[]',   -- JSON list of the checks' warnings
-    speech_seconds REAL                    -- length of speech.wav; NULL: none
+    speech_seconds REAL,                   -- length of speech.wav; NULL: none
+    prepared TEXT NOT NULL DEFAULT '[]'    -- JSON list of what was prepared once: "track", "musetalk latents"
 );
 CREATE INDEX IF NOT EXISTS presenters_by_submitter ON presenters (submitter, created);
 CREATE UNIQUE INDEX IF NOT EXISTS presenters_by_name ON presenters (COALESCE(submitter, ''), name);
 """
+_ADDED_COLUMNS = {"prepared": "TEXT NOT NULL DEFAULT '[]'"}  # columns a presenters table made earlier lacks
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Presenter:
     bytes: int
     warnings: list[str] = field(default_factory=list)
     speech_seconds: float | None = None
+    prepared: list[str] = field(default_factory=list)  # what was prepared once: "track", "musetalk latents"
     directory: Path = Path()
 
     @property
@@ -109,6 +112,7 @@ class Presenter:
             "size": {"width": self.width, "height": self.height}, "bytes": self.bytes,
             "warnings": list(self.warnings), "submitter": self.submitter,
             "speech_sample_seconds": None if self.speech_seconds is None else round(self.speech_seconds, 2),
+            "prepared": list(self.prepared),
             "thumbnail": f"/api/presenters/{self.id}/thumbnail" if ready and self.thumbnail_path.is_file() else None,
         }
 
@@ -146,6 +150,11 @@ class PresenterStore:
         self.max_upload_bytes = max_upload_bytes
         with self._connection() as db:
             db.executescript(_SCHEMA)
+            present = {row["name"] for row in db.execute("PRAGMA table_info(presenters)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in present:
+                    with contextlib.suppress(sqlite3.OperationalError):  # added meanwhile by another process
+                        db.execute(f"ALTER TABLE presenters ADD COLUMN {name} {kind}")
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
@@ -163,7 +172,8 @@ class PresenterStore:
             progress=row["progress"], error=row["error"], created=row["created"], clip_name=row["clip_name"],
             kind=row["kind"], face_index=row["face_index"], seconds=row["seconds"], width=row["width"],
             height=row["height"], bytes=row["bytes"], warnings=json.loads(row["warnings"]),
-            speech_seconds=row["speech_seconds"], directory=self.folder / row["id"])
+            speech_seconds=row["speech_seconds"], prepared=json.loads(row["prepared"]),
+            directory=self.folder / row["id"])
 
     # ------------------------------------------------------------------ reading
 
@@ -250,11 +260,13 @@ class PresenterStore:
             db.execute("UPDATE presenters SET progress = ? WHERE id = ? AND status = ?",
                        (min(max(float(fraction), 0.0), 1.0), presenter_id, PREPARING))
 
-    def mark_ready(self, presenter_id: str, warnings: list[str], speech_seconds: float | None) -> None:
+    def mark_ready(self, presenter_id: str, warnings: list[str], speech_seconds: float | None,
+                   prepared: list[str] | None = None) -> None:
         with self._connection() as db:
             db.execute("UPDATE presenters SET status = ?, progress = 1, error = NULL, warnings = ?, "
-                       "speech_seconds = ? WHERE id = ?",
-                       (READY, json.dumps(warnings, ensure_ascii=False), speech_seconds, presenter_id))
+                       "speech_seconds = ?, prepared = ? WHERE id = ?",
+                       (READY, json.dumps(warnings, ensure_ascii=False), speech_seconds,
+                        json.dumps(prepared or []), presenter_id))
 
     def mark_failed(self, presenter_id: str, error: str) -> None:
         """Record why the preparation failed; the clip and whatever was made from it are deleted first, so

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from heygem.config import Config, EngineConfig
 from heygem.engines.base import EngineKind, LipSyncEngine, RenderPath
@@ -25,6 +27,10 @@ from heygem.engines.musetalk.files import (
 from heygem.errors import HeygemError
 from heygem.render.prepared import Prepared
 from heygem.runtime.kept import KEPT, KeptKind
+from heygem.types import Face
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MUSETALK_ENGINE = KeptKind("musetalk engine", most=2, per_owner=True)
 logger = logging.getLogger("heygem")
@@ -52,6 +58,7 @@ class MuseTalkKind(EngineKind):
     sharp_face_size = 256  # decoded at 256x256: auto adds no restorer (MuseTalk itself restores nothing)
     reads_mel = False  # its audio features are Whisper's
     weights_label = "complete MuseTalk files (with the musetalk extra installed)"
+    presenter_preparation = "musetalk latents"
 
     def find_weights(self, config: EngineConfig) -> Path | None:
         """weights/musetalk when every required file is there and diffusers and transformers import."""
@@ -122,6 +129,13 @@ class MuseTalkKind(EngineKind):
         if wanted == "torch" or (wanted == "auto" and config.engine.device != "cpu" and gpu_expected()):
             return MuseTalkDeviceRender(prepared, config)
         return MuseTalkRender(prepared, config)
+
+    def prepare_presenter(self, engine: LipSyncEngine, batches: Iterator[tuple[np.ndarray, list[Face | None]]]
+                          ) -> None:
+        """Every face crop's latents (the VAE's, for the UNet's input) encoded and kept in the avatar cache,
+        where a job made from the presenter finds them: it runs no encoder."""
+        encoded = engine.prepare_latents(batches)
+        logger.info("musetalk: %d face crops of the presenter encoded", encoded)
 
     def after_job(self, engine: LipSyncEngine, owner: int, ended_well: bool) -> None:
         """Nothing to stop: the networks stay loaded for ``owner``'s next job (heygem.runtime.kept)."""

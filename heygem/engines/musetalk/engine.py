@@ -15,7 +15,8 @@ tracked; the first call that needs the step waits for it. ``load_seconds`` says 
 
 The crop latents are the avatar's preparation: kept in memory for the job and in the avatar
 cache (heygem.face.avatar_cache) under the VAE's files and the crop's pixels, so a new script for
-the same presenter never runs the encoder again.
+the same presenter never runs the encoder again; a saved presenter has them all encoded when it is
+prepared (:meth:`MuseTalkEngine.prepare_latents`), so even its first job runs no encoder.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -201,24 +203,46 @@ class MuseTalkEngine:
         self.wait_until_warm()
         return self.step(unet_input_latents.to(self.device), audio_windows.to(self.device))
 
-    def patches(self, frames_bgr, faces: list[Face | None], audio_windows: torch.Tensor
-                ) -> list[FacePatch | None]:
-        """One patch per frame of ``frames_bgr`` ((N, H, W, 3) uint8 BGR, or a list of N such frames),
-        None where there is no face; ``audio_windows`` (N, 50, 384) are those frames' audio features."""
-        frame_count = len(frames_bgr)
-        frame_height, frame_width = frames_bgr[0].shape[:2] if frame_count else (0, 0)
-        if not len(faces) == len(audio_windows) == frame_count:
-            raise ValueError(f"{frame_count} frames, {len(faces)} faces and {len(audio_windows)} audio windows")
-        patches: list[FacePatch | None] = [None] * frame_count
+    def face_crops(self, frames_bgr, faces: list[Face | None]) -> tuple[list[int], list[Box], np.ndarray]:
+        """(rows of the frames whose face has a box, MuseTalk's box of each, (F, 256, 256, 3) uint8 BGR crops)
+        for ``frames_bgr`` ((N, H, W, 3) uint8 BGR, or a list of N such frames) and their N faces."""
+        frame_height, frame_width = frames_bgr[0].shape[:2] if len(frames_bgr) else (0, 0)
         rows, boxes = [], []
         for row, face in enumerate(faces):
             box = crop.musetalk_box(face, frame_height, frame_width, self.extra_margin) if face is not None else None
             if box is not None:
                 rows.append(row)
                 boxes.append(box)
+        crops_bgr = np.stack([crop.crop_256(frames_bgr[row], box) for row, box in zip(rows, boxes)]) if rows else \
+            np.empty((0, crop.FACE_SIZE, crop.FACE_SIZE, 3), np.uint8)
+        return rows, boxes, crops_bgr
+
+    def prepare_latents(self, batches: Iterator[tuple[np.ndarray, list[Face | None]]]) -> int:
+        """The crop latents of every face of ``batches`` ((frames BGR, their faces), a presenter's whole clip)
+        found or encoded, in full model batches, and so kept in the avatar cache for the jobs to come (a
+        presenter's preparation); how many crops the VAE encoded."""
+        before = self.encoded
+        waiting: list[np.ndarray] = []  # (256, 256, 3) crops not yet handed to the encoder
+        for frames_bgr, faces in batches:
+            waiting.extend(self.face_crops(frames_bgr, faces)[2])
+            while len(waiting) >= self.batch_size:
+                self.unet_input_latents(np.stack(waiting[:self.batch_size]))
+                del waiting[:self.batch_size]
+        if waiting:
+            self.unet_input_latents(np.stack(waiting))
+        return self.encoded - before
+
+    def patches(self, frames_bgr, faces: list[Face | None], audio_windows: torch.Tensor
+                ) -> list[FacePatch | None]:
+        """One patch per frame of ``frames_bgr`` ((N, H, W, 3) uint8 BGR, or a list of N such frames),
+        None where there is no face; ``audio_windows`` (N, 50, 384) are those frames' audio features."""
+        frame_count = len(frames_bgr)
+        if not len(faces) == len(audio_windows) == frame_count:
+            raise ValueError(f"{frame_count} frames, {len(faces)} faces and {len(audio_windows)} audio windows")
+        patches: list[FacePatch | None] = [None] * frame_count
+        rows, boxes, crops_bgr = self.face_crops(frames_bgr, faces)
         if not rows:
             return patches
-        crops_bgr = np.stack([crop.crop_256(frames_bgr[row], box) for row, box in zip(rows, boxes)])
         latents = self.unet_input_latents(crops_bgr)  # (F, 8, 32, 32)
         generated = self.generate_faces(latents, audio_windows[rows])  # (F, 3, 256, 256) RGB in [0, 1]
         faces_rgb = (generated.float() * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()

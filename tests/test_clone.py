@@ -269,14 +269,14 @@ def test_the_voice_benchmark_runs_the_reduced_model_on_the_cpu():
                "--first-frames", "2", "--repeats", "1"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "first sentence (2 frames" in result.stdout
+    assert "first sentence: 2 frames" in result.stdout
     rows = [line.strip("|").split("|") for line in result.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith("| variant")]
-    assert [row[0].strip() for row in rows] == ["heygem (guidance in the diffusion head)",
-                                                "generate's logits guidance on"]
+            if line.startswith("| ") and not line.startswith("| loop")]
+    assert [row[0].strip() for row in rows] == ["generate", "fast"]
     for row in rows:
-        frames, speech, seconds, per_frame, rtf = (float(cell) for cell in row[2:7])
-        assert frames == 4 and abs(speech - 4 * 3200 / 24000) < 0.01 and seconds > 0 and rtf > 0
+        prepare, cold, first, stream, per_frame, rtf = (float(cell) for cell in row[1:7])
+        assert min(cold, first, stream, per_frame, rtf) > 0 and prepare >= 0
+        assert abs(per_frame - 1000 * stream / 4) < 0.1
 
 
 def test_a_bf16_model_speaks_from_a_float32_voice_sample(tmp_path):

@@ -276,7 +276,7 @@ def test_the_voice_benchmark_runs_the_reduced_model_on_the_cpu():
     for row in rows:
         prepare, cold, first, stream, per_frame, rtf = (float(cell) for cell in row[1:7])
         assert min(cold, first, stream, per_frame, rtf) > 0 and prepare >= 0
-        assert abs(per_frame - 1000 * stream / 4) < 0.1
+        assert abs(per_frame - 1000 * stream / 4) < 1.5  # stream is printed to 10 ms
 
 
 def test_a_bf16_model_speaks_from_a_float32_voice_sample(tmp_path):

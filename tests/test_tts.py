@@ -7,7 +7,7 @@ import wave
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, add_piper_voice, rest_client
 
 from heygem.errors import HeygemError
 from heygem.speech.subtitles import Cue, read_srt, srt_timestamp, write_srt
@@ -211,6 +211,28 @@ def test_cli_say_and_voices(tmp_path):
     refused = heygem("say", "hello", "--voice", "missing", "-o", tmp_path / "x.wav")
     assert refused.returncode == 2 and "unknown voice 'missing'" in refused.stderr
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_a_piper_voice_in_weights_voices_is_in_every_voice_list(no_weights, tmp_path):
+    """The command line's list, the page's voice dropdown and GET /api/voices (gradio_client's /voices:
+    tests/test_api.py) all offer a voice the user put into weights/voices/."""
+    from heygem.jobs.store import JobStore
+    from heygem.ui.generate import voice_choices
+
+    add_piper_voice(no_weights, "zh_CN-test-medium", "zh_CN")
+    listing = heygem("voices")
+    assert listing.returncode == 0, listing.stderr
+    assert any(line.split()[:3] == ["zh_CN-test-medium", "piper", "zh_CN"] for line in listing.stdout.splitlines())
+    assert ("zh_CN-test-medium (zh_CN)", "zh_CN-test-medium") in voice_choices()
+    response = rest_client(JobStore(tmp_path / "outputs")).get("/api/voices")
+    assert response.status_code == 200
+    voices = {voice["name"]: voice for voice in response.json()["voices"]}
+    assert voices["zh_CN-test-medium"] == {"name": "zh_CN-test-medium", "kind": "piper", "language": "zh_CN",
+                                           "sample_rate": bundled_config()["audio"]["sample_rate"]}
+    assert voices[BUNDLED_VOICE_NAME]["kind"] == "piper" and voices["espeak-zh"]["kind"] == "espeak"
+    assert str(tmp_path) not in response.text and "onnx" not in response.text  # no server paths
+    # Chinese text now goes to it rather than to espeak-ng
+    assert choose_voice(CHINESE, None, no_weights).voice.name == "zh_CN-test-medium"
 
 
 def test_configurable_text_limit():

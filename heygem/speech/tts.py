@@ -269,6 +269,13 @@ def list_voices(weights_dir: str | Path | None = None) -> list[Voice]:
     return voices
 
 
+def voice_records(weights_dir: str | Path | None = None) -> list[dict]:
+    """``list_voices`` as plain records for REST and gradio_client (no server paths): name, kind, language
+    family as the voice states it, sample rate."""
+    return [{"name": voice.name, "kind": voice.kind, "language": voice.language, "sample_rate": voice.sample_rate}
+            for voice in list_voices(weights_dir)]
+
+
 def clone_voice(weights_dir: str | Path, reference: str | Path | None = None) -> Voice:
     """The cloned voice, speaking in the voice of ``reference``; HeygemError saying where its files go
     when weights_dir/vibevoice/ lacks them."""

@@ -14,11 +14,15 @@ from heygem.speech.subtitles import Cue, read_srt, srt_timestamp, write_srt
 from heygem.speech.tts import (
     BUNDLED_VOICE_NAME,
     MAX_TEXT_CHARACTERS,
+    Voice,
+    VoiceChoice,
     check_text,
     choose_voice,
     find_voice,
+    first_clause_apart,
     list_voices,
     split_sentences,
+    stream_sentences,
     synthesize,
     write_wav,
 )
@@ -528,3 +532,32 @@ def test_the_optimised_voice_is_cached_and_a_broken_copy_is_made_again(tmp_path)
         with wave.open(str(tmp_path / name), "rb") as wav:
             pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
         assert len(pcm) > 0.4 * 22050 and np.abs(pcm).max() > 3000
+
+
+def test_the_first_clause_of_a_long_first_sentence_is_spoken_apart():
+    long = "Welcome to the quarterly review, where we look back at what the team built."
+    assert first_clause_apart([long, "Next."]) == ["Welcome to the quarterly review,",
+                                                   "where we look back at what the team built.", "Next."]
+    assert first_clause_apart(["Short one, really.", long]) == ["Short one, really.", long]  # short: kept
+    assert first_clause_apart(["No clause marks in this fairly long first sentence at all."]) == [
+        "No clause marks in this fairly long first sentence at all."]
+    chinese = "欢迎参加本季度的回顾会议，我们将一起看看团队在过去三个月里完成的所有工作、遇到的问题和取得的成果。"
+    assert first_clause_apart([chinese]) == ["欢迎参加本季度的回顾会议，", chinese[13:]]
+
+
+def test_the_cloned_voice_speaks_its_first_clause_first(monkeypatch, tmp_path):
+    """Only the cloned voice (slow) gets the first clause apart; its cues follow the parts it spoke."""
+    spoken = []
+
+    class Speaker:
+        def speak(self, sentence):
+            spoken.append(sentence)
+            return np.full(2400, 0.1, np.float32)
+
+    monkeypatch.setattr("heygem.speech.clone.cloned_voice", lambda folder, reference: Speaker())
+    voice = Voice(name="clone", language="en,zh", sample_rate=24000, path=tmp_path, kind="clone",
+                  reference=tmp_path / "sample.wav")
+    text = "Welcome to the quarterly review, where we look back at what the team built. Thanks."
+    cues = [part.cue.text for part in stream_sentences(text, VoiceChoice(voice), sentence_pause=0.0)]
+    assert spoken == cues == ["Welcome to the quarterly review,", "where we look back at what the team built.",
+                              "Thanks."]

@@ -2,7 +2,7 @@
 that one frame costs one language-model forward and, on a GPU, two CUDA graph replays.
 
     loop = FrameLoop(clone_model)                 # once per loaded model
-    loop.prepare(capacity)                        # cache (and CUDA graphs) sized for the longest prompt
+    loop.prepare(capacity)                        # caches (and CUDA graphs) sized for the longest prompt
     waveform = loop.speak(inputs, max_new_tokens) # (1, frames * 3200), as generate's audio[0]
 
 Per frame, ``generate`` runs the language model twice with batch 1 (the prompt's branch, then the
@@ -15,10 +15,13 @@ and the semantic encoder, with a host sync for every ``.any()`` and ``.item()`` 
   their positions (row 1 counts its own tokens) and their masks differ. Row 1's slot of a step counts
   only when the prompt's branch chose an audio frame there, exactly when generate steps its negative
   branch; a new audio start empties row 1's context, as generate's reset does.
-- On a GPU that language-model step and the whole denoising loop (head, guidance, scheduler) are each
-  captured once in a CUDA graph (fixed shapes: the cache is allocated for ``capacity`` tokens), so a
-  frame is two replays, the streaming decoder and encoder, and one host sync for the chosen token.
-  Anything that stops a capture falls back to the same code run eagerly, with a log line.
+- The streaming acoustic decoder and semantic encoder keep one pair of padding caches for good (the
+  library updates them in place), zeroed at each sentence's start as a new pair would be.
+- On a GPU the language-model step, the whole denoising loop (head, guidance, scheduler) and the
+  decoder with the encoder and the connectors are each captured once in a CUDA graph (fixed shapes:
+  the KV cache is allocated for ``capacity`` tokens), so a frame is three replays, a few small copies
+  and one host sync for the chosen token. Anything that stops a capture falls back to the same code
+  run eagerly, with a log line.
 
 The prompt's prefill and the negative branch's first token run exactly as ``generate`` runs them (batch
 1, dynamic cache) and are copied into the static cache. The random draws (the voice sample's sigma-VAE
@@ -102,6 +105,8 @@ class FrameLoop:
         self.cache = None
         self.language_step = None  # the batch-2 one-token step: eager, or a graph replay
         self.denoisers: dict[int, object] = {}  # diffusion steps -> the denoising loop for them
+        self.voice_frame = None  # latent -> the frame's audio and the next step's embedding: eager or a replay
+        self.acoustic_cache = self.semantic_cache = None  # the streaming decoder's and encoder's padding caches
 
     # -- buffers and graphs ---------------------------------------------------------------------------
 
@@ -130,7 +135,50 @@ class FrameLoop:
                 layer.values.zero_()
                 layer.cumulative_length.zero_()
             self.step_mask.fill_(False)
+        if self.voice_frame is None:
+            self._prepare_voice_frame()
         self._denoiser(diffusion_steps or self.default_steps)
+
+    def _prepare_voice_frame(self) -> None:
+        """The streaming decoder and the semantic encoder for one frame, over padding caches kept for good
+        (the library sizes them at their first use, and updates them in place) and zeroed at each
+        sentence's start, which is what a new cache holds; captured as one graph on a GPU."""
+        import torch
+
+        self.frame_latent = torch.zeros(1, 1, self.latent_size, dtype=self.dtype, device=self.device)
+        first = self.core.audio_tower.decode(self.frame_latent, padding_cache=None, use_cache=True)
+        semantic = self.core.semantic_tokenizer_encoder(first.audio, padding_cache=None, use_cache=True)
+        self.acoustic_cache, self.semantic_cache = first.padding_cache, semantic.padding_cache
+        if not self._reset_voice_caches():  # a library whose caches are not kept in place: a new pair per sentence
+            self.acoustic_cache = self.semantic_cache = None
+            self.voice_frame = self._voice_frame
+            return
+        self.voice_frame = self._capture(self._voice_frame, "the decoder and the semantic encoder")
+        self._reset_voice_caches()
+
+    def _reset_voice_caches(self) -> bool:
+        """Zero the padding caches (a sentence starts from silence); False when they are not as expected."""
+        try:
+            tensors = [layer.cache for cache in (self.acoustic_cache, self.semantic_cache)
+                       for layer in cache.layers.values()]
+        except AttributeError:
+            return False
+        for tensor in tensors:
+            tensor.zero_()
+        return bool(tensors)
+
+    def _voice_frame(self):
+        """The frame of ``frame_latent`` (1, 1, latent): its audio (1, 1, 3200) and the next step's input
+        embedding (1, 1, H), as generate makes them."""
+        scaled = self.frame_latent / self.core.latent_scaling_factor - self.core.latent_bias_factor
+        audio = self.core.audio_tower.decode(scaled, padding_cache=self.acoustic_cache, use_cache=True)
+        semantic = self.core.semantic_tokenizer_encoder(audio.audio, padding_cache=self.semantic_cache,
+                                                        use_cache=True)
+        if self.acoustic_cache is None:  # no persistent caches: this sentence's pair, kept until it ends
+            self.acoustic_cache, self.semantic_cache = audio.padding_cache, semantic.padding_cache
+        embeds = self.core.multi_modal_projector(self.frame_latent) + self.core.semantic_connector(
+            semantic.latents[0:1])  # (1, 1, H)
+        return audio.audio, embeds.to(self.dtype)
 
     def _language_forward(self):
         """One token for both rows from the step buffers; (hidden (2, 1, H), logits (2, 1, V))."""
@@ -240,7 +288,8 @@ class FrameLoop:
         negative_count = 0  # tokens in the negative branch: row 1's next position
         negative_hidden = None  # (1, H): the negative branch's output for the current step
         pending = None  # the slot row 1 wrote in the last step, kept only if the token chosen is a frame
-        acoustic_cache = semantic_cache = None
+        if not self._reset_voice_caches():
+            self.acoustic_cache = self.semantic_cache = None
         chunks = []  # (1, 3200) each
         slot = prompt_length  # where the next step writes
         for made in range(1, max_new_tokens + 1):
@@ -274,16 +323,9 @@ class FrameLoop:
                 condition.copy_(torch.cat([hidden, negative_hidden], dim=0))  # (2, H)
                 drawn = torch.randn(2, self.latent_size)  # on the CPU generator, as generate draws it
                 noise.copy_(drawn.pin_memory() if self.device.type == "cuda" else drawn, non_blocking=True)
-                latent = denoise()  # (1, 1, latent)
-                scaled = latent / self.core.latent_scaling_factor - self.core.latent_bias_factor
-                audio = self.core.audio_tower.decode(scaled, padding_cache=acoustic_cache, use_cache=True)
-                acoustic_cache = audio.padding_cache
-                chunks.append(audio.audio[0])  # (1, 3200)
-                semantic = self.core.semantic_tokenizer_encoder(audio.audio, padding_cache=semantic_cache,
-                                                                use_cache=True)
-                semantic_cache = semantic.padding_cache
-                next_embeds = self.core.multi_modal_projector(latent) + self.core.semantic_connector(
-                    semantic.latents[0:1])  # (1, 1, H)
+                self.frame_latent.copy_(denoise())  # (1, 1, latent)
+                audio, next_embeds = self.voice_frame()  # (1, 1, 3200), (1, 1, H)
+                chunks.append(audio[0].clone())  # (1, 3200): a replay overwrites its output
             else:
                 next_embeds = self.model.get_input_embeddings()(token_tensor[:, None])  # (1, 1, H)
             if token in self.end_tokens or made == max_new_tokens:

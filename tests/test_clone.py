@@ -362,3 +362,27 @@ def test_the_voice_loop_is_chosen_by_the_environment(model_folder, monkeypatch):
     monkeypatch.setenv("HEYGEM_VOICE_LOOP", "quick")
     with pytest.raises(HeygemError, match="HEYGEM_VOICE_LOOP"):
         voice.speak("Hi.")
+
+
+def test_without_cuda_graphs_the_fast_loop_falls_back_to_running_eagerly(sensitive_model, caplog):
+    """Asked for graphs where none can be captured (here: no CUDA), each piece says so once and runs eagerly,
+    speaking what generate speaks."""
+    import logging
+
+    from heygem.speech.clone_loop import FrameLoop
+
+    config = sensitive_model.model.config
+    voice = clone.ClonedVoice(sensitive_model, reference_speech(), 24000, loop="fast",
+                              logits_processors=[forced_frames(config, 3)])
+    sensitive_model.frame_loop = None
+    with caplog.at_level(logging.WARNING, logger="heygem"):
+        sensitive_model.frame_loop = FrameLoop(sensitive_model, use_graphs=True)
+        torch.manual_seed(5)
+        fast = voice.speak("Hello there.")
+    sensitive_model.frame_loop = None
+    warnings = [record.getMessage() for record in caplog.records if "without a CUDA graph" in record.getMessage()]
+    assert len(warnings) == 3, warnings  # the language-model step, the decoder and encoder, the denoising loop
+    voice.loop = "generate"
+    voice.logits_processors = [forced_frames(config, 3)]
+    torch.manual_seed(5)
+    assert np.abs(voice.speak("Hello there.") - fast).max() < 1e-5

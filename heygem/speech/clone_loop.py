@@ -205,17 +205,8 @@ class FrameLoop:
 
         restore = keep_state() if keep_state is not None else (lambda: None)
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: library kernels choose their algorithms outside the capture
-                    function()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            restore()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = function()
-            restore()
+            with torch.cuda.device(self.device):  # the capture and the model on the same device
+                graph, outputs = self._record(function, restore)
         except Exception as error:  # any operation that cannot be captured: run it eagerly
             restore()
             logger.warning("the cloned voice runs %s without a CUDA graph (%s)", what, str(error).splitlines()[0])
@@ -227,6 +218,23 @@ class FrameLoop:
 
         replay.graph = graph
         return replay
+
+    def _record(self, function, restore):
+        """(the CUDA graph of ``function``, its outputs): two warm-up runs on a side stream, then the capture."""
+        import torch
+
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: library kernels choose their algorithms outside the capture
+                function()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        restore()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = function()
+        restore()
+        return graph, outputs
 
     def _denoiser(self, steps: int):
         """The denoising loop for ``steps`` diffusion steps: condition (2, H), noise (2, latent) in the

@@ -539,6 +539,9 @@ def test_the_first_clause_of_a_long_first_sentence_is_spoken_apart():
     assert first_clause_apart([long, "Next."]) == ["Welcome to the quarterly review,",
                                                    "where we look back at what the team built.", "Next."]
     assert first_clause_apart(["Short one, really.", long]) == ["Short one, really.", long]  # short: kept
+    # a clause too short for the video's first part (2 s) is not cut off: the next mark is taken
+    assert first_clause_apart(["Hello, welcome to the quarterly review, where we look back at the year."]) == [
+        "Hello, welcome to the quarterly review,", "where we look back at the year."]
     assert first_clause_apart(["No clause marks in this fairly long first sentence at all."]) == [
         "No clause marks in this fairly long first sentence at all."]
     chinese = "欢迎参加本季度的回顾会议，我们将一起看看团队在过去三个月里完成的所有工作、遇到的问题和取得的成果。"

@@ -17,6 +17,11 @@ For each loop (--loop generate, fast or both):
                      per audio frame and the real-time factor (seconds spent / seconds of speech)
     peak GiB         the GPU memory the loop reached (the model's weights included)
 
+Then which parts of the fast loop replay as CUDA graphs (a part that could not be captured also logs
+"runs ... without a CUDA graph" with the reason), and with both loops the largest difference between
+their audio for the first sentence from the same seed (0 to 1e-6 in float32 on the CPU; bf16 rounds
+batched and unbatched products apart, and the frames feed back, so expect more there).
+
     python bench/bench_voice.py                            # full size on the first GPU, bf16, both loops
     python bench/bench_voice.py --folder weights/vibevoice  # the real files instead of random ones
     python bench/bench_voice.py --tiny --device cpu --frames 6 --first-frames 3   # the reduced model, seconds
@@ -101,7 +106,7 @@ def main(argv=None) -> int:
 
     from heygem.runtime.device import pick_device
     from heygem.speech import clone
-    from heygem.speech.clone_files import write_random_files
+    from heygem.speech.clone_files import forced_frames, write_random_files
     from heygem.speech.reference import cleanest_speech
 
     args = parse_arguments(argv)
@@ -138,6 +143,22 @@ def main(argv=None) -> int:
             speech = args.frames * frame_seconds
             print(f"| {loop} | {row['prepare']:.2f} | {row['cold']:.2f} | {row['first']:.2f} | {row['stream']:.2f} | "
                   f"{1000 * row['stream'] / args.frames:.1f} | {row['stream'] / speech:.3f} | {row['peak']:.2f} |")
+        if "fast" in loops:
+            frame_loop = model.frame_loop
+            parts = {"language-model step": frame_loop.language_step, "decoder and encoder": frame_loop.voice_frame,
+                     **{f"{steps}-step denoising": run for steps, (_, _, run) in frame_loop.denoisers.items()}}
+            print("\nCUDA graphs: " + ", ".join(f"{name} {'yes' if hasattr(run, 'graph') else 'no'}"
+                                                for name, run in parts.items()))
+        if len(loops) == 2:
+            spoken = {}
+            for loop in loops:
+                voice.loop = loop
+                voice.logits_processors = [forced_frames(model.model.config, args.first_frames)]
+                torch.manual_seed(0)
+                spoken[loop] = voice.speak(FIRST_SENTENCE)
+            difference = float(abs(spoken["fast"] - spoken["generate"]).max())
+            print(f"fast against generate, same seed, {args.first_frames} frames: max abs difference "
+                  f"{difference:.2e} (audio peak {float(abs(spoken['generate']).max()):.2f})")
     return 0
 
 

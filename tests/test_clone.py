@@ -270,6 +270,8 @@ def test_the_voice_benchmark_runs_the_reduced_model_on_the_cpu():
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "first sentence: 2 frames" in result.stdout
+    assert "CUDA graphs: language-model step no, decoder and encoder no, 10-step denoising no" in result.stdout
+    assert "fast against generate, same seed, 2 frames: max abs difference" in result.stdout
     rows = [line.strip("|").split("|") for line in result.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| loop")]
     assert [row[0].strip() for row in rows] == ["generate", "fast"]

@@ -118,7 +118,7 @@ class FrameLoop:
 
         capacity = round_capacity(capacity)
         if capacity > self.capacity:
-            self.language_step, self.cache, self.denoisers = None, None, {}
+            self.language_step, self.cache = None, None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=capacity)

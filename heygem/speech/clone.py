@@ -162,7 +162,7 @@ class CloneModel:
     device: object  # torch.device
     folder: Path
     name: str = MODEL_NAME
-    frame_loop: object = None  # clone_loop.FrameLoop, made at the first sentence spoken by the fast loop
+    frame_loop: object = None  # clone_loop.FrameLoop, made when a voice of this model first needs it
 
     @property
     def sample_rate(self) -> int:
@@ -250,6 +250,7 @@ class ClonedVoice:
         self.loop = loop  # "fast" | "generate"; None: $HEYGEM_VOICE_LOOP, else fast
 
     def chosen_loop(self) -> str:
+        """"fast" (heygem.speech.clone_loop) or "generate": ``loop``, else ``$HEYGEM_VOICE_LOOP``, else fast."""
         from heygem.speech.clone_loop import LOOPS, chosen_loop
 
         if getattr(self.model.model, "logits_guidance", False):  # generate's own third pass: only generate runs it

@@ -26,6 +26,9 @@ from heygem.jobs.ray_executor import add_ray_flag, start_ray_workers
 from heygem.jobs.store import JobStore
 from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
+from heygem.live.engine_step import LIVE_ENGINES
+from heygem.live.sessions import LiveSettings
+from heygem.presenters.api import Preparer
 from heygem.presenters.records import PresenterStore
 from heygem.runtime import library_logs
 
@@ -68,6 +71,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=None,
                         help="job workers in this process (default: one per GPU, or one; with --devices: one per "
                              "listed device; 0: run them elsewhere with `python -m heygem jobs work`)")
+    parser.add_argument("--max-live", type=int, default=2, metavar="N",
+                        help="live sessions (the Live tab, POST /api/live) at once; more are refused with HTTP 429 "
+                             "(0: no limit)")
+    parser.add_argument("--live-idle-seconds", type=float, default=120, metavar="S",
+                        help="a live session in which nobody speaks this long ends")
+    parser.add_argument("--ice-server", action="append", default=[], metavar="URL",
+                        help="a STUN or TURN server for live sessions beyond the LAN (repeat for more): "
+                             "stun:stun.example.org:3478, turn:NAME:SECRET@turn.example.org:3478")
+    parser.add_argument("--live-engine", choices=LIVE_ENGINES, default="auto",
+                        help="the engine live sessions run: auto runs the jobs' engine where it keeps up live (wav2lip "
+                             "on a GPU), else the landmark engine; a name forces that engine (wav2lip on a CPU draws "
+                             "fewer than 25 frames a second)")
     add_devices_flag(parser)
     add_ray_flag(parser, "jobs")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -128,12 +143,16 @@ def main(argv: list[str] | None = None) -> None:
     from heygem.ui.access import PageAccess  # the page's rules over the store and the users (imports gradio)
 
     access = PageAccess(store, users)
-    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access)
-    demo.queue(default_concurrency_limit=4, max_size=256)
     presenters = PresenterStore(args.outputs, max_seconds=args.max_presenter_seconds or None,
                                 max_upload_bytes=max_upload_bytes)
+    preparer = Preparer(presenters, store.base_config)  # one for the page and the REST API: one clip at a time
+    # one for the page and the REST API: the Live tab's tickets are issued by one and checked by the other
+    live = LiveSettings(args.max_live, args.live_idle_seconds, tuple(args.ice_server), engine=args.live_engine)
+    demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access, presenters, preparer, live)
+    demo.queue(default_concurrency_limit=4, max_size=256)
     router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins,
-                           presenters=presenters)
+                           presenters=presenters, preparer=preparer,
+                           live=live)
     # The REST routes go into the FastAPI app Gradio builds, so that one server (and --share's
     # tunnel) serves the page, Gradio's own API under /gradio_api and ours under /api.
     demo.launch(

@@ -1,14 +1,24 @@
-"""What a saved presenter saves: preparing it once against tracking its face in every job.
+"""What a saved presenter saves: a job made from it against the same clip uploaded anew.
 
-    python bench/bench_presenters.py [--seconds 20] [--height 720] [--runs 3]
-                                     [--speech assets/speech_en.wav] [--markdown OUT.md]
+    python bench/bench_presenters.py [--seconds 20] [--size 640x360] [--output-height 0] [--runs 3]
+                                     [--engine landmark|wav2lip|musetalk] [--weights DIR]
+                                     [--musetalk-size full|reduced] [--markdown OUT.md]
 
-Makes a ``--seconds`` long clip of the bundled portrait drifting at ``--height`` rows (25 fps),
-prepares it as a presenter (heygem.presenters: the quick checks, then the whole clip's track, the
-thumbnail, the speech sample) and times that once. Then the same job, the presenter speaking
-``--speech``, ``--runs`` times each way, alternated: with the presenter (its track from the avatar
-cache) and with the clip as a plain face and ``--no-avatar-cache`` (every frame tracked). Prints a
-Markdown table of the medians: the job's total seconds and its faces stage (step 5).
+Makes a ``--seconds`` clip of the bundled portrait drifting (``--size``, 25 fps) and speech of the same
+length (the English sample looped), prepares the clip as a presenter (heygem.presenters: the checks, the
+whole clip's track, the thumbnail, the speech sample) and times that once. Then, in this one process as a
+server's worker runs them (the engine loaded by an untimed first job and kept), ``--runs`` times each way,
+alternated:
+
+- presenter: the job made from the presenter (its track and, for MuseTalk, its crops' latents from the
+  avatar cache: ``avatar_cache: hit``);
+- new upload: the same clip as a face never seen before (``run.avatar_cache`` off: every frame tracked,
+  every MuseTalk crop encoded).
+
+Each job streams as a server's jobs do (``media.stream``); measured from the call: the first streamed
+segment listed (heygem.media.stream.listed_segments, polled every 5 ms) and done. wav2lip and musetalk run
+random-init files in the official layouts unless ``--weights`` names real ones. Prints a Markdown table of
+the medians.
 """
 
 from __future__ import annotations
@@ -18,67 +28,114 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 
-def make_clip(path: Path, seconds: float, height: int) -> None:
-    import subprocess
+def random_weights(folder: Path, engine: str, musetalk_size: str) -> Path:
+    """A weights folder with the engine's random-init files in the official layout."""
+    import torch
 
-    from heygem.media.ffmpeg import ffmpeg_binary
+    folder.mkdir(parents=True, exist_ok=True)
+    if engine == "wav2lip":
+        from heygem.models.wav2lip import Wav2Lip
 
-    width = height * 16 // 9 // 2 * 2
-    side = int(width * 1.02)
-    drift = (f"scale={side}:{side},crop={width}:{height}:x='{side - width}/2+4*sin(t*3)':"
-             f"y='{side // 8}+4*cos(t*2)',format=yuv420p")
-    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-loop", "1", "-i",
-                    str(REPO / "assets" / "astronaut.jpg"), "-vf", drift, "-r", "25", "-t", str(seconds),
-                    "-c:v", "libx264", "-preset", "ultrafast", str(path)], check=True)
+        torch.save({"state_dict": Wav2Lip().state_dict()}, folder / "wav2lip.pth")
+    elif engine == "musetalk":
+        from heygem.engines.musetalk.random_files import write_random_files
+
+        write_random_files(folder / "musetalk", size=musetalk_size)
+    return folder
+
+
+def timed_job(face: Path, speech: Path, output: Path, overrides: dict) -> dict:
+    """One job with its stream: seconds to the first listed segment and to done, and its summary."""
+    from heygem.media.stream import listed_segments, stream_folder
+    from heygem.pipeline import generate
+
+    finished: dict = {}
+
+    def run() -> None:
+        try:
+            finished["summary"] = generate(face, speech, output, overrides={"media.stream": True, **overrides})
+        except BaseException as error:  # shown by the caller
+            finished["error"] = error
+
+    started = time.perf_counter()
+    worker = threading.Thread(target=run)
+    worker.start()
+    first = None
+    stream = stream_folder(output)
+    while worker.is_alive():
+        if first is None and stream.is_dir() and listed_segments(stream):
+            first = time.perf_counter() - started
+        time.sleep(0.005)
+    done = time.perf_counter() - started
+    if "error" in finished:
+        raise finished["error"]
+    summary = finished["summary"]
+    return {"first": first if first is not None else done, "done": done, "avatar_cache": summary.avatar_cache,
+            "faces": summary.seconds_per_stage.get("faces", 0.0), "frames": summary.frames}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of the clip and of the speech")
+    parser.add_argument("--size", default="640x360", help="WIDTHxHEIGHT of the clip")
+    parser.add_argument("--output-height", type=int, default=0, help="the jobs' output height (0: the clip's)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--speech", type=Path, default=REPO / "assets" / "speech_en.wav")
+    parser.add_argument("--engine", choices=("landmark", "wav2lip", "musetalk"), default="landmark")
+    parser.add_argument("--weights", type=Path, default=None, help="real checkpoints (default: random-init files)")
+    parser.add_argument("--musetalk-size", choices=("full", "reduced"), default="full")
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="heygem-bench-presenters-"))
     os.environ["HEYGEM_CACHE_DIR"] = str(folder / "avatar-cache")
-    from heygem.config import load_config
-    from heygem.pipeline import generate
+    if args.engine != "landmark":
+        os.environ["HEYGEM_WEIGHTS"] = str(args.weights or random_weights(folder / "weights", args.engine,
+                                                                          args.musetalk_size))
+    from bench_pipeline import machine_description, make_inputs
+
+    from heygem.config import apply_overrides, load_config
     from heygem.presenters.prepare import job_options, prepare, presenter_config, use_for_job
     from heygem.presenters.records import PresenterStore
 
-    clip = folder / "presenter.mp4"
-    make_clip(clip, args.seconds, args.height)
-    store = PresenterStore(folder / "outputs")
+    width, height = (int(value) for value in args.size.lower().split("x"))
+    clip, speech = make_inputs(folder / "inputs", args.seconds, width, height)
+    options = {"engine.name": args.engine}
+    if args.output_height:
+        options["media.output_height"] = args.output_height
+    store = PresenterStore(folder / "outputs", max_seconds=None)
     started = time.perf_counter()
     presenter = prepare(store, store.create(clip, "bench"))
     prepared_seconds = time.perf_counter() - started
-    config = presenter_config(presenter.face_index, load_config())
+    config = presenter_config(presenter.face_index, apply_overrides(load_config(), options))  # the jobs' own
 
-    rows: dict[str, list[tuple[float, float]]] = {"presenter": [], "plain face, --no-avatar-cache": []}
+    timed_job(clip, speech, folder / "warm-up.mp4", {**options, "run.avatar_cache": False})  # the engine, kept
+    ways = {"presenter": [], "new upload": []}
     for run in range(args.runs):
         face = use_for_job(presenter, config)
-        summary = generate(face, args.speech, folder / f"presenter-{run}.mp4", overrides=job_options(presenter, {}))
-        assert summary.avatar_cache == "hit", summary.avatar_cache
-        rows["presenter"].append((summary.total_seconds, summary.seconds_per_stage.get("faces", 0.0)))
-        summary = generate(clip, args.speech, folder / f"plain-{run}.mp4", overrides={"run.avatar_cache": False})
-        rows["plain face, --no-avatar-cache"].append((summary.total_seconds,
-                                                      summary.seconds_per_stage.get("faces", 0.0)))
+        made = timed_job(face, speech, folder / f"presenter-{run}.mp4", job_options(presenter, options))
+        assert made["avatar_cache"] == "hit", made["avatar_cache"]
+        ways["presenter"].append(made)
+        ways["new upload"].append(timed_job(clip, speech, folder / f"new-{run}.mp4",
+                                            {**options, "run.avatar_cache": False}))
 
-    lines = [f"Presenter of {args.seconds:g} s at {args.height} rows prepared once in {prepared_seconds:.1f} s; "
-             f"a job speaking {args.speech.name}, median of {args.runs}:", "",
-             "| face | job seconds | faces stage seconds |", "| --- | --- | --- |"]
-    for name, measured in rows.items():
-        lines.append(f"| {name} | {statistics.median(total for total, _ in measured):.2f} | "
-                     f"{statistics.median(faces for _, faces in measured):.3f} |")
+    frames = ways["presenter"][0]["frames"]
+    lines = [f"{machine_description()}; {args.engine}; a {args.size} clip of {args.seconds:g} s prepared as a "
+             f"presenter in {prepared_seconds:.1f} s; jobs of {frames} frames (output height "
+             f"{args.output_height or height}), engine kept, median of {args.runs}:", "",
+             "| face | first streamed segment (s) | done (s) | faces stage (s) |", "| --- | --- | --- | --- |"]
+    for name, measured in ways.items():
+        lines.append(f"| {name} | {statistics.median(job['first'] for job in measured):.2f} | "
+                     f"{statistics.median(job['done'] for job in measured):.2f} | "
+                     f"{statistics.median(job['faces'] for job in measured):.2f} |")
     text = "\n".join(lines)
     print(text)
     if args.markdown is not None:

@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from heygem.engines import start_loading
     from heygem.jobs.request import check_options
     from heygem.pipeline import generate
 
@@ -148,6 +149,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
         args.face = presenter_face(args, option_overrides(args))
     config = check_options(option_overrides(args), load_config(args.config))[1]  # as every job request is checked
+    start_loading(config.engine)  # MuseTalk's imports begin while the inputs are probed and decoded
     check_output_path(args)
     bars: dict[str, tqdm] = {}
     stage_spans = {}
@@ -358,7 +360,9 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
                         help="stem: same file name before the suffix (a folder's only face speaks every audio and "
                              "text); cross: every face with every audio; "
                              "or a CSV manifest with columns face,audio[,text][,name][,options][,voice]"
-                             "[,voice_consent] (default: stem)")
+                             "[,voice_consent] (default: stem); "
+                             "a presenter column instead of face names a saved presenter (`presenters add`, by name "
+                             "or id, kept in --jobs-dir), and an unknown one fails only its row")
     parser.add_argument("--voice", default=None,
                         help="the voice of the text items (a name from `python -m heygem voices`, or clone: the "
                              "face video's own voice); a manifest's voice column wins")
@@ -367,7 +371,8 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
                                           "or a file holding such JSON; the option flags below override it")
     parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
-                        help="the job store the items run through (default: outputs/)")
+                        help="the job store the items run through, and the presenters a manifest names "
+                             "(default: outputs/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_devices_flag(parser)
     add_ray_flag(parser, "items")

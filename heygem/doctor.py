@@ -353,7 +353,8 @@ def check_engine_choice(weight_checks: list[Check]) -> list[Check]:
 
 
 def check_musetalk(weights_dir: Path | None = None) -> list[Check]:
-    """Each MuseTalk file loaded strictly, and the model step timed here (heygem.engines.musetalk.checks)."""
+    """Each MuseTalk file loaded strictly, the engine's load and its model step timed here
+    (heygem.engines.musetalk.checks)."""
     from heygem.engines.musetalk.checks import check_musetalk_files
     from heygem.engines.musetalk.files import FOLDER_NAME
     from heygem.weights import weights_dir as configured_weights_dir

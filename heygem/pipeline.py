@@ -4,9 +4,11 @@
     2. speech    decode the audio; its features computed in the background   heygem.speech
     3. choose    the engine, the restorer and the face detector; their
                  networks loaded in the background                           heygem.engines, heygem.render.restore
-    4. decode    the face input, in bounded batches of I420 frames            heygem.media.decode, .source
+    4. decode    the face input, in bounded batches of I420 frames (a video   heygem.media.decode, .source
+                 shorter than the speech turns where its head is still)       heygem.face.turns
     5. faces     a face for every frame: from the avatar cache, or tracked   heygem.face
-    6. render    the engine's mouths, restored and blended into the frames   heygem.engines, heygem.render
+    6. render    the engine's mouths, restored and blended into the frames;  heygem.engines, heygem.render
+                 in the speech's pauses the filmed mouth                     heygem.render.pauses
     7. encode    x264 and the audio into the MP4                             heygem.media.encode
     8. finish    check the file, write the JSON summary beside it
 
@@ -28,8 +30,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from heygem.config import Config, apply_overrides, load_config
-from heygem.engines import choose_engine
+from heygem.engines import choose_engine, start_loading
 from heygem.errors import GenerationCancelled
 from heygem.face.found import faces_warning, find_faces
 from heygem.face.stage import FaceStage
@@ -38,12 +42,14 @@ from heygem.media.decode import decoder_count
 from heygem.media.probing import check_written, fps_to_fraction, probe_inputs, working_geometry
 from heygem.media.source import SourceFrames, frames_per_batch
 from heygem.media.stream import StreamContinuation, stream_folder
+from heygem.render.pauses import FilmedMouth
 from heygem.render.prepared import Prepared
 from heygem.render.restore import choose_restorer, create_restoration
 from heygem.runtime import allocator, timeline
 from heygem.runtime.flow import Stage, StageClock, run_stages
 from heygem.runtime.workdir import new_work_dir
 from heygem.speech import audio
+from heygem.speech.pauses import mouth_weights
 from heygem.types import FrameBatch, GenerationSummary
 from heygem.weights import require_s3fd_checkpoint
 
@@ -58,7 +64,7 @@ STEPS = (
     (3, "choose", ("load_engine", "load_restorer")),
     (4, "decode", ("decode",)),
     (5, "faces", ("faces",)),
-    (6, "render", ("generate", "restore", "blend", "plan", "render", "paste")),
+    (6, "render", ("keep_filmed", "generate", "restore", "blend", "plan", "render", "paste", "pauses")),
     (7, "encode", ("encode",)),
     (8, "finish", ()),
 )
@@ -111,6 +117,7 @@ def generate(
     clock = StageClock(origin=started)
     report = _Reporter(progress, should_stop)
     owner = threading.get_ident()  # what a job keeps for the next is kept for this thread's next job
+    start_loading(config.engine)  # an engine's imports begin now, beside steps 1 and 2 (EngineKind.start_loading)
 
     # 1. probe: the inputs, the output's size, rate and length
     encode.check_output_name(output_path)
@@ -163,6 +170,7 @@ def generate(
                                    decoder_count(config.run.decoders, geometry))
         face_stage = FaceStage(source, config, geometry, fps_fraction, work_dir, detector_checkpoint,
                                first_frame=part.first_frame)
+        source.turns = _turns(face_stage, part, part.first_frame + frame_count)
 
         # 6. render, 7. encode: the engine's render stages, then x264
         encoder = encode.open_encoder(geometry, fps_fraction, audio_path, audio_info, output_path,
@@ -175,6 +183,9 @@ def generate(
         timeline.mark("x264 started")
         prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, features_future)
         render = engine.kind.render(prepared, config, restorer.name)
+        # in the speech's pauses the face's own mouth, as filmed, whatever the engine drew (heygem.render.pauses)
+        filmed_mouth = FilmedMouth(mouth_weights(samples_16k, fps, frame_count)
+                                   if not engine.kind.keeps_filmed_mouth_in_pauses else np.ones(frame_count))
         written = {"frames": 0, "without_face": 0}
 
         def encode_frames(batches: Iterator[FrameBatch]) -> Iterator[FrameBatch]:
@@ -187,7 +198,8 @@ def generate(
 
         batch_frames = frames_per_batch(geometry, config.media.batch_frames, render.bytes_per_pixel)
         run_stages(source.output_batches(frame_count, batch_frames, part.first_frame),
-                   [Stage("faces", face_stage.run), *render.stages(), Stage("encode", encode_frames)],
+                   [Stage("faces", face_stage.run), *filmed_mouth.around(render.stages()),
+                    Stage("encode", encode_frames)],
                    concurrent=config.run.concurrent, should_stop=should_stop, clock=clock)
         report("finish", 0.0)
 
@@ -221,6 +233,7 @@ def generate(
         total_seconds=round(time.perf_counter() - started, 3), options=config.to_dict(),
         avatar_cache=face_stage.cache_outcome, detector=config.face.detector, stream_processes=stream_processes,
         warnings=warnings_future.result() if warnings_future is not None else [],
+        turns=list(source.turns) if source.turns is not None else None,
     )
     output_path.with_suffix(".json").write_text(json.dumps(summary.to_json_dict(), indent=2, default=str),
                                                 encoding="utf-8")
@@ -229,6 +242,25 @@ def generate(
 
 
 _BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="heygem-background")
+
+
+def _turns(face_stage: FaceStage, part: StreamContinuation, frames_wanted: int) -> tuple[int, int] | None:
+    """Where a face video shorter than the speech turns back and forward again: a later part of a longer
+    output (heygem.spoken) as the first part chose; else, when the whole video's track is known before
+    decoding (a presenter, the avatar cache), the frames heygem.face.turns picks from it, if the video is
+    shorter than this output or the output is made in parts (its length not known yet); else None (at
+    the video's last and first frames)."""
+    if part.first_frame > 0:
+        return part.turns
+    track = face_stage.whole_track
+    if track is None or (part.last and frames_wanted <= track.frame_count):
+        return None
+    from heygem.face.turns import turn_frames
+
+    late, early = turn_frames(track)
+    logger.info("the face video (%d frames) turns back at frame %d and forward at frame %d", track.frame_count,
+                late, early)
+    return late, early
 
 
 def _input_warnings(face_info, config: Config, samples_16k) -> list[str]:

@@ -123,7 +123,9 @@ def generate_spoken(face_path: str | Path, text: str, output_path: str | Path, c
             part_path = work_dir / f"part-{len(summaries):03d}.mp4"
             part_speech = Speech(samples=whole[cut_sample:end_sample], sample_rate=rate, cues=[], voice=choice.voice)
             part_audio = write_wav(part_speech, part_path.with_suffix(".wav"))
-            place = StreamContinuation(first_index=stream_index, first_frame=done_frames, last=False, folder=stream_dir)
+            turns = tuple(summaries[0].turns) if summaries and summaries[0].turns else None  # as the first part
+            place = StreamContinuation(first_index=stream_index, first_frame=done_frames, last=False, folder=stream_dir,
+                                       turns=turns)
             # the whole's length foreseen from the characters spoken so far (exact once the last is spoken)
             said = sum(len(cue.text) for cue in cues)
             foreseen = end_frame if ended else max(end_frame, round(end_frame * len(text.strip()) / max(said, 1)))

@@ -96,6 +96,9 @@ class FrameBatch:
     # finished pixels, one per frame, from an engine that blends them itself (see I420Window); frames
     # without one keep their decoded bytes
     windows_i420: list[I420Window | None] = field(default_factory=list)
+    # the frames a pause in the speech touches, as decoded: (rows (R,), (R, H * 3/2, W) uint8), put back after
+    # the render (heygem.render.pauses); None: none
+    filmed_i420: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -155,6 +158,9 @@ class GenerationSummary:
     voice: str = ""  # typed text: the voice that spoke it ("clone": in the voice of a sample)
     voice_model: str = ""  # the cloned voice's model ("VibeVoice-1.5B")
     warnings: list[str] = field(default_factory=list)  # what the user should know of a job that worked
+    # [late, early]: the source frames where a face video shorter than the speech turns back and forward again,
+    # chosen from its face track known before decoding (heygem.face.turns); None: at its last and first frames
+    turns: list[int] | None = None
 
     def to_json_dict(self) -> dict:
         data = dict(self.__dict__)

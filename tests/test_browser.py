@@ -69,8 +69,14 @@ def running_app(folder: Path, *extra_args: str, headers: dict | None = None) -> 
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("browser")) as url:
+def app_folder(tmp_path_factory) -> Path:
+    """The served app's folder: its outputs under outputs/."""
+    return tmp_path_factory.mktemp("browser")
+
+
+@pytest.fixture(scope="module")
+def app_url(app_folder):
+    with running_app(app_folder) as url:
         yield url
 
 
@@ -258,6 +264,88 @@ def test_a_face_is_picked_among_several_and_the_job_says_so_and_is_remembered(pa
     assert job_id in recent and first in recent
     page.wait_for_selector("#result-video video[src]")
     assert page.problems == []
+
+
+@pytest.fixture(scope="module")
+def presenter_clip(tmp_path_factory) -> Path:
+    """A 3 s clip of the portrait drifting (head motion) over the start of the English sample."""
+    path = tmp_path_factory.mktemp("presenter clip") / "anna at work.mp4"
+    drift = "scale=276:276,crop=256:256:x='10+8*sin(t*3)':y='10+6*cos(t*2)',format=yuv420p"
+    subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-loop", "1", "-i", str(ASSETS / "astronaut.jpg"),
+                    "-i", str(ASSETS / "speech_en.wav"), "-t", "3", "-vf", drift, "-r", "25", "-c:v", "libx264",
+                    "-preset", "ultrafast", "-c:a", "aac", str(path)], check=True)
+    return path
+
+
+def test_a_presenter_is_made_on_its_tab_picked_on_generate_and_deleted(page, app_url, app_folder, presenter_clip,
+                                                                        tmp_path):
+    """Presenters tab: the clip checked and prepared (its thumbnail in the gallery); Generate: the presenter
+    picked instead of a face, typed text, the MP4 made from the clip's frames with the kept track; then the
+    presenter deleted."""
+    import json
+
+    import cv2
+    import numpy as np
+    from conftest import decode_frames
+
+    page.get_by_role("tab", name="Presenters").click()
+    page.locator("#presenter-clip input[type=file]").set_input_files(str(presenter_clip))
+    page.wait_for_function("() => document.querySelector('#presenter-name textarea, #presenter-name input')"
+                           ".value === 'anna at work'")  # named after the file until the user types one
+    page.locator("#presenter-name input, #presenter-name textarea").first.fill("Anna")
+    page.click("#presenter-save")
+    page.locator("#presenter-note").get_by_text("Presenter Anna saved").wait_for()
+    page.locator("#presenter-table").get_by_text("ready").filter(visible=True).first.wait_for(timeout=120_000)
+    page.wait_for_selector("#presenter-gallery img")
+    assert "Anna" in page.inner_text("#presenter-gallery")
+    page.locator("#presenter-table").get_by_text("Anna").filter(visible=True).first.click()
+    page.locator("#presenter-card").get_by_text("256x256").wait_for()
+
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#presenter-input input").click()  # the picker offers the presenters ready now
+    page.get_by_role("option", name="Anna (3 s)").click()
+    page.locator("#presenter-chosen").get_by_text("Anna speaks").wait_for()
+    page.locator("#face-input").wait_for(state="hidden")  # the presenter takes the upload's place
+    page.locator("#text-accordion").click()
+    page.locator("#text-input textarea").fill("Good morning. I was made once and now I only read.")
+    video = generate_and_download(page, tmp_path)
+    job_id = page.inner_text("#job-card .job-id").split()[1]
+    summary = json.loads((app_folder / "outputs" / job_id / "result.json").read_text())
+    assert summary["avatar_cache"] == "hit"  # the presenter's track: nothing tracked again
+    frames = decode_frames(video)
+    assert frames.shape[1:3] == (256, 256)
+    clip_frames = decode_frames(presenter_clip)
+    # the output's first frame is the clip's first frame (mouth aside): the presenter's own footage
+    top = slice(0, 120)  # above the mouth
+    difference = np.abs(frames[0][top].astype(int) - clip_frames[0][top].astype(int)).mean()
+    assert difference < 6, difference
+    assert np.abs(frames[0][top].astype(int) - clip_frames[40][top].astype(int)).mean() > difference
+    cv2.imwrite(str(tmp_path / "presenter frame.png"), frames[len(frames) // 2])
+
+    page.get_by_role("tab", name="Presenters").click()
+    page.locator("#presenter-table").get_by_text("Anna").filter(visible=True).first.click()
+    page.screenshot(path=str(tmp_path / "presenters.png"), full_page=True)
+    page.click("#presenter-delete")
+    page.wait_for_function("() => !document.querySelector('#presenter-table').innerText.includes('Anna')")
+    assert not list((app_folder / "outputs" / "presenters").glob("p-*"))
+    assert page.problems == []
+
+
+def test_a_presenter_of_two_faces_is_saved_with_the_face_picked(page, app_url, two_faces):
+    import httpx
+
+    page.get_by_role("tab", name="Presenters").click()
+    page.locator("#presenter-clip input[type=file]").set_input_files(str(two_faces))
+    page.wait_for_selector("#presenter-face-picker img")
+    assert page.locator("#presenter-face-picker img").count() == 2
+    page.locator("#presenter-face-picker button").first.click()  # face 0, the smaller one on the left
+    page.locator("#presenter-face-note").get_by_text("Face 0 speaks.").wait_for()
+    page.locator("#presenter-name input, #presenter-name textarea").first.fill("Left one")
+    page.click("#presenter-save")
+    page.locator("#presenter-table").get_by_text("ready").filter(visible=True).first.wait_for(timeout=120_000)
+    shown = httpx.get(f"{app_url}/api/presenters", timeout=30).json()["presenters"]
+    assert [(presenter["name"], presenter["face_index"]) for presenter in shown] == [("Left one", 0)]
+    httpx.delete(f"{app_url}/api/presenters/{shown[0]['id']}", timeout=30)
 
 
 def test_a_chinese_browser_gets_chinese_words(browser, app_url):

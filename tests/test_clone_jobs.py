@@ -194,6 +194,32 @@ def test_rest_needs_consent_and_speaks_in_the_uploaded_voice(server):
     assert_cloned_output_of_job(folder)
 
 
+def test_a_presenter_speaks_in_its_own_kept_voice_sample(server, presenter):
+    """A job made from a saved presenter with the cloned voice and no sample takes the speech sample the
+    presenter kept when it was prepared."""
+    made = server.client.post("/api/presenters", files={"video": ("anna.mp4", presenter.read_bytes())},
+                              data={"name": "Anna"})
+    assert made.status_code == 201, made.text
+    presenter_id = made.json()["id"]
+    deadline = time.monotonic() + 120
+    while server.client.get(f"/api/presenters/{presenter_id}").json()["status"] == "preparing":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    kept = server.client.get(f"/api/presenters/{presenter_id}/speech")
+    assert kept.status_code == 200 and len(kept.content) > 24000 * 2 * 5  # 5 s or more of 16-bit speech
+    fields = {"presenter": presenter_id, "text": TEXT, "voice": "clone", "voice_consent": "true",
+              "options": json.dumps(OPTIONS)}  # as curl -F sends them: multipart, no file
+    response = server.client.post("/api/jobs", files={name: (None, value) for name, value in fields.items()})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    job = wait_done(server, job_id)
+    assert job["status"] == "done", (job, server.log_text()[-3000:])
+    folder = server.outputs / job_id
+    assert_cloned_output_of_job(folder)
+    samples = [path for path in folder.iterdir() if path.name.startswith("voice_sample")]
+    assert [path.read_bytes() for path in samples] == [kept.content]
+
+
 def test_gradio_client_needs_consent_and_speaks_in_the_sample_voice(server):
     from gradio_client import Client, handle_file
 

@@ -212,7 +212,12 @@ def test_the_generate_tab_takes_the_users_word_before_a_cloned_voice(tmp_path):
     store.create_job = lambda *args, **kwargs: asked.update(kwargs) or "queued"
     assert queue_generation(store, str(FACE), None, False, "Hello there.", "clone", 1.0, "soft", *controls,
                             voice_consent=True) == "queued"
-    assert asked["voice"] == "clone" and asked["voice_consent"] is True
+    assert asked["voice"] == "clone" and asked["voice_consent"] is True and asked["voice_sample"] is None
+    # the page's voice sample goes with a cloned voice only (another voice has no use for it)
+    for voice, sent in (("clone", str(FACE)), ("auto", None)):
+        queue_generation(store, str(FACE), None, False, "Hello there.", voice, 1.0, "soft", *controls,
+                         voice_consent=True, voice_sample=str(FACE))
+        assert asked["voice_sample"] == sent
 
 
 # ---------------------------------------------------------------------- caps on processes

@@ -261,6 +261,10 @@ def test_the_doctor_loads_each_file_and_weights_list_knows_the_layout(musetalk_w
     assert parsing.status == "ok" and "landmark lower-face mask" in parsing.detail
     assert checks["model step"].status == "warning" and "a face on the CPU" in checks["model step"].detail
     assert "GPU" in checks["model step"].fix
+    load = checks["engine load"]  # timed phase by phase; the next start reads the network copy
+    assert load.status == "ok" and " s from the " in load.detail and "whisper" in load.detail
+    again = {check.name: check for check in check_musetalk(musetalk_weights)}["engine load"]
+    assert "from the network copy" in again.detail and "read copy" in again.detail
     states = {entry.name: check_weights(entry, musetalk_weights, hash_contents=False) for entry in load_registry()}
     assert states["musetalk_v15_unet"].path == musetalk_weights / "musetalk" / "musetalkV15" / "unet.pth"
     assert states["musetalk_whisper_preprocessor"].state == "installed"

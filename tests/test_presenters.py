@@ -18,7 +18,7 @@ from conftest import REPO, assert_playable_mp4, decode_frames, run_ffmpeg
 from heygem.errors import HeygemError
 from heygem.media.probing import probe
 from heygem.presenters import checks
-from heygem.presenters.prepare import cleanest_speech, prepare
+from heygem.presenters.prepare import prepare
 from heygem.presenters.records import READY, PresenterStore
 from heygem.types import FrameGeometry
 
@@ -119,15 +119,23 @@ def probe_like(frames: int, fps: float, width: int, height: int):
                      duration=frames / fps)
 
 
-def test_cleanest_speech_is_5_to_30_seconds_of_voice():
-    rate = 16000
-    assert cleanest_speech(np.zeros(rate * 20, np.float32)) is None  # silence
-    tone = 0.3 * np.sin(2 * np.pi * 200 * np.arange(rate * 40) / rate).astype(np.float32)
-    assert cleanest_speech(tone[: rate * 3]) is None  # voiced, but under 5 s
-    quiet = np.zeros(rate * 50, np.float32)
-    quiet[rate * 12: rate * 52] = tone[: rate * 38]  # 38 s of voice from 12 s on
-    start, seconds = cleanest_speech(quiet)
-    assert 11.9 <= start <= 12.1 and 29.9 <= seconds <= 30.0
+def test_the_speech_sample_is_what_the_cloned_voice_would_pick(clips, tmp_path):
+    """The presenter's sample is cut by the cloned voice's own rule (heygem.speech.reference): the speech of
+    a talking clip, nothing from a steady tone (voiced, but no speech)."""
+    from heygem.presenters.prepare import cut_speech_sample
+    from heygem.speech.audio import decode_audio
+    from heygem.speech.reference import cleanest_speech
+
+    sample = tmp_path / "speech.wav"
+    seconds = cut_speech_sample(probe(clips["talking"]), sample)
+    expected, rate = cleanest_speech(clips["talking"])
+    assert seconds == round(len(expected) / rate, 3) and 5.0 <= seconds <= 7.5
+    written = decode_audio(sample, rate)
+    assert len(written) == len(expected) and np.abs(written - expected).max() < 1e-3  # 16-bit steps
+    tone = tmp_path / "tone.wav"
+    run_ffmpeg("-f", "lavfi", "-i", "sine=frequency=200:duration=12", str(tone))
+    assert cut_speech_sample(probe(tone), tmp_path / "none.wav") is None
+    assert not (tmp_path / "none.wav").exists()
 
 
 def test_prepared_video_and_photo(clips, tmp_path):
@@ -355,3 +363,43 @@ def test_rest_refusals_are_400_and_keep_nothing(server, clips, clip, fields, mes
     assert refused.status_code == 400 and message in refused.json()["error"], refused.text
     assert server.client.get("/api/presenters", headers=as_user("carol")).json() == {"presenters": []}
     assert list((server.outputs / "presenters").iterdir()) == []
+
+
+def test_the_batch_tab_has_a_saved_presenter_speak_every_audio_and_text_file(server, clips, short_speech, tmp_path,
+                                                                            monkeypatch):
+    """The Batch tab's planning with a presenter (heygem.ui.batch over heygem.jobs.batch): every audio and .txt
+    file becomes an item of the presenter, a face among the files is said to be unused, the preview names the
+    presenter, and the queued jobs (run by the server's worker) use its track."""
+    from heygem.jobs.batch import plan_for_presenter
+    from heygem.jobs.store import JobStore
+    from heygem.ui.batch import preview_table, queue_batch
+
+    with open(clips["face video"], "rb") as clip:
+        made = server.client.post("/api/presenters", headers=as_user("bob"), data={"name": "Batch Bob"},
+                                  files={"video": ("bob.mp4", clip, "video/mp4")})
+    presenter_id = made.json()["id"]
+    wait_for(server, f"/api/presenters/{presenter_id}", "bob", lambda body: body["status"] != "preparing")
+    greeting = tmp_path / "greeting.txt"
+    greeting.write_text("Hello from a batch.", encoding="utf-8")
+    files = [short_speech, greeting, clips["photo"]]
+    items = plan_for_presenter(files, presenter_id)
+    assert sorted((item.name, item.problem is None) for item in items) == sorted(
+        [(short_speech.stem, True), ("greeting", True), (clips["photo"].stem, False)])
+    presenters = PresenterStore(server.outputs)
+    table, summary = preview_table(items, presenters)
+    assert summary.startswith("**Preview:** 2 of 3 item(s) will run")
+    assert set(table["face"]) == {"presenter Batch Bob"}
+    with pytest.raises(HeygemError, match="no audio or text files"):
+        plan_for_presenter([clips["photo"]], presenter_id)
+
+    store = JobStore(server.outputs)
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(server.outputs.parent / "cache"))  # the page's: the server's own
+    _, outcome = queue_batch(store, [item for item in items if item.problem is None],
+                             {"media.output_height": 120}, submitter="bob")
+    for name, job_id in outcome.items():
+        assert isinstance(job_id, str), (name, job_id)
+        job = wait_for(server, f"/api/jobs/{job_id}", "bob", lambda body: body["status"] in ("done", "failed"))
+        assert job["status"] == "done", job
+        summary = json.loads((server.outputs / job_id / "result.json").read_text())
+        assert summary["avatar_cache"] == "hit" and summary["height"] == 120
+        assert len(decode_frames(server.outputs / job_id / "result.mp4")) > 10

@@ -286,7 +286,7 @@ def test_the_subtitles_go_to_the_players_as_webvtt(tmp_path):
 
 def test_a_photo_has_no_own_audio_to_use_and_heights_are_heights():
     from heygem.ui.common import OUTPUT_HEIGHTS, WORDS
-    from heygem.ui.generate import preview_face
+    from heygem.ui.faces import preview_face
 
     image, video, own_audio = preview_face("/somewhere/me.jpg")
     assert image["visible"] and not video["visible"]

@@ -41,3 +41,13 @@ def choose_engine(config: EngineConfig) -> EngineChoice:
             return EngineChoice(kind, weights, f"auto: found {Path(weights).name}{kind.found_note(weights)}")
         looked_for.append(kind.weights_label)
     raise HeygemError("no engine can run")  # pragma: no cover - the landmark engine needs nothing
+
+
+def start_loading(config: EngineConfig) -> None:
+    """Let the engine ``config`` chooses begin its imports in the background (EngineKind.start_loading), as
+    early as a command knows its options; nothing when no engine can be chosen (the job says why later)."""
+    try:
+        choice = choose_engine(config)
+    except HeygemError:
+        return
+    choice.kind.start_loading(config)

@@ -76,6 +76,9 @@ class EngineKind(ABC):
     sharp_face_size: int | None = None  # the side of faces made sharp enough that auto restores nothing
     reads_mel: bool = True  # whether it reads the speech's Wav2Lip mel windows (else features of its own)
     needs_weights: bool = True  # whether it runs on a checkpoint the user brings
+    # whether its mouths let go in the speech's pauses by themselves (else heygem.render.pauses puts the
+    # filmed mouth back there)
+    keeps_filmed_mouth_in_pauses: bool = False
     weights_label: str = ""  # what its weights are called in messages: "Wav2Lip checkpoint"
 
     def find_weights(self, config: EngineConfig) -> Path | None:
@@ -96,6 +99,11 @@ class EngineKind(ABC):
     def load(self, weights: Path | None, config: Config, fps: float, owner: int) -> LipSyncEngine:
         """The loaded engine for one job of thread ``owner`` (it may be one kept from that thread's
         earlier job, heygem.runtime.kept). Can take seconds; runs while the first frames are decoded."""
+
+    def start_loading(self, config: EngineConfig) -> None:
+        """Begin, in the background, what a later :meth:`load` will need (library imports): called as soon
+        as the caller knows this engine will run, before the inputs are probed. Nothing by default."""
+        return None
 
     def audio_features(self, engine: LipSyncEngine, samples_16k, fps: float, frame_count: int):
         """The engine's own audio features for a job's speech ((S,) float32 at 16 kHz), made in the

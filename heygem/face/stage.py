@@ -59,6 +59,8 @@ class FaceStage:
             cached = avatar_cache.load_track(self.cache_key)  # all it holds: tracked on from its end
             self.cache_outcome = "hit" if cached is not None else "miss"
         complete = cached is not None and cached.covers(source.tracking_capacity)
+        # the whole video's track, known before a frame is decoded (heygem.face.turns chooses from it)
+        self.whole_track = cached.track if cached is not None and cached.whole_video else None
         self.builder = TrackBuilder(config.face, geometry.width, geometry.height, source.tracking_capacity,
                                     work_dir / "landmarks.npy", track=cached.track if cached else None,
                                     complete=complete)

@@ -19,6 +19,9 @@
                                    text's voice field takes (Piper voices in weights/voices/ included)
     /api/presenters...             saved presenters, and presenter=ID instead of face in POST /api/jobs
                                    (heygem.presenters.api)
+    /api/live...                   live sessions over WebRTC (heygem.live.routes); the page's Live tab
+                                   signs in with a one-use ticket and its session's key instead
+                                   (heygem.live.tickets)
 
 Every error is JSON ``{"error": message}`` (a query parameter of the wrong type too: 400). With
 ``auth`` set, every route needs HTTP basic auth with the same user and password as the web UI. With
@@ -59,7 +62,10 @@ from heygem.jobs.request import check_upload_name, flatten_options, parse_option
 from heygem.jobs.store import DONE, JobStore
 from heygem.jobs.stream import add_stream_routes
 from heygem.jobs.users import FailedSignIns, Users, claimed_name, foreign_origin, log_for, may_see, submitter_filter
-from heygem.presenters.api import add_presenter_routes
+from heygem.live.routes import add_live_routes
+from heygem.live.sessions import LiveSettings
+from heygem.live.tickets import TicketRefused
+from heygem.presenters.api import Preparer, add_presenter_routes, voice_sample_for
 from heygem.presenters.api import job_face as presenter_job_face
 from heygem.presenters.records import PresenterStore
 from heygem.weights import weights_dir
@@ -144,18 +150,32 @@ def server_folders(store: JobStore, job) -> dict[Path, str]:
 
 def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users: Users | None = None,
                   max_upload_bytes: int | None = None, sign_ins: FailedSignIns | None = None,
-                  presenters: PresenterStore | None = None) -> APIRouter:
+                  presenters: PresenterStore | None = None, preparer: Preparer | None = None,
+                  live: LiveSettings | None = None) -> APIRouter:
     """The /api routes over ``store``; include them in the app that also serves the UI. ``users``: who
     may call them, each seeing their own jobs (``auth``, one shared name and password, is then unused).
     ``sign_ins``: the failed sign-ins counted (shared with the page's login). ``presenters``: the saved
-    presenters (heygem.presenters), by default those of the store's folder."""
+    presenters (heygem.presenters), by default those of the store's folder; ``preparer``: what prepares new
+    ones (the page's too), by default one started here. ``live``: what live sessions (heygem.live) may do,
+    by default LiveSettings()."""
     sign_ins = sign_ins if sign_ins is not None else FailedSignIns()
+    live = live if live is not None else LiveSettings()
 
     def signed_in(request: Request):
         """The request's user (request.state.user), or 401 (429 after repeated failures); None when the
         server has no users. Run in a worker thread: a hashed secret takes a while to check."""
         if users is None and auth is None:
             return None
+        try:  # the page's Live tab: a one-use ticket, or its session's key (heygem.live.tickets)
+            live_pass = live.tickets.pass_for(request.scope.get("method", "GET"), request.url.path,
+                                              request.path_params, request.headers)
+        except TicketRefused as refused:
+            raise ApiError(401, str(refused)) from None
+        if live_pass is not None:
+            user = users.get(live_pass.user_name) if users is not None else None
+            if users is not None and user is None:
+                raise ApiError(401, "the user this live ticket was given to is no longer on this server")
+            return user
         header = request.headers.get("authorization", "")
         address, name = request.client.host if request.client else None, claimed_name(header)
         wait = sign_ins.retry_after(address, name)
@@ -274,8 +294,9 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             def create_job() -> str:
                 job_face, job_options = presenter_job_face(presenters, presenter, user, face_upload, options,
                                                            lambda given: store.resolve_options(given, remote=True))
+                job_sample = voice_sample_for(presenters, presenter, voice, sample_upload)  # a presenter's own voice
                 return store.create_job(job_face, audio_upload, job_options, text=text, voice=voice, speed=speed,
-                                        remote=True, submitter=user and user.name, voice_sample=sample_upload,
+                                        remote=True, submitter=user and user.name, voice_sample=job_sample,
                                         voice_consent=consent in ("true", "1", "yes", "on"))
 
             try:
@@ -350,5 +371,6 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
         return JSONResponse({"voices": await run_in_threadpool(voice_records, weights_dir())})
 
     add_stream_routes(router, find_job)  # GET /jobs/{id}/stream.m3u8 and its segments, as the job is encoded
-    add_presenter_routes(router, presenters, store.base_config)  # /presenters (heygem.presenters.api)
+    add_presenter_routes(router, presenters, preparer or Preparer(presenters, store.base_config))  # /presenters
+    add_live_routes(router, presenters, signed_in, live, store.base_config)  # /live (heygem.live.routes)
     return router

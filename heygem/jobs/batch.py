@@ -9,7 +9,9 @@ Items are planned from a list of files by one of three pairings:
 - ``cross``: every face with every audio or text file;
 - a CSV manifest with the columns ``face``, ``audio`` (empty: the video's own
   sound) and optionally ``text`` (words to speak instead of audio, or a .txt
-  file's name), ``name`` and ``options`` (a JSON object).
+  file's name), ``name`` and ``options`` (a JSON object); a ``presenter``
+  column names a saved presenter (its name or id, heygem.presenters) instead of
+  a face file, resolved as ``generate --presenter`` resolves it.
 
 An item made from text gets its subtitles (``text.subtitles``) and ``NAME.srt``, and is spoken by the
 voice of the manifest's ``voice`` column, else the batch's (``--voice``), else the one chosen for its
@@ -68,6 +70,7 @@ class BatchItem:
     text: str | None = None  # words to speak instead of audio (from a .txt file or the manifest's text column)
     text_path: Path | None = None  # the .txt file the text came from
     note: str | None = None  # something planning decided that the user should know (which file was used)
+    presenter: str | None = None  # a saved presenter's name or id instead of a face file (manifest column)
     voice: str | None = None  # who speaks the text: a voice name (manifest column or the batch's); None: chosen
     voice_consent: bool = False  # the speaker agreed to the cloned voice (manifest column or the batch's)
 
@@ -98,7 +101,8 @@ class BatchResult:
         return {
             "name": self.item.name,
             "status": self.status,
-            "face": self.item.face_path.name if self.item.face_path else "",
+            "face": (f"presenter {self.item.presenter}" if self.item.presenter
+                     else self.item.face_path.name if self.item.face_path else ""),
             "audio": self.item.speech_label,
             "output": self.output_path.name if self.output_path else "",
             "seconds": "" if self.seconds is None else f"{self.seconds:.1f}",
@@ -197,6 +201,31 @@ def plan_items(files: list[Path], pairing: str = "stem", base_dir: Path | None =
                         problem=f"{path.name} links to a file outside the batch folder: skipped") for path in escaped]
     if not items:
         raise HeygemError("no faces (videos or images) and audio or text files to pair were found")
+    return _unique_names(items)
+
+
+def plan_for_presenter(files: list[Path], presenter: str, base_dir: Path | None = None) -> list[BatchItem]:
+    """Every audio or .txt file spoken by one saved presenter (its name or id, resolved when the items are
+    queued: :func:`with_presenter`), an item each named after the file; faces among the files are listed as
+    not used. With ``base_dir``, a file whose real path is outside it is skipped as in :func:`plan_items`."""
+    files = [Path(path) for path in files]
+    escaped = _outside(files, Path(base_dir)) if base_dir is not None else []
+    items = []
+    for path in files:
+        role = file_role(path)
+        if path in escaped:
+            items.append(BatchItem(name=path.stem, face_path=None, audio_path=None, presenter=presenter,
+                                   problem=f"{path.name} links to a file outside the batch folder: skipped"))
+        elif role in ("audio", "text"):
+            item = _speech_item(path.stem, None, path)
+            item.presenter = presenter
+            items.append(item)
+        elif role in ("image", "video"):
+            items.append(BatchItem(name=path.stem, face_path=path, audio_path=None, presenter=presenter,
+                                   problem=f"{path.name} not used: the saved presenter speaks every audio and "
+                                           "text file"))
+    if not any(item.problem is None for item in items):
+        raise HeygemError("no audio or text files for the presenter to speak were found")
     return _unique_names(items)
 
 
@@ -315,20 +344,24 @@ def _pair_by_manifest(manifest: Path, files: list[Path], base_dir: Path | None) 
             rows = list(csv.DictReader(handle))
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise HeygemError(f"cannot read the manifest {manifest.name}: {error}") from None
-    if rows and "face" not in rows[0]:
-        raise HeygemError(f"the manifest {manifest.name} needs a header row with at least: face,audio")
+    if rows and "face" not in rows[0] and "presenter" not in rows[0]:
+        raise HeygemError(f"the manifest {manifest.name} needs a header row with at least: face,audio "
+                          "(or presenter,audio)")
     items = []
     for number, row in enumerate(rows, start=2):
         face_entry, audio_entry = (row.get("face") or "").strip(), (row.get("audio") or "").strip()
+        presenter = (row.get("presenter") or "").strip() or None
         text = row.get("text") or ""
-        if not face_entry:
+        if not face_entry and presenter is None:
             continue
-        face, problem = locate(face_entry)
+        face, problem = locate(face_entry) if face_entry else (None, None)
+        if face_entry and presenter is not None:
+            problem = f"line {number}: give a face or a presenter, not both"
         audio, audio_problem = (locate(audio_entry) if audio_entry else (None, None))
-        name = (row.get("name") or "").strip() or (
-            f"{Path(face_entry).stem}__{Path(audio_entry).stem}" if audio_entry else Path(face_entry).stem)
+        stem = Path(face_entry).stem if face_entry else Path(sanitize_filename(presenter, "presenter")).stem
+        name = (row.get("name") or "").strip() or (f"{stem}__{Path(audio_entry).stem}" if audio_entry else stem)
         item = BatchItem(name=name, face_path=face, audio_path=audio, problem=problem or audio_problem,
-                         text=text if text.strip() else None)
+                         text=text if text.strip() else None, presenter=presenter)
         if text.strip().lower().endswith(".txt") and "\n" not in text.strip():  # the name of a .txt file
             text_path, text_problem = locate(text.strip())
             if text_path is not None:
@@ -375,6 +408,21 @@ def item_key(item: BatchItem, options: dict) -> str:
     return digest.hexdigest()
 
 
+def with_presenter(store: JobStore, item: BatchItem, options: dict, submitter: str | None = None) -> dict:
+    """The item's options with its presenter's face chosen, its ``face_path`` set to the presenter's clip
+    (whose track goes into the avatar cache for the job), as ``generate --presenter`` does; ``options``
+    unchanged for an item with a face file. HeygemError: no such presenter (among ``submitter``'s, or
+    anyone's without users), or one not ready."""
+    if item.presenter is None:
+        return options
+    from heygem.presenters.prepare import presenter_job
+    from heygem.presenters.records import PresenterStore
+
+    presenter = PresenterStore(store.outputs_dir).find(item.presenter, submitter, every_user=submitter is None)
+    item.face_path, options = presenter_job(presenter, options, store.resolve_options)
+    return options
+
+
 def new_batch_id() -> str:
     """A new batch's id: batch- and a job id (when it was made, and random)."""
     return f"batch-{new_job_id()}"
@@ -401,6 +449,7 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
                 store.resolve_options(merged, remote=True)
             else:
                 merged = {**store.resolve_options(options)[0], **store.resolve_options(item.options)[0]}
+            merged = with_presenter(store, item, merged, submitter)
             key = item_key(item, merged)
             existing = store.find_by_item_key(key) if reuse else None
             if existing is not None:
@@ -531,6 +580,11 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
         output_path = output_dir / f"{item.name}.mp4"
         if item.problem is None and output_path.is_file() and item.name in state:
             merged = {**store.resolve_options(options)[0], **store.resolve_options(item.options)[0]}
+            try:
+                merged = with_presenter(store, item, merged)
+            except HeygemError:  # said when the item is submitted
+                to_submit.append(item)
+                continue
             if state[item.name] == item_key(item, merged):
                 results[item.name] = BatchResult(item, SKIPPED, output_path=output_path)
                 continue

@@ -8,9 +8,11 @@ itself moves: :class:`RayGeneration` (a stand-in for
 Ray's object store (nodes need not share a filesystem), runs the pipeline in a
 temporary folder on whichever node Ray picks (one GPU per job on a GPU cluster,
 ``cpus_per_job`` CPUs otherwise), and writes the returned MP4 and summary into
-the job's folder. Progress and stage flow back through a small actor while the
-task runs; a cancel in the store cancels the task; a task whose Ray worker or
-node dies runs again, a bounded number of times, and the job log says so.
+the job's folder. The face video's track travels with it when this machine's avatar cache holds it
+(a saved presenter's always does: heygem.presenters.prepare.use_for_job put it there), and the node
+puts it into its own cache before the job runs, so the node tracks no face. Progress and stage flow
+back through a small actor while the task runs; a cancel in the store cancels the task; a task whose
+Ray worker or node dies runs again, a bounded number of times, and the job log says so.
 
 Ray is imported only when one of these functions is called, so the app and
 the CLI never load it without ``--ray``.
@@ -158,8 +160,11 @@ class _RecordList(logging.Handler):
 
 
 def generate_on_node(key: str, channel, face_name: str, face_bytes: bytes, audio_name: str | None,
-                     audio_bytes: bytes | None, overrides: dict, generate: Callable | None = None) -> dict:
+                     audio_bytes: bytes | None, overrides: dict, generate: Callable | None = None,
+                     face_track: dict | None = None) -> dict:
     """The Ray task: write the inputs into a temporary folder, run the pipeline there, return what it made.
+    ``face_track``: the face video's track from the dispatcher's avatar cache (:func:`cached_face_track`),
+    stored in this node's cache first.
 
     Returns {"outcome": "done" | "cancelled" | "failed" | "error", "result": MP4 bytes or None,
     "summary": result.json's text or None, "engine", "error", "traceback", "node", "folder" (the
@@ -200,6 +205,8 @@ def generate_on_node(key: str, channel, face_name: str, face_bytes: bytes, audio
                 audio_path = Path(folder) / audio_name
                 audio_path.write_bytes(audio_bytes)
             result_path = Path(folder) / RESULT_NAME
+            if face_track is not None:
+                keep_face_track(face_track)
             try:
                 summary = generate(face_path, audio_path, result_path, overrides=overrides, progress=progress,
                                    should_stop=should_stop)
@@ -221,7 +228,46 @@ def generate_on_node(key: str, channel, face_name: str, face_bytes: bytes, audio
     return outcome
 
 
+def keep_face_track(face_track: dict) -> None:
+    """Store a track sent with a job (:func:`cached_face_track`) in this node's avatar cache."""
+    from heygem.face import avatar_cache
+    from heygem.face.track import FaceTrack
+
+    track = FaceTrack(found=face_track["found"], raw_boxes=face_track["raw_boxes"], landmarks=face_track["landmarks"])
+    avatar_cache.store_track(face_track["key"], track, face_track["whole_video"])
+
+
 # ---------------------------------------------------------------------------- on the dispatcher
+
+
+def cached_face_track(face_path: Path, overrides: dict) -> dict | None:
+    """The face video's raw track from this machine's avatar cache, under the key the job computes from
+    ``overrides`` (a saved presenter's is there: heygem.presenters.prepare.use_for_job), to travel with the
+    job: {"key", "whole_video", "found", "raw_boxes", "landmarks"}; None for a photo, with the cache
+    off, or when nothing is cached (the node tracks the face)."""
+    import numpy as np
+
+    from heygem.config import apply_overrides, load_config
+    from heygem.face import avatar_cache
+    from heygem.media.probing import probe, working_geometry
+
+    try:
+        config = apply_overrides(load_config(), overrides)
+        if not config.run.avatar_cache:
+            return None
+        info = probe(face_path, role="face")
+        if info.kind != "video":
+            return None
+        geometry = working_geometry(info, config.media.output_height)
+        key = avatar_cache.avatar_key(face_path, config.face, geometry, info.fps_fraction)
+    except (HeygemError, OSError, ValueError):  # the node says what is wrong with the job
+        return None
+    cached = avatar_cache.load_track(key)
+    if cached is None:
+        return None
+    track = cached.track
+    return {"key": key, "whole_video": cached.whole_video, "found": np.array(track.found),
+            "raw_boxes": np.array(track.raw_boxes), "landmarks": np.array(track.landmarks)}
 
 
 class RemoteFailure(Exception):
@@ -266,6 +312,8 @@ class RayGeneration:
         face_ref = ray.put(face_path.read_bytes())
         same_file = audio_path.resolve() == face_path.resolve()
         audio_ref = None if same_file else ray.put(audio_path.read_bytes())
+        face_track = cached_face_track(face_path, overrides)
+        track_ref = ray.put(face_track) if face_track is not None else None
         options = {"max_retries": 0, "num_gpus": 1 if self.use_gpu else 0, "num_cpus": self.cpus_per_job}
         task = _remote(generate_on_node).options(**options)
         death_errors = tuple(getattr(ray.exceptions, name) for name in WORKER_DEATH_ERRORS
@@ -276,7 +324,8 @@ class RayGeneration:
                 logger.warning("job %s retried after the Ray worker died (attempt %d of %d)", job_id, attempt, runs)
             key = uuid.uuid4().hex
             reference = task.remote(key, self.channel, face_path.name, face_ref,
-                                    None if same_file else audio_path.name, audio_ref, overrides, self.generate)
+                                    None if same_file else audio_path.name, audio_ref, overrides, self.generate,
+                                    track_ref)
             try:
                 outcome = self._wait(ray, reference, key, progress, should_stop)
             except death_errors as problem:

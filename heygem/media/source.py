@@ -2,7 +2,9 @@
 
 Frames travel as I420 (what ffmpeg decodes and encodes), half the bytes of BGR; a video
 shorter than the audio plays forward and backward from a raw frame file on disk, so memory
-does not grow with the video's length.
+does not grow with the video's length. It turns at its last and first frames, or at the two
+frames the job chose from a face track known before decoding (heygem.face.turns: where the
+head is still, so the turn is not seen).
 """
 
 from __future__ import annotations
@@ -38,22 +40,37 @@ def frames_per_batch(geometry: FrameGeometry, configured: int, bytes_per_pixel: 
     return max(MIN_BATCH_FRAMES, min(configured, BATCH_BYTES // frame_bytes))
 
 
+def looped_indices(output_indices: np.ndarray, turns: tuple[int, int] | list[int]) -> np.ndarray:
+    """Source frame for each output frame: forward from frame 0 to the late turn, backward to the early
+    turn, forward to the late one again, and so on (``turns`` = [late, early], late >= early >= 0).
+    Consecutive output frames show neighbouring source frames, or the same one: the picture never jumps."""
+    late, early = int(turns[0]), int(turns[1])
+    output_indices = np.asarray(output_indices)
+    span = late - early
+    if span <= 0:
+        return np.where(output_indices <= late, output_indices, late)
+    phase = (output_indices - late) % (2 * span)  # 0 at the late turn, span at the early one
+    looped = np.where(phase <= span, late - phase, early + (phase - span))
+    return np.where(output_indices <= late, output_indices, looped)
+
+
 def pingpong_indices(output_indices: np.ndarray, source_count: int) -> np.ndarray:
-    """Source frame for each output frame: forward, then backward, and so on, never jumping."""
+    """Source frame for each output frame: forward, then backward, and so on, never jumping (turning at the
+    video's last and first frames)."""
     if source_count <= 1:
         return np.zeros_like(output_indices)
-    period = 2 * source_count - 2
-    phase = output_indices % period
-    return np.where(phase < source_count, phase, period - phase)
+    return looped_indices(output_indices, (source_count - 1, 0))
 
 
 class SourceFrames:
     """The face input as output batches: one still image, or a video decoded in bounded batches.
 
     Output frame i shows source frame i while the video lasts; a video shorter than the
-    audio then plays backward and forward (``pingpong_indices``) from a raw frame file in
+    audio then plays backward and forward (``looped_indices``) from a raw frame file in
     the job's work folder, written while the video is decoded when probing already shows it
-    is short, otherwise by one more decode when it turns out so.
+    is short, otherwise by one more decode when it turns out so. It turns at its last and first
+    frames, or at ``turns`` ([late, early], set before the output's batches are asked for) when the
+    job chose them from the whole video's face track (heygem.face.turns).
     """
 
     def __init__(self, info: MediaInfo, geometry: FrameGeometry, frames_needed: int,
@@ -68,6 +85,7 @@ class SourceFrames:
         if still_i420 is None and info.duration + CACHE_MARGIN_SECONDS < audio_seconds:
             self.frame_file = FrameFile(work_dir / "frames.yuv", geometry)
         self.frame_count = 1 if still_i420 is not None else None  # source frames, once known
+        self.turns: tuple[int, int] | None = None  # [late, early] source frames to turn at; None: the ends
 
     @classmethod
     def open(cls, info: MediaInfo, geometry: FrameGeometry, frames_needed: int, audio_seconds: float,
@@ -97,9 +115,10 @@ class SourceFrames:
                 yield FrameBatch(output_indices, np.zeros_like(output_indices), frames)
             return
         wanted = first_frame + frame_count  # frames of the whole output up to this part's end
+        forward = wanted if self.turns is None else min(wanted, self.turns[0] + 1)  # played before turning
         decoded = 0
         for frames in iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
-            frames = frames[: wanted - decoded]
+            frames = frames[: forward - decoded]
             if self.frame_file is not None:
                 self.frame_file.append(frames)
             kept = frames[max(0, first_frame - decoded):]  # (n, H * 3/2, W): this part's
@@ -108,15 +127,20 @@ class SourceFrames:
             if len(kept):
                 sources = np.arange(start, start + len(kept))
                 yield FrameBatch(sources - first_frame, sources, kept)
-            if decoded >= wanted:
-                return
+            if decoded >= forward:
+                break
+        if decoded >= wanted:
+            return
         if decoded == 0:
             raise HeygemError(f"{self.info.path.name}: no video frames could be decoded")
-        self.frame_count = decoded
+        turns = self.turns
+        if decoded < forward:  # the video ended: it turns at its last frame (and its first)
+            self.frame_count = decoded
+            turns = (decoded - 1, 0)
         if self.frame_file is None:  # shorter than probing said: keep it for playing backward
-            self._fill_frame_file(batch_frames)
+            self._fill_frame_file(batch_frames, decoded)
         for whole_indices in _batch_ranges(wanted, batch_frames, start=max(decoded, first_frame)):
-            source_indices = pingpong_indices(whole_indices, decoded)
+            source_indices = looped_indices(whole_indices, turns)
             yield FrameBatch(whole_indices - first_frame, source_indices, self.frame_file.read(source_indices))
 
     def frames_between(self, start: int, stop: int, batch_frames: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -136,11 +160,12 @@ class SourceFrames:
         if self.frame_file is not None:
             self.frame_file.close()
 
-    def _fill_frame_file(self, batch_frames: int) -> None:
+    def _fill_frame_file(self, batch_frames: int, count: int) -> None:
+        """Decode the video's first ``count`` frames again into the frame file."""
         self.frame_file = FrameFile(self.work_dir / "frames.yuv", self.geometry)
         for frames in iter_video_i420(self.info, self.geometry, batch_frames, self.decoders):
-            self.frame_file.append(frames[: self.frame_count - self.frame_file.count])
-            if self.frame_file.count >= self.frame_count:
+            self.frame_file.append(frames[: count - self.frame_file.count])
+            if self.frame_file.count >= count:
                 break
 
 

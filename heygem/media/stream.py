@@ -116,12 +116,15 @@ class StreamContinuation:
     (speech synthesised sentence by sentence, heygem.spoken): its x264 processes are numbered from
     ``first_index`` and its frames from ``first_frame`` of the whole; only the ``last`` part marks the
     stream complete, and only the first starts it afresh. ``folder``: the whole's stream folder
-    (None: the one beside the output being written)."""
+    (None: the one beside the output being written). ``turns``: where the face video turns back and
+    forward again as the first part chose them (its summary's ``turns``), so that every part plays the
+    same way; None: at its last and first frames."""
 
     first_index: int = 0
     first_frame: int = 0
     last: bool = True
     folder: Path | None = None
+    turns: tuple[int, int] | None = None
 
 
 def start_stream(folder: Path) -> Path:

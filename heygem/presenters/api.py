@@ -89,21 +89,29 @@ def job_face(presenters: PresenterStore, presenter_id: str | None, user, face, o
     user), or not ready."""
     if not presenter_id:
         return face, options
-    from heygem.presenters.prepare import job_options, use_for_job
+    from heygem.presenters.prepare import presenter_job
 
     if face is not None:
         raise HeygemError("send a face file or a presenter, not both")
     presenter = presenters.get(presenter_id.strip())
     if presenter is None or not may_see(user, presenter.submitter):
         raise HeygemError(f"there is no presenter {presenter_id!r}")
-    options = job_options(presenter, options)
-    return use_for_job(presenter, resolve_options(options)[1]), options
+    return presenter_job(presenter, options, resolve_options)
 
 
-def add_presenter_routes(router: APIRouter, presenters: PresenterStore, config: Config | None = None) -> Preparer:
+def voice_sample_for(presenters: PresenterStore, presenter_id: str | None, voice: str | None, sample):
+    """The voice sample a job takes: ``sample`` when one was sent; else, for the cloned voice and a saved
+    presenter, the presenter's own speech sample (cut once when it was prepared); else None (the job
+    then takes the face video's own sound)."""
+    if sample or voice != "clone" or not presenter_id:
+        return sample
+    presenter = presenters.get(presenter_id.strip())
+    return presenter.sample_path if presenter is not None and presenter.sample_path is not None else sample
+
+
+def add_presenter_routes(router: APIRouter, presenters: PresenterStore, preparer: Preparer) -> None:
     """The /presenters routes on ``router`` (whose route class signs the user in as request.state.user);
-    returns the preparer it started."""
-    preparer = Preparer(presenters, config)
+    new presenters go to ``preparer`` (one per server: the page hands it its presenters too)."""
 
     def visible(presenter_id: str, request: Request) -> Presenter | None:
         presenter = presenters.get(presenter_id)

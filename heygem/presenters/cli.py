@@ -105,12 +105,14 @@ def presenter_face(args: argparse.Namespace, overrides: dict) -> Path:
     (as --face-index), its track in the avatar cache under the key of this run's options."""
     from heygem.config import load_config
     from heygem.jobs.request import check_options
-    from heygem.presenters.prepare import job_options, use_for_job
+    from heygem.presenters.prepare import presenter_job
 
     if (args.face is None) == (args.presenter is None):
         raise HeygemError("give the face as --face FILE or --presenter NAME (one of them)")
     keep_server_files_under(Path(args.outputs))
     presenter = PresenterStore(args.outputs).find(args.presenter)
-    options = job_options(presenter, overrides)
+    face, options = presenter_job(presenter, overrides, lambda given: check_options(given, load_config(args.config)))
     setattr(args, "face.face_index", options["face.face_index"])
-    return use_for_job(presenter, check_options(options, load_config(args.config))[1])
+    if getattr(args, "voice", None) == "clone" and args.voice_sample is None and presenter.sample_path is not None:
+        args.voice_sample = presenter.sample_path  # the presenter's own voice, cut once when it was prepared
+    return face

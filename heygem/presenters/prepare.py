@@ -5,7 +5,7 @@ own face stage (step 5), which stores the complete track in the avatar cache; th
 kept in the presenter's ``track/`` folder (``found.npy``, ``raw_boxes.npy``, ``landmarks.npy`` and
 ``track.json`` with the frame size they were tracked at), so the presenter outlives a cleared cache.
 Then a thumbnail (a frame with the face box and the mouth region drawn) and a speech sample (the
-cleanest 5-30 s of the clip's voiced sound, WAV) are made, and the track's warnings recorded.
+cleanest 5-30 s of the clip's speech, WAV, as the cloned voice picks it) are made, and the track's warnings recorded.
 
 :func:`use_for_job` is what a job's face resolves to: the clip's path and face index, with the track
 put in the avatar cache under the key that job will compute (its own frame size and face options;
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,13 +29,11 @@ from heygem.face import avatar_cache
 from heygem.face.track import FaceTrack
 from heygem.jobs.request import flatten_options
 from heygem.media.decode import iter_video_i420, load_image
-from heygem.media.ffmpeg import ffmpeg_binary
 from heygem.media.frames import yuv420_to_bgr
 from heygem.media.probing import probe, working_geometry
 from heygem.media.source import SourceFrames, frames_per_batch
 from heygem.presenters.checks import track_warnings
 from heygem.presenters.records import READY, SAMPLE_NAME, Presenter, PresenterStore
-from heygem.speech.audio import SAMPLE_RATE, load_audio_16k
 from heygem.types import FrameBatch, FrameGeometry, MediaInfo
 
 logger = logging.getLogger("heygem")
@@ -44,9 +41,6 @@ logger = logging.getLogger("heygem")
 TRACK_ARRAYS = ("found", "raw_boxes", "landmarks")
 MOUTH_RING = (61, 146, 91, 181, 84, 17, 314, 405, 321, 375, 291, 409, 270, 269, 267, 0, 37, 39, 40, 185)  # outer lips
 THUMBNAIL_HEIGHT = 360
-SAMPLE_SECONDS = (5.0, 30.0)  # the speech sample's shortest and longest length
-VOICE_WINDOW_SECONDS = 0.03  # loudness is measured in windows of this length
-QUIET_RMS = 0.01  # a window quieter than this (of full scale) is not speech
 PROGRESS_STEP = 0.01  # the preparation's progress is written when it has grown this much
 
 
@@ -181,6 +175,14 @@ def use_for_job(presenter: Presenter, config: Config) -> Path:
     return presenter.clip_path
 
 
+def presenter_job(presenter: Presenter, options: dict | None, resolve_options) -> tuple[Path, dict]:
+    """(face path, options) of a job made with ``presenter``: its options (flat) with the presenter's face
+    chosen, and its clip, whose track is put in the avatar cache under the key the job's config gives
+    (``resolve_options(options) -> (flat options, config)``). HeygemError while it is not ready."""
+    options = job_options(presenter, options)
+    return use_for_job(presenter, resolve_options(options)[1]), options
+
+
 def job_options(presenter: Presenter, options: dict | None) -> dict:
     """A job's options (flat dotted keys, or nested by section) with the presenter's face chosen, flat."""
     return {**flatten_options(options), "face.face_index": presenter.face_index}
@@ -209,47 +211,23 @@ def write_thumbnail(shown: tuple[int, np.ndarray], track: FaceTrack, path: Path)
         raise OSError(f"could not write {path}")
 
 
-def cleanest_speech(samples_16k: np.ndarray) -> tuple[float, float] | None:
-    """(start, length) in seconds of the stretch of 5-30 s whose windows are most often voiced, trimmed to
-    voiced windows at its ends; None when the sound holds fewer than 5 s of voiced windows in 30 s."""
-    window = int(VOICE_WINDOW_SECONDS * SAMPLE_RATE)
-    count = len(samples_16k) // window
-    if count == 0:
-        return None
-    rms = np.sqrt(np.mean(samples_16k[: count * window].reshape(count, window) ** 2, axis=1))  # (count,)
-    floor = np.percentile(rms, 10)
-    voiced = (rms > QUIET_RMS) & (rms > 3 * floor)
-    shortest, longest = (int(seconds / VOICE_WINDOW_SECONDS) for seconds in SAMPLE_SECONDS)
-    span = min(longest, count)
-    sums = np.concatenate([[0], np.cumsum(voiced)])
-    voiced_in = sums[span:] - sums[:-span]  # voiced windows in each span starting at 0 .. count - span
-    start = int(np.argmax(voiced_in))
-    if voiced_in[start] < shortest:
-        return None
-    inside = np.flatnonzero(voiced[start: start + span])
-    first, last = start + int(inside[0]), start + int(inside[-1]) + 1
-    if last - first < shortest:  # trimmed under the shortest: keep the shortest around it
-        first = max(0, min(first, count - shortest))
-        last = first + shortest
-    return first * VOICE_WINDOW_SECONDS, (last - first) * VOICE_WINDOW_SECONDS
-
-
 def cut_speech_sample(info: MediaInfo, path: Path) -> float | None:
-    """Write the clip's cleanest speech to ``path`` (WAV, its own sample rate, mono); its length in
-    seconds, or None when the clip has too little speech (nothing is written)."""
+    """Write the clip's cleanest 5-30 s of speech to ``path`` (WAV, mono, at the cloned voice's rate), chosen
+    as a cloned voice chooses its sample (heygem.speech.reference: voiced, not clipped, no music); its length
+    in seconds, or None when the clip has no such speech (nothing is written)."""
+    import wave
+
+    from heygem.speech.reference import cleanest_speech
+    from heygem.speech.tts import pcm16
+
     try:
-        stretch = cleanest_speech(load_audio_16k(info.path))
+        samples, rate = cleanest_speech(info.path)  # (S,) float32 mono
     except HeygemError as error:
-        logger.info("presenter: no speech sample from %s (%s)", info.path.name, error)
+        logger.info("presenter: no speech sample (%s)", error)
         return None
-    if stretch is None:
-        return None
-    start, seconds = stretch
-    result = subprocess.run([ffmpeg_binary(), "-nostdin", "-v", "error", "-y", "-ss", f"{start:.3f}", "-t",
-                             f"{seconds:.3f}", "-i", str(info.path), "-vn", "-ac", "1", "-c:a", "pcm_s16le", str(path)],
-                            capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        logger.warning("presenter: could not cut the speech sample (%s)", result.stderr.strip()[-300:])
-        path.unlink(missing_ok=True)
-        return None
-    return round(seconds, 3)
+    with wave.open(str(path), "wb") as sample:
+        sample.setnchannels(1)
+        sample.setsampwidth(2)
+        sample.setframerate(rate)
+        sample.writeframes(pcm16(samples).tobytes())
+    return round(len(samples) / rate, 3)

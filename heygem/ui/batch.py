@@ -18,6 +18,7 @@ from heygem.jobs.batch import (
     BatchResult,
     collect_files,
     new_batch_id,
+    plan_for_presenter,
     plan_items,
     resolve_under_roots,
     submit_items,
@@ -25,8 +26,19 @@ from heygem.jobs.batch import (
 )
 from heygem.jobs.store import DONE, FAILED, JobStore
 from heygem.media.probing import probe_inputs
+from heygem.presenters.records import READY, PresenterStore
 from heygem.ui.access import PageAccess
-from heygem.ui.common import BATCH_COLUMNS, STATUS_LABELS, error_text, job_card, option_controls, options_from_controls
+from heygem.ui.common import (
+    BATCH_COLUMNS,
+    STATUS_LABELS,
+    error_text,
+    job_card,
+    language,
+    option_controls,
+    options_from_controls,
+    say,
+)
+from heygem.ui.presenters import NO_PRESENTER, presenter_choices
 from heygem.ui.tables import narrow_columns_css
 
 NO_ITEM = "<div class='empty-card'>Pick an item in the table to see its job and video.</div>"
@@ -37,30 +49,47 @@ BATCH_CSS = """
 """ + narrow_columns_css("batch-table", NARROW_SHOWN)
 
 
-def input_problem(item: BatchItem, probed: dict) -> str | None:
+def face_label(item: BatchItem, presenters: PresenterStore | None = None) -> str:
+    """The item's face as the table shows it: the file's name, or the saved presenter's."""
+    if item.presenter:
+        presenter = presenters.get(item.presenter) if presenters is not None else None
+        return f"presenter {presenter.name if presenter else item.presenter}"
+    return item.face_path.name if item.face_path else ""
+
+
+def input_problem(item: BatchItem, probed: dict, presenters: PresenterStore | None = None) -> str | None:
     """Why the item's inputs will be refused when it is queued (the check a job's inputs go through), or
-    None; ``probed`` keeps the answers for the pairs already looked at (every face with every audio)."""
+    None; ``probed`` keeps the answers for the pairs already looked at (every face with every audio). A
+    saved presenter's item is looked at with the presenter's clip (one that is gone or not ready is said)."""
     speech = None if item.text is not None else item.audio_path
-    key = (item.face_path, speech, item.text is not None)
+    face = item.face_path
+    if item.presenter:
+        presenter = presenters.get(item.presenter) if presenters is not None else None
+        if presenter is None:
+            return f"there is no presenter {item.presenter!r}"
+        if presenter.status != READY:
+            return f"presenter {presenter.name!r} is {presenter.status}; its jobs can start once it is ready"
+        face = presenter.clip_path
+    key = (face, speech, item.text is not None)
     if key not in probed:
         try:
-            probe_inputs(item.face_path, speech, picture_only=item.text is not None)
+            probe_inputs(face, speech, picture_only=item.text is not None)
             probed[key] = None
         except HeygemError as error:
             probed[key] = str(error)
     return probed[key]
 
 
-def preview_table(items: list[BatchItem]) -> tuple[pd.DataFrame, str]:
+def preview_table(items: list[BatchItem], presenters: PresenterStore | None = None) -> tuple[pd.DataFrame, str]:
     """The items Start would queue, before anything runs: which face speaks which audio (or text), and
     which will not run or will fail, each with why."""
     rows, failing = [], 0
     probed: dict = {}
     for item in items:
-        problem = item.problem or input_problem(item, probed)
+        problem = item.problem or input_problem(item, probed, presenters)
         status = "will not run" if item.problem else "will fail" if problem else "not started"
         failing += bool(problem) and not item.problem
-        rows.append([item.name, item.face_path.name if item.face_path else "", item.speech_label, status, "",
+        rows.append([item.name, face_label(item, presenters), item.speech_label, status, "",
                      problem or item.note or "", "", ""])
     ready = sum(1 for row in rows if row[3] == "not started")
     summary = f"**Preview:** {ready} of {len(items)} item(s) will run when you press Start batch"
@@ -76,10 +105,13 @@ def queue_batch(store: JobStore, items: list, options: dict, submitter: str | No
     return batch, submit_items(store, items, options, batch, remote=True, submitter=submitter)
 
 
-def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> None:
-    """Many faces and audio files (uploaded or from a server folder), paired, queued, followed in a table."""
+def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess,
+              presenters: PresenterStore | None = None) -> None:
+    """Many faces and audio files (uploaded or from a server folder), paired, queued, followed in a table; or
+    every audio and text file spoken by one saved presenter of ``presenters``."""
+    presenters = presenters if presenters is not None else PresenterStore(store.outputs_dir)
 
-    def plan_batch(source, uploaded, folder, pairing, manifest):
+    def plan_batch(source, uploaded, folder, pairing, manifest, presenter=NO_PRESENTER):
         if source == "folder":
             directory = resolve_under_roots(folder, batch_roots)
             files, base = collect_files(directory), directory
@@ -87,32 +119,34 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
             if not uploaded:
                 raise HeygemError("upload some faces and audio files first")
             files, base = [Path(path) for path in uploaded], None
+        if presenter:  # one saved presenter speaks every audio and text file
+            return plan_for_presenter(files, presenter, base_dir=base)
         if pairing == "manifest":
             if not manifest:
                 raise HeygemError("upload the CSV manifest (columns face,audio[,text][,name][,options])")
             return plan_items(files, str(manifest), base_dir=base)
         return plan_items(files, pairing, base_dir=base)
 
-    def preview_batch(source, uploaded, folder, pairing, manifest):
+    def preview_batch(source, uploaded, folder, pairing, manifest, presenter=NO_PRESENTER):
         """The items Start would queue, before anything runs: which face speaks which audio (or text)."""
         if (source == "upload" and not uploaded) or (source == "folder" and not (folder or "").strip()):
             return pd.DataFrame(columns=BATCH_COLUMNS), "Items and their progress show here."
         try:
-            items = plan_batch(source, uploaded, folder, pairing, manifest)
+            items = plan_batch(source, uploaded, folder, pairing, manifest, presenter)
         except HeygemError as error:
             return pd.DataFrame(columns=BATCH_COLUMNS), f"**Nothing to start yet:** {error}"
-        return preview_table(items)
+        return preview_table(items, presenters)
 
-    def start_batch(request: gr.Request, source, uploaded, folder, pairing, manifest, *controls):
+    def start_batch(request: gr.Request, source, uploaded, folder, pairing, manifest, presenter, *controls):
         try:
-            items = plan_batch(source, uploaded, folder, pairing, manifest)
+            items = plan_batch(source, uploaded, folder, pairing, manifest, presenter)
         except HeygemError as error:
             gr.Warning(str(error))
             return (gr.update(), gr.update(), f"**Nothing started:** {error}", gr.update(),
                     gr.Timer(active=False))
         batch, outcome = queue_batch(store, items, options_from_controls(*controls), access.submitter(request))
         state = {"batch": batch, "items": [
-            {"name": item.name, "face": item.face_path.name if item.face_path else "",
+            {"name": item.name, "face": face_label(item, presenters),
              "audio": item.speech_label, "note": item.note,
              "job": outcome[item.name] if isinstance(outcome[item.name], str) else None,
              "error": None if isinstance(outcome[item.name], str) else error_text(outcome[item.name])}
@@ -176,8 +210,11 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
                 pairing = gr.Radio(
                     [("Same name: anna.mp4 + anna.wav (or anna.txt)", "stem"), ("Every face with every audio", "cross"),
                      ("A CSV manifest", "manifest")], value="stem", label="Pairing")
-                manifest = gr.File(label="Manifest CSV: face,audio[,text][,name][,options]", file_types=[".csv"],
-                                   visible=False, height=90)
+                manifest = gr.File(label="Manifest CSV: face (or presenter),audio[,text][,name][,options]",
+                                   file_types=[".csv"], visible=False, height=90)
+                presenter = gr.Dropdown([(say("presenter.none"), NO_PRESENTER)], value=NO_PRESENTER,
+                                        label="Or a saved presenter speaks every audio and text file",
+                                        elem_id="batch-presenter")
             with gr.Column(scale=2):
                 batch_summary = gr.Markdown("Items and their progress show here.", elem_id="batch-summary")
                 batch_items = gr.Dataframe(pd.DataFrame(columns=BATCH_COLUMNS), interactive=False, wrap=True,
@@ -194,12 +231,19 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess) -> N
                       source, [uploaded, folder], queue=False, api_visibility="private")
         pairing.change(lambda choice: gr.update(visible=choice == "manifest"), pairing, manifest, queue=False,
                        api_visibility="private")
-        planning = [source, uploaded, folder, pairing, manifest]
-        for control in (uploaded, pairing, manifest):
+        planning = [source, uploaded, folder, pairing, manifest, presenter]
+
+        def offer_presenters(chosen, request: gr.Request):
+            choices = presenter_choices(presenters, access, request, language(request))
+            return gr.update(choices=choices, value=chosen if chosen in {value for _, value in choices} else "")
+
+        presenter.focus(offer_presenters, presenter, presenter, queue=False, show_progress="hidden",
+                        api_visibility="private")
+        for control in (uploaded, pairing, manifest, presenter):
             control.change(preview_batch, planning, [batch_items, batch_summary], show_progress="hidden",
                            api_visibility="private")
         folder.submit(preview_batch, planning, [batch_items, batch_summary], api_visibility="private")
-        start.click(start_batch, [source, uploaded, folder, pairing, manifest, *batch_controls],
+        start.click(start_batch, [*planning, *batch_controls],
                     [batch_state, batch_items, batch_summary, batch_zip, batch_timer],
                     concurrency_limit=2, api_visibility="private")
         batch_items.select(pick_item, batch_items, [picked_job, item_card, item_video], api_visibility="private")

@@ -24,7 +24,7 @@ from heygem.jobs.files import server_folders, without_server_paths
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
 from heygem.jobs.users import sees_every_job
-from heygem.presenters.api import job_face
+from heygem.presenters.api import job_face, voice_sample_for
 from heygem.presenters.records import PresenterStore
 from heygem.ui.access import PageAccess
 from heygem.ui.common import WATCH_INTERVAL, uploaded_file
@@ -41,12 +41,12 @@ def user_error(message: str, store: JobStore | None = None) -> gr.Error:
     return gr.Error(message, print_exception=False)
 
 
-def client_api(store: JobStore, access: PageAccess) -> None:
+def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore | None = None) -> None:
     """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
     MP4 and the job's id (with progress), /submit_job queues a job and returns its id at once, /job_status
     reports any job, /presenters lists the saved presenters a face may be replaced by. Nothing of this
     shows on the page."""
-    presenters = PresenterStore(store.outputs_dir)
+    presenters = presenters if presenters is not None else PresenterStore(store.outputs_dir)
 
     def queue(face: str | None, audio: str | None, engine: str, options: str, text: str, voice: str,
               voice_sample: str | None, voice_consent: bool, presenter: str, request) -> str:
@@ -58,8 +58,9 @@ def client_api(store: JobStore, access: PageAccess) -> None:
             chosen["engine.name"] = engine
         face, chosen = job_face(presenters, presenter, access.user(request), face or None, chosen,
                                 lambda given: store.resolve_options(given, remote=True))
+        voice_sample = voice_sample_for(presenters, presenter, voice, voice_sample or None)  # a presenter's own
         return store.create_job(face, audio or None, chosen, text=text if text else None, voice=voice or None,
-                                remote=True, submitter=access.submitter(request), voice_sample=voice_sample or None,
+                                remote=True, submitter=access.submitter(request), voice_sample=voice_sample,
                                 voice_consent=bool(voice_consent))
 
     async def generate(face: str | None = None, audio: str | None = None, engine: str = "auto", options: str = "{}",

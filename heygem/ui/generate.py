@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
-from pathlib import Path
 
 import gradio as gr
 from gradio.context import Context
@@ -17,7 +16,8 @@ from heygem.errors import HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, server_folders, without_server_paths
 from heygem.jobs.request import check_speech
 from heygem.jobs.store import DONE, JobStore
-from heygem.media.probing import IMAGE_SUFFIXES
+from heygem.presenters.api import job_face, voice_sample_for
+from heygem.presenters.records import PresenterStore
 from heygem.speech.tts import pcm16
 from heygem.ui.access import PageAccess
 from heygem.ui.common import (
@@ -35,54 +35,13 @@ from heygem.ui.common import (
     say,
     ui_text,
     uploaded_file,
-    wrong_kind_message,
 )
+from heygem.ui.faces import face_choices, preview_face
 from heygem.ui.live import follow_stream, live_player
+from heygem.ui.presenters import NO_PRESENTER, presenter_choices
 
 logger = logging.getLogger("heygem")
 RECENT_JOBS = 5  # jobs in the recent jobs strip
-
-
-def preview_face(face_path):
-    """Show an uploaded face in the image or the video preview, whichever fits; a photo has no sound of
-    its own to use."""
-    if not face_path:
-        return (gr.update(visible=False, value=None), gr.update(visible=False, value=None),
-                gr.update(visible=True, interactive=True))
-    is_image = Path(face_path).suffix.lower() in IMAGE_SUFFIXES
-    return (gr.update(visible=is_image, value=face_path if is_image else None),
-            gr.update(visible=not is_image, value=None if is_image else face_path),
-            gr.update(visible=not is_image, interactive=not is_image, value=False) if is_image else
-            gr.update(visible=True, interactive=True))
-
-
-def face_choices(face_path, language_code: str = "en"):
-    """What the page says of an uploaded face once it has looked at it: the face field (emptied for a
-    file of another kind), the previews (hidden for a file that cannot be decoded), the faces of its
-    first frame to pick the one that speaks (a gallery shown for two or more, its note, the picked face:
-    None, the largest). What is wrong with the file is said at once, as a job would say it."""
-    from heygem.face.found import find_faces
-    from heygem.media.probing import VIDEO_SUFFIXES, probe
-
-    keep = gr.update()
-    no_faces = gr.update(visible=False, value=None), gr.update(visible=False, value=""), None
-    if not face_path:
-        return (keep, keep, keep, *no_faces)
-    name = Path(face_path).name
-    if Path(face_path).suffix.lower() not in IMAGE_SUFFIXES | VIDEO_SUFFIXES:
-        gr.Warning(wrong_kind_message(name, ["video", "image"]), title=name)
-        return (None, gr.update(visible=False, value=None), gr.update(visible=False, value=None), *no_faces)
-    try:
-        found = find_faces(probe(face_path, "face"))
-    except HeygemError as problem:
-        gr.Warning(str(problem), title=name)
-        return (keep, gr.update(visible=False, value=None), gr.update(visible=False, value=None), *no_faces)
-    if len(found) < 2:
-        return (keep, keep, keep, *no_faces)
-    thumbnails = [(thumbnail, f"face {index}") for index, thumbnail in enumerate(found.thumbnails())]
-    note = say("faces.largest", language_code, count=len(found), index=found.chosen(None))
-    return (keep, keep, keep, gr.update(visible=True, value=thumbnails, selected_index=None),
-            gr.update(visible=True, value=note), None)
 
 
 def voice_choices() -> list[tuple[str, str]]:
@@ -108,18 +67,26 @@ def example_pairs() -> list[list[str]]:
 
 def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
                      *controls, submitter: str | None = None, face_index: int | None = None,
-                     voice_consent: bool = False) -> str:
+                     voice_consent: bool = False, presenter: str | None = None,
+                     presenters: PresenterStore | None = None, user=None, voice_sample: str | None = None) -> str:
     """Queue the form's job as a remote request (checked as REST checks one); HeygemError says what to fix.
     ``face_index``: the face picked among several (face.face_index; None: the largest). ``voice_consent``:
-    the user says they may use the voice the cloned voice ("clone") takes from the face video."""
+    the user says they may use the voice the cloned voice ("clone") takes from the face video.
+    ``presenter``: a saved presenter's id (of ``presenters``, one ``user`` may see) instead of the face.
+    ``voice_sample``: a recording whose voice "clone" speaks in, instead of the face video's own sound."""
     text = (text or "").strip()
-    if not face_path:
-        raise HeygemError("Add a face first: a video or a photo.")
+    if not face_path and not presenter:
+        raise HeygemError("Add a face first: a video or a photo, or pick a saved presenter.")
     check_speech(bool(audio_path), text, own_audio=use_video_audio)
     options = options_from_controls(*controls)
     if text:
         options["text.subtitles"] = subtitles
-    if face_index is not None:
+    if presenter:  # its clip, face, track and voice instead of the upload (as REST and gradio_client take one)
+        presenters = presenters or PresenterStore(store.outputs_dir)
+        face_path, options = job_face(presenters, presenter, user, None, options,
+                                      lambda given: store.resolve_options(given, remote=True))
+        voice_sample = voice_sample_for(presenters, presenter, voice, voice_sample)
+    elif face_index is not None:
         options["face.face_index"] = int(face_index)
     try:
         speed = float(speed)
@@ -127,7 +94,8 @@ def queue_generation(store: JobStore, face_path, audio_path, use_video_audio, te
         raise HeygemError(f"the speed must be a number such as 1.0, not {speed!r}") from None
     return store.create_job(face_path, None if use_video_audio or text else audio_path, options, text=text or None,
                             voice=None if voice in (None, "", "auto") else voice, speed=speed, remote=True,
-                            submitter=submitter, voice_consent=bool(voice_consent))
+                            submitter=submitter, voice_consent=bool(voice_consent),
+                            voice_sample=voice_sample if voice == "clone" and voice_sample else None)
 
 
 def recent_choices(jobs, language_code: str = "en") -> list[tuple[str, str]]:
@@ -152,10 +120,11 @@ def cues_html(job) -> str:
     return f'<pre class="vtt">{html.escape(format_vtt(cues))}</pre>' if cues else ""
 
 
-def generate_tab(store: JobStore, access: PageAccess) -> None:
-    """One face + speech in: queue a job, follow it in a card (with its live stream and subtitles), then
-    show the video and its stage times. The page remembers the job it follows across reloads and lists
-    the user's recent jobs to follow one again."""
+def generate_tab(store: JobStore, access: PageAccess, presenters: PresenterStore | None = None) -> None:
+    """One face (or a saved presenter of ``presenters``) + speech in: queue a job, follow it in a card (with
+    its live stream and subtitles), then show the video and its stage times. The page remembers the job it
+    follows across reloads and lists the user's recent jobs to follow one again."""
+    presenters = presenters if presenters is not None else PresenterStore(store.outputs_dir)
     following: dict[str, str] = {}  # page (Gradio session) -> the job it follows; a new job replaces the old
 
     def recent_update(request, followed: str | None = None) -> dict:
@@ -175,14 +144,15 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                 gr.update(visible=False), remembered, "", recent_update(request), gr.update(visible=False))
 
     def submit(request: gr.Request, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
-               face_index, voice_consent, *controls):
+               face_index, voice_consent, voice_sample, presenter, *controls):
         """Queue a job; a problem with the inputs is shown in the card and nothing is queued. A job queued
         while the page follows an unfinished one is said to be queued after it."""
         words = language(request)
         try:
             job_id = queue_generation(store, face_path, audio_path, use_video_audio, text, voice, speed, subtitles,
                                       *controls, submitter=access.submitter(request), face_index=face_index,
-                                      voice_consent=voice_consent)
+                                      voice_consent=voice_consent, presenter=presenter, presenters=presenters,
+                                      user=access.user(request), voice_sample=voice_sample)
         except HeygemError as error:
             problem = without_server_paths(str(error), server_folders(store.outputs_dir), every_path=False)
             gr.Warning(problem)
@@ -239,6 +209,26 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
         if job is not None:
             store.cancel(job.id)
 
+    def offer_presenters(chosen, request: gr.Request):
+        """The picker's ready presenters, as they are now; the one chosen stays if it still is there."""
+        choices = presenter_choices(presenters, access, request, language(request))
+        kept = chosen if chosen in {value for _, value in choices} else NO_PRESENTER
+        return gr.update(choices=choices, value=kept)
+
+    def choose_presenter(chosen, face_path, request: gr.Request):
+        """A saved presenter takes the face upload's place (hidden, with its previews and picker); none
+        brings the upload back as it was."""
+        if not chosen:
+            image, video, own_audio = preview_face(face_path)
+            return gr.update(visible=True), image, video, gr.update(), gr.update(visible=False, value=""), own_audio
+        presenter = presenters.get(chosen)
+        note = say("presenter.chosen", language(request), name=presenter.name) if presenter else \
+            say("presenter.missing", language(request))
+        hidden = gr.update(visible=False)
+        own_audio = gr.update(visible=True, interactive=True) if presenter and presenter.kind == "video" else \
+            gr.update(visible=False, value=False)
+        return hidden, hidden, hidden, hidden, gr.update(visible=True, value=note), own_audio
+
     def look_at_face(face_path, request: gr.Request):
         return face_choices(face_path, language(request))
 
@@ -276,6 +266,9 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
             with gr.Column(scale=1):
                 # any file is taken, and one of another kind is said in words (Gradio's own check of the
                 # kind leaves a bare "Error" in the field)
+                presenter = gr.Dropdown([(say("presenter.none"), NO_PRESENTER)], value=NO_PRESENTER,
+                                        label=ui_text("presenter"), elem_id="presenter-input")
+                presenter_note = gr.Markdown("", visible=False, elem_id="presenter-chosen")
                 face = uploaded_file(label=ui_text("face"), elem_id="face-input", height=120)
                 face_image = gr.Image(label=ui_text("face.preview"), visible=False, interactive=False, height=220)
                 face_video = gr.Video(label=ui_text("face.preview"), visible=False, interactive=False, height=220)
@@ -293,6 +286,8 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                     # the cloned voice speaks in the face video's own voice: only with the user's word that they may
                     voice_consent = gr.Checkbox(False, label=ui_text("voice.consent"), visible=False,
                                                 elem_id="voice-consent")
+                    voice_sample = gr.Audio(label=ui_text("voice.sample"), sources=["upload", "microphone"],
+                                            type="filepath", visible=False, elem_id="voice-sample")
                     with gr.Row():
                         speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=ui_text("speed"), elem_id="speed-input")
                         modes = [(ui_text(f"subtitles.{mode}"), mode) for mode in ("soft", "burn", "none")]
@@ -319,13 +314,19 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                     download = gr.DownloadButton(ui_text("download"), visible=False, elem_id="download-button")
                     cancel_button = gr.Button(ui_text("cancel"), visible=False, variant="stop", size="lg")
                 chart = gr.HTML(visible=False, elem_id="stage-chart")  # the stages on a time line
-        voice.change(lambda chosen: gr.update(visible=chosen == "clone", value=False), voice, voice_consent,
+        voice.change(lambda chosen: (gr.update(visible=chosen == "clone", value=False),
+                                     gr.update(visible=chosen == "clone")), voice, [voice_consent, voice_sample],
                      queue=False, show_progress="hidden", api_visibility="private")
         face.change(preview_face, face, [face_image, face_video, use_video_audio], queue=False,
                     show_progress="hidden", api_visibility="private")
         face.change(look_at_face, face, [face, face_image, face_video, faces, faces_note, face_index],
                     concurrency_limit=2, show_progress="hidden", api_visibility="private", trigger_mode="always_last")
         faces.select(pick_face, None, [face_index, faces_note], queue=False, api_visibility="private")
+        presenter.focus(offer_presenters, presenter, presenter, queue=False, show_progress="hidden",
+                        api_visibility="private")
+        presenter.change(choose_presenter, [presenter, face], [face, face_image, face_video, faces, presenter_note,
+                                                       use_video_audio],
+                         queue=False, show_progress="hidden", api_visibility="private")
 
         # What following a job shows at once, then its watch (card, subtitles, result) and its live stream.
         # A new job replaces the one this page was following (that one keeps running; see Jobs): the old
@@ -343,7 +344,8 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
             return event
 
         submitted = then_watch(generate.click(
-            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, face_index, voice_consent, *controls],
+            submit, [face, audio, use_video_audio, text, voice, speed, subtitles, face_index, voice_consent,
+                     voice_sample, presenter, *controls],
             follow_outputs, concurrency_limit=8, show_progress="minimal", api_visibility="private",
             js=FORGET_LIVE_TIME_JS))
         # the card and the live player in view, whatever was open (the newest Generate's, as the watch)
@@ -352,6 +354,7 @@ def generate_tab(store: JobStore, access: PageAccess) -> None:
                                 js=FORGET_LIVE_TIME_JS))
         page_blocks = Context.root_block
         if page_blocks is not None:  # the job this browser followed before a reload, followed again
+            page_blocks.load(offer_presenters, presenter, presenter, show_progress="hidden", api_visibility="private")
             then_watch(page_blocks.load(follow_again, remembered, follow_outputs, api_visibility="private",
                                         show_progress="hidden"))
         cancel_button.click(cancel, job_id_state, None, queue=False, api_visibility="private")

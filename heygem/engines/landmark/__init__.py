@@ -33,6 +33,7 @@ class LandmarkKind(EngineKind):
     name = "landmark"
     synthesises_pixels = False  # it moves the frame's own pixels and draws the interior crisply
     needs_weights = False
+    keeps_filmed_mouth_in_pauses = True  # its mouth shapes let go in pauses themselves (mouth_shapes.speaking)
 
     def load(self, weights: Path | None, config: Config, fps: float, owner: int) -> LipSyncEngine:
         """A new engine (its mouth shapes start afresh), drawing with the rendering processes ``owner``'s

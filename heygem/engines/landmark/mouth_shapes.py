@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heygem.speech import audio
+from heygem.speech.pauses import HANDOVER_SECONDS, PAUSE_SECONDS  # the pause rule every engine follows
 
 # Weights of the window's first columns (12.5 ms each): the frame's own sound plus ~60 ms look-ahead.
 COLUMN_WEIGHTS = np.array([0.5, 1.0, 1.0, 1.0, 0.7, 0.4], np.float32)
@@ -44,8 +45,6 @@ CLOSURE_RELEASE_SECONDS = 0.012  # m/b/p close the lips at once
 WIDTH_SECONDS = 0.06  # spreading and rounding change smoothly
 DEAD_ZONE = 0.02  # openness below this counts as closed, so silence leaves the face untouched
 HEARD_DB = -30.0  # a window column this close to the reference level (voiced or high band) is speech
-PAUSE_SECONDS = 0.35  # a silence at least this long (the window's look-ahead included) lets go of the mouth
-HANDOVER_SECONDS = 0.12  # the mouth goes from the speech to the face's own (and back) over this long
 
 
 @dataclass(frozen=True)

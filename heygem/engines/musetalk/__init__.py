@@ -8,6 +8,8 @@ looks at files.
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
 from heygem.config import Config, EngineConfig
@@ -25,6 +27,23 @@ from heygem.render.prepared import Prepared
 from heygem.runtime.kept import KEPT, KeptKind
 
 MUSETALK_ENGINE = KeptKind("musetalk engine", most=2, per_owner=True)
+logger = logging.getLogger("heygem")
+_EARLY_IMPORTS: list[threading.Thread] = []  # the one thread start_loading started in this process
+_EARLY_LOCK = threading.Lock()
+
+
+def _import_early(device: str) -> None:
+    """torch and the libraries' model modules imported (and CUDA started unless ``device`` is cpu)."""
+    try:
+        import torch
+
+        from heygem.engines.musetalk import loading
+
+        loading.import_libraries()
+        if device != "cpu" and torch.cuda.is_available():
+            torch.cuda.init()
+    except Exception as error:  # noqa: BLE001 - the engine's own load reports any problem, in the job
+        logger.debug("musetalk: early imports failed (%s)", error)
 
 
 class MuseTalkKind(EngineKind):
@@ -59,6 +78,16 @@ class MuseTalkKind(EngineKind):
             return ""
         return (f"--engine musetalk needs MuseTalk's files in {folder}: {', '.join(missing)} "
                 f"{'is' if len(missing) == 1 else 'are'} missing (copy MuseTalk's models/ folder there)")
+
+    def start_loading(self, config: EngineConfig) -> None:
+        """torch and diffusers' and transformers' model modules (8.8 s on an H100 host, docs/benchmarks.md)
+        imported in a thread of their own, once per process, while the inputs are probed and decoded."""
+        with _EARLY_LOCK:
+            if not _EARLY_IMPORTS and not missing_libraries():
+                thread = threading.Thread(target=_import_early, args=(config.device,), name="musetalk-imports",
+                                          daemon=True)
+                thread.start()
+                _EARLY_IMPORTS.append(thread)
 
     def load(self, weights: Path | None, config: Config, fps: float, owner: int) -> LipSyncEngine:
         """The engine loaded for ``owner``'s previous job if the files and options are unchanged,

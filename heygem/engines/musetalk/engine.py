@@ -7,6 +7,12 @@ the frame's window of Whisper states (heygem.engines.musetalk.audio_features) as
 the predicted latents decoded to a 256x256 face (heygem.engines.musetalk.model_step), resized
 back to the box and handed to the blend stage with the paste mask.
 
+Loading: the libraries' model modules (heygem.engines.musetalk.loading.import_libraries), then the mouth
+network from its copy beside the official files when one matches them (heygem.engines.musetalk.network_copy),
+else from the official files, strictly, writing the copy for the next start. On a GPU the first batch's
+autotuning and CUDA graph capture then run in a thread of their own while the first frames are decoded and
+tracked; the first call that needs the step waits for it. ``load_seconds`` says where the load went.
+
 The crop latents are the avatar's preparation: kept in memory for the job and in the avatar
 cache (heygem.face.avatar_cache) under the VAE's files and the crop's pixels, so a new script for
 the same presenter never runs the encoder again.
@@ -16,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -28,6 +36,7 @@ import heygem.engines.musetalk.loading as loading
 from heygem.config import BlendConfig, EngineConfig
 from heygem.engines.musetalk.files import MuseTalkFiles
 from heygem.engines.musetalk.model_step import MouthModelStep, encode_faces
+from heygem.engines.musetalk.network_copy import NetworkCopy
 from heygem.face import avatar_cache
 from heygem.render.blend import lower_face_mask
 from heygem.runtime.device import autocast_dtype, configure_backends, pick_device
@@ -60,11 +69,14 @@ class MuseTalkEngine:
         self.parsing_mode = resolve_parsing_mode(config.musetalk_parsing, files)
         self.feather = feather
         batch_size = min(config.batch_size, CPU_BATCH_SIZE) if self.device.type == "cpu" else config.batch_size
-        unet, self.vae = loading.load_unet(files), loading.load_vae(files)
-        self.encoder = loading.load_whisper_encoder(files).to(self.device)
-        self.feature_extractor = loading.load_feature_extractor(files)
-        self.step = MouthModelStep(unet, self.vae, self.device, self.dtype, batch_size, fast=True,
-                                   use_cuda_graph=config.cuda_graph)
+        self.load_seconds: dict[str, float] = {}  # phase of the load -> seconds
+        with self._timed("libraries"):
+            loading.import_libraries()
+        self.step, self.weights_source = self._load_step(files, batch_size, config.cuda_graph)
+        self.vae = self.step.network.vae
+        with self._timed("whisper"):
+            self.encoder = loading.load_whisper_encoder(files).to(self.device)
+            self.feature_extractor = loading.load_feature_extractor(files)
         self.parser = None
         if self.parsing_mode in ("jaw", "neck", "raw"):
             from heygem.engines.musetalk.parsing import FaceParser
@@ -76,9 +88,71 @@ class MuseTalkEngine:
         self.latents_namespace = namespace if use_cache else None
         self.remembered: OrderedDict[str, np.ndarray] = OrderedDict()
         self.encoded = 0  # crops encoded by the VAE (the rest came from memory or the avatar cache)
-        logger.info("musetalk engine %s on %s, %s, batches of %d, paste mask %s, loaded in %.1f s", files.version,
-                    self.device, str(self.dtype).removeprefix("torch."), batch_size, self.parsing_mode,
-                    time.perf_counter() - started)
+        self._warm_up_error: BaseException | None = None
+        self._warming = None
+        if self.device.type == "cuda":  # the first batch's autotuning and graph capture, beside the first frames
+            self._warming = threading.Thread(target=self._warm_up, name="musetalk-warm-up", daemon=True)
+            self._warming.start()
+        logger.info("musetalk engine %s on %s, %s, batches of %d, paste mask %s, from the %s, loaded in %.1f s",
+                    files.version, self.device, str(self.dtype).removeprefix("torch."), batch_size, self.parsing_mode,
+                    self.weights_source, time.perf_counter() - started)
+
+    @contextmanager
+    def _timed(self, phase: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.load_seconds[phase] = self.load_seconds.get(phase, 0.0) + time.perf_counter() - started
+
+    def _load_step(self, files: MuseTalkFiles, batch_size: int, use_cuda_graph: bool) -> tuple[MouthModelStep, str]:
+        """The model step from the network copy when one matches the files (see network_copy), else from the
+        official files, strictly, then the copy written; and which of the two it came from."""
+        weights_dtype = self.dtype if self.device.type == "cuda" else torch.float32  # the CPU step autocasts
+        options = {"dtype": weights_dtype, "transposed_upsampling": True, "fuse_qkv": False}
+        with self._timed("check copy"):
+            copy = NetworkCopy(files, options)
+        with self._timed("read copy"):
+            state = copy.read(self.device)
+        if state is not None:
+            try:
+                with self._timed("build"):
+                    return MouthModelStep(loading.build_unet(files), loading.build_vae(files), self.device, self.dtype,
+                                          batch_size, fast=True, use_cuda_graph=use_cuda_graph,
+                                          network_state=state), "network copy"
+            except (RuntimeError, ValueError, KeyError) as error:  # a copy of other layers' names or shapes
+                logger.warning("musetalk: the network copy %s does not fit (%s); loading the official files",
+                               copy.path.name, str(error).splitlines()[0] if str(error) else type(error).__name__)
+            del state
+        with self._timed("read unet"):
+            unet = loading.load_unet(files)
+        with self._timed("read vae"):
+            vae = loading.load_vae(files)
+        with self._timed("to device"):
+            step = MouthModelStep(unet, vae, self.device, self.dtype, batch_size, fast=True,
+                                  use_cuda_graph=use_cuda_graph)
+        with self._timed("write copy"):
+            copy.write(step.network_state())
+        return step, "official files"
+
+    def _warm_up(self) -> None:
+        try:
+            with torch.inference_mode():
+                self.step.warm_up()
+        except BaseException as error:  # noqa: BLE001 - handed to the first call that needs the step
+            self._warm_up_error = error
+
+    def wait_until_warm(self) -> None:
+        """Wait for the warm-up thread (the first batch's autotuning and graph capture) to end; its error
+        is raised here, in the caller's thread."""
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
+            if self._warm_up_error is not None:
+                error, self._warm_up_error = self._warm_up_error, None
+                raise error
 
     @property
     def batch_size(self) -> int:
@@ -104,6 +178,7 @@ class MuseTalkEngine:
                 found[digest] = latents
         missing = [digests.index(digest) for digest in dict.fromkeys(digests) if digest not in found]  # rows
         if missing:
+            self.wait_until_warm()  # the VAE is the step's: not used while its graph is captured
             masked, whole = crop.vae_inputs(crops_bgr[missing])  # (M, 3, 256, 256) each, RGB in [-1, 1]
             # two passes, as MuseTalk encodes them (one batch of both gives other rounding, which random
             # weights amplify to 1e-3)
@@ -123,6 +198,7 @@ class MuseTalkEngine:
 
     def generate_faces(self, unet_input_latents: torch.Tensor, audio_windows: torch.Tensor) -> torch.Tensor:
         """(B, 8, 32, 32) latents and (B, 50, 384) audio features -> (B, 3, 256, 256) float RGB in [0, 1]."""
+        self.wait_until_warm()
         return self.step(unet_input_latents.to(self.device), audio_windows.to(self.device))
 
     def patches(self, frames_bgr, faces: list[Face | None], audio_windows: torch.Tensor

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -25,6 +27,14 @@ VAE_EXPECTED = "sd-vae-ft-mse's diffusion_pytorch_model.bin with its config.json
 WHISPER_EXPECTED = "whisper-tiny's pytorch_model.bin with its config.json in whisper/"
 # sd-vae-ft-mse was saved before diffusers renamed the VAE's attention projections
 DEPRECATED_ATTENTION_NAMES = {"query.": "to_q.", "key.": "to_k.", "value.": "to_v.", "proj_attn.": "to_out.0."}
+# optional packages the libraries import at their own import when installed, for features the engine never uses
+# (diffusers' LoRA adapters: peft; transformers' assisted generation: scikit-learn); 3.2 and 2.1 s on an H100 host
+UNUSED_OPTIONAL_PACKAGES = ("peft", "sklearn")
+LIBRARY_MODULES = ("diffusers.models.unets.unet_2d_condition", "diffusers.models.autoencoders.autoencoder_kl",
+                   "diffusers.models.attention_processor", "diffusers.models.upsampling",
+                   "transformers.models.whisper.modeling_whisper",
+                   "transformers.models.whisper.feature_extraction_whisper")
+_IMPORT_LOCK = threading.Lock()
 
 
 def require_libraries() -> None:
@@ -32,6 +42,32 @@ def require_libraries() -> None:
     missing = missing_libraries()
     if missing:
         raise HeygemError(f"--engine musetalk needs {' and '.join(missing)}: {INSTALL_LINE}")
+
+
+def import_libraries() -> None:
+    """Import the modules the engine runs on (the exact model modules, not the libraries' whole namespaces),
+    once per process; safe from any thread (heygem.engines.musetalk.start_loading calls it at process start).
+
+    peft and scikit-learn, when installed but not yet imported, are hidden while they import (a None entry in
+    sys.modules: Python's own way to say a module cannot be imported, so the libraries' availability probes
+    take the path they take on a machine without them). Both are optional for the libraries, never used by the
+    engine, and importing them cost 5.3 of the 8.8 s the libraries took on an H100 host (docs/benchmarks.md).
+    The entries are removed again afterwards, so a later ``import peft`` works as usual."""
+    import importlib
+
+    with _IMPORT_LOCK:
+        if all(name in sys.modules for name in LIBRARY_MODULES):
+            return
+        hidden = [name for name in UNUSED_OPTIONAL_PACKAGES if name not in sys.modules]
+        for name in hidden:
+            sys.modules[name] = None  # type: ignore[assignment]
+        try:
+            for name in LIBRARY_MODULES:
+                importlib.import_module(name)
+        finally:
+            for name in hidden:
+                if name in sys.modules and sys.modules[name] is None:
+                    del sys.modules[name]
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -71,12 +107,27 @@ def assign_strict(model, state_dict: dict, path: Path, what: str, expected: str)
     model.eval().requires_grad_(False)
 
 
-def load_unet(files: MuseTalkFiles):
-    """The MuseTalk UNet (diffusers UNet2DConditionModel) from musetalk.json and its weights."""
-    from diffusers import UNet2DConditionModel
+def build_unet(files: MuseTalkFiles):
+    """The MuseTalk UNet (diffusers UNet2DConditionModel) built from musetalk.json on the meta device (no weights)."""
+    import_libraries()
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
     config = read_json(files.unet_config, "MuseTalk UNet")
-    model = build_from_config(UNet2DConditionModel, config, files.unet_config, "UNet2DConditionModel")
+    return build_from_config(UNet2DConditionModel, config, files.unet_config, "UNet2DConditionModel")
+
+
+def build_vae(files: MuseTalkFiles):
+    """The VAE (diffusers AutoencoderKL) built from sd-vae/config.json on the meta device (no weights)."""
+    import_libraries()
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
+    config = read_json(files.vae_config, "VAE")
+    return build_from_config(AutoencoderKL, config, files.vae_config, "AutoencoderKL")
+
+
+def load_unet(files: MuseTalkFiles):
+    """The MuseTalk UNet (diffusers UNet2DConditionModel) from musetalk.json and its weights."""
+    model = build_unet(files)
     state_dict, _ = read_state_dict(files.unet, "MuseTalk UNet", UNET_EXPECTED)
     assign_strict(model, state_dict, files.unet, "MuseTalk UNet", UNET_EXPECTED)
     return model
@@ -85,10 +136,7 @@ def load_unet(files: MuseTalkFiles):
 def load_vae(files: MuseTalkFiles):
     """The VAE (diffusers AutoencoderKL) from sd-vae/config.json and its weights; attention weights
     under their former names are renamed, as diffusers does when it loads such files."""
-    from diffusers import AutoencoderKL
-
-    config = read_json(files.vae_config, "VAE")
-    model = build_from_config(AutoencoderKL, config, files.vae_config, "AutoencoderKL")
+    model = build_vae(files)
     state_dict, _ = read_state_dict(files.vae, "VAE", VAE_EXPECTED)
     state_dict = rename_deprecated_attention(state_dict, set(model.state_dict()))
     assign_strict(model, state_dict, files.vae, "VAE", VAE_EXPECTED)
@@ -117,8 +165,9 @@ def load_whisper_encoder(files: MuseTalkFiles):
     The file is a whole Whisper model (WhisperForConditionalGeneration's layout: keys under
     "model.", and the output projection tied to the token embedding); every key and shape of the
     model is checked, then only the encoder is kept."""
-    from transformers import WhisperConfig, WhisperModel
-    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    import_libraries()
+    from transformers.models.whisper.configuration_whisper import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder, WhisperModel
 
     try:
         config = WhisperConfig(**read_json(files.whisper_config, "Whisper"))
@@ -140,7 +189,8 @@ def load_whisper_encoder(files: MuseTalkFiles):
 def load_feature_extractor(files: MuseTalkFiles):
     """transformers' WhisperFeatureExtractor from whisper/preprocessor_config.json (80 log-mel bins
     of 30 s windows at 16 kHz), read from the local folder only."""
-    from transformers import WhisperFeatureExtractor
+    import_libraries()
+    from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
 
     read_json(files.whisper_preprocessor, "Whisper feature extractor")  # one line naming a broken file
     try:

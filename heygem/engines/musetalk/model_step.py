@@ -193,13 +193,18 @@ class MouthModelStep:
     ("decoder"). Compiled whole the step is about 2x faster per batch (557 against 282 faces/s on an H200)
     but the first batch of a process takes about a minute (15 s with torch's on-disk cache warm), more than
     a 60 s video takes to run op by op: it pays for a kept engine serving many jobs, so it is off by default.
+
+    ``network_state`` (what :meth:`network_state` of a step of the same options returned) gives the step its
+    tensors instead of ``unet``'s and ``vae``'s: they may then be built on the meta device. It is assigned after
+    the layers are replaced, so it holds the replaced layers' tensors as computed then (no second rounding).
     """
 
     def __init__(self, unet, vae, device, dtype, batch_size: int, fast: bool = True, *,
                  paste_top_row: int | None = None, halo_latent_rows: int = 4, use_cuda_graph: bool = True,
                  unet_channels_last: bool | None = None, decoder_channels_last: bool | None = None,
                  decode_chunk: int | None = DECODE_CHUNK, transposed_upsampling: bool = True, fuse_qkv: bool = False,
-                 compile_network: bool | str = False, pad_last_batch: bool | None = None):
+                 compile_network: bool | str = False, pad_last_batch: bool | None = None,
+                 network_state: dict | None = None):
         import torch
 
         if batch_size < 1:
@@ -231,6 +236,13 @@ class MouthModelStep:
         network = _network_class()(unet, vae, self.first_latent_row, decode_chunk if fast else None,
                                    compile_decoder=fast and compile_network == "decoder",
                                    decoder_channels_last=fast and decoder_channels_last)
+        if network_state is not None:  # every tensor, as network_state() kept it: strict, nothing left on meta
+            network.load_state_dict(network_state, strict=True, assign=True)
+            leftover = [name for name, tensor in [*network.named_parameters(), *network.named_buffers()]
+                        if tensor.is_meta]
+            if leftover:
+                raise ValueError(f"the network state leaves {leftover[0]} unset")
+            network.requires_grad_(False)
         self.network = network.to(self.device)
         if fast:
             if unet_channels_last:
@@ -247,6 +259,20 @@ class MouthModelStep:
         else:
             self.runner = None
             self.network.to(dtype=dtype)
+
+    def network_state(self) -> dict:
+        """The network's tensors as the step runs them (after its layer replacements and casts): what
+        ``network_state=`` of a later step with the same options takes."""
+        return self.network.state_dict()
+
+    def warm_up(self) -> None:
+        """Ready the fixed batch's buffers, cuDNN's kernels and the CUDA graph for inputs as the engine brings
+        them ((8, 32, 32) latents and (50, 384) audio features, float32) before the first batch; nothing on
+        the CPU or for the plain step."""
+        import torch
+
+        if self.runner is not None:
+            self.runner.warm_up(((8, LATENT_SIZE, LATENT_SIZE), torch.float32), ((50, 384), torch.float32))
 
     def __call__(self, unet_input_latents, audio_features):
         """unet_input_latents (B, 8, 32, 32): masked-face then reference latents, both times the scaling factor;

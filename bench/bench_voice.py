@@ -1,20 +1,28 @@
-"""The cloned voice's speed (heygem.speech.clone, VibeVoice-1.5B through transformers 5): one stream.
+"""The cloned voice's speed (heygem.speech.clone, VibeVoice-1.5B through transformers 5): one stream,
+through transformers' ``generate`` and through heygem's own frame loop (heygem.speech.clone_loop).
 
 Random-init files of the full configuration (1204 tensors, bf16 on a GPU) are written in the published
 layout, loaded as heygem loads them (strict check, then from_pretrained from the folder), and given
 the bundled English sample as the voice to clone. A logits processor makes every sentence exactly
 --frames audio frames long (a random model stops wherever it likes), so the runs compare.
 
-    first sentence   load, then the first sentence (--first-frames frames): what a job waits before
-                     its first part can be rendered
-    one stream       a sentence of --frames frames, spoken --repeats times: seconds per audio frame and
-                     the real-time factor (seconds spent / seconds of speech; below 1 is faster than
-                     real time)
-    guidance         the same with transformers' generic logits guidance on: ``generate`` adds a third
-                     language-model pass per frame whenever guidance_scale != 1 (1.3 here), which
-                     heygem drops (the diffusion head keeps its guidance, as the original model does)
+For each loop (--loop generate, fast or both):
 
-    python bench/bench_voice.py                            # full size on the first GPU, bf16
+    prepare          the fast loop's cache and CUDA graphs, made once per voice before its first
+                     sentence (a job does it while loading the voice); 0 for generate
+    cold first       the first sentence (--first-frames frames) right after that: what the first job
+                     after a start waits
+    first sentence   the same sentence again, warm: what a request waits for its first sentence's audio
+    one stream       a sentence of --frames frames, spoken --repeats times (the fastest kept): seconds
+                     per audio frame and the real-time factor (seconds spent / seconds of speech)
+    peak GiB         the GPU memory the loop reached (the model's weights included)
+
+Then which parts of the fast loop replay as CUDA graphs (a part that could not be captured also logs
+"runs ... without a CUDA graph" with the reason), and with both loops the largest difference between
+their audio for the first sentence from the same seed (0 to 1e-6 in float32 on the CPU; bf16 rounds
+batched and unbatched products apart, and the frames feed back, so expect more there).
+
+    python bench/bench_voice.py                            # full size on the first GPU, bf16, both loops
     python bench/bench_voice.py --folder weights/vibevoice  # the real files instead of random ones
     python bench/bench_voice.py --tiny --device cpu --frames 6 --first-frames 3   # the reduced model, seconds
 """
@@ -42,9 +50,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--folder", type=Path, default=None,
                         help="VibeVoice files to time (default: random-init files written to a temporary folder)")
+    parser.add_argument("--loop", choices=("generate", "fast", "both"), default="both",
+                        help="transformers' generate, heygem's frame loop, or both (one after the other)")
     parser.add_argument("--frames", type=int, default=150, help="audio frames per timed sentence (150 = 20 s)")
-    parser.add_argument("--first-frames", type=int, default=20, help="audio frames of the first sentence")
-    parser.add_argument("--repeats", type=int, default=2, help="timed sentences per variant")
+    parser.add_argument("--first-frames", type=int, default=12, help="audio frames of the first sentence")
+    parser.add_argument("--repeats", type=int, default=2, help="timed sentences per loop")
     parser.add_argument("--diffusion-steps", type=int, default=None, help="diffusion steps (default: the model's 10)")
     parser.add_argument("--voice-sample", type=Path, default=REPO / "assets" / "speech_en.wav")
     return parser.parse_args(argv)
@@ -72,17 +82,37 @@ def timed_sentence(voice, sentence: str, frames: int, device) -> tuple[float, in
     return elapsed, len(samples)
 
 
+def time_loop(voice, loop: str, args, device) -> dict:
+    """One loop's row: prepare, cold and warm first sentence, the stream's best of --repeats, peak memory."""
+    import torch
+
+    voice.loop = loop
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    synchronize(device)
+    started = time.perf_counter()
+    voice.prepare()
+    synchronize(device)
+    prepare = time.perf_counter() - started
+    cold, _ = timed_sentence(voice, FIRST_SENTENCE, args.first_frames, device)
+    first, _ = timed_sentence(voice, FIRST_SENTENCE, args.first_frames, device)
+    stream = min(timed_sentence(voice, SENTENCE, args.frames, device)[0] for _ in range(args.repeats))
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
+    return {"prepare": prepare, "cold": cold, "first": first, "stream": stream, "peak": peak}
+
+
 def main(argv=None) -> int:
     import torch
 
     from heygem.runtime.device import pick_device
     from heygem.speech import clone
-    from heygem.speech.clone_files import write_random_files
+    from heygem.speech.clone_files import forced_frames, write_random_files
     from heygem.speech.reference import cleanest_speech
 
     args = parse_arguments(argv)
     device = pick_device(args.device)
     size = "reduced" if args.tiny else "full"
+    loops = ("generate", "fast") if args.loop == "both" else (args.loop,)
     with tempfile.TemporaryDirectory(prefix="bench-voice-") as scratch:
         folder = args.folder
         if folder is None:
@@ -90,8 +120,6 @@ def main(argv=None) -> int:
             dtype = torch.bfloat16 if device.type == "cuda" else None
             folder = write_random_files(Path(scratch) / "vibevoice", size=size, dtype=dtype)
             print(f"wrote random-init {size} files in {time.perf_counter() - started:.1f} s")
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
         model = clone.load_model(folder, str(device))
         synchronize(device)
@@ -104,25 +132,33 @@ def main(argv=None) -> int:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
         print(f"{clone.MODEL_NAME} ({size}, {sum(p.numel() for p in model.model.parameters()) / 1e9:.3f} B "
               f"parameters, {str(dtype).removeprefix('torch.')}) on {device} ({name}); torch {torch.__version__}; "
-              f"voice sample {len(reference) / rate:.1f} s, prompt {prompt_tokens} tokens")
-        first, _ = timed_sentence(voice, FIRST_SENTENCE, args.first_frames, device)
-        print(f"load {load_seconds:.2f} s; first sentence ({args.first_frames} frames, "
-              f"{args.first_frames * frame_seconds:.2f} s of speech) {first:.2f} s after it")
+              f"voice sample {len(reference) / rate:.1f} s, prompt {prompt_tokens} tokens; load {load_seconds:.2f} s")
+        print(f"first sentence: {args.first_frames} frames ({args.first_frames * frame_seconds:.2f} s of speech); "
+              f"stream: {args.frames} frames ({args.frames * frame_seconds:.2f} s), best of {args.repeats}")
         print()
-        print("| variant | LM passes per frame | frames | speech s | seconds | ms per frame | RTF |")
-        print("|---|---|---|---|---|---|---|")
-        for variant, logits_guidance, passes in (("heygem (guidance in the diffusion head)", False, 2),
-                                                 ("generate's logits guidance on", True, 3)):
-            model.model.logits_guidance = logits_guidance
-            timed_sentence(voice, FIRST_SENTENCE, 2, device)  # warm this variant's path
-            runs = [timed_sentence(voice, SENTENCE, args.frames, device)[0] for _ in range(args.repeats)]
-            seconds = min(runs)
+        print("| loop | prepare s | cold first s | first sentence s | stream s | ms per frame | RTF | peak GiB |")
+        print("|---|---|---|---|---|---|---|---|")
+        for loop in loops:
+            row = time_loop(voice, loop, args, device)
             speech = args.frames * frame_seconds
-            print(f"| {variant} | {passes} | {args.frames} | {speech:.2f} | {seconds:.2f} | "
-                  f"{1000 * seconds / args.frames:.1f} | {seconds / speech:.2f} |")
-        model.model.logits_guidance = False
-        if device.type == "cuda":
-            print(f"\npeak GPU memory {torch.cuda.max_memory_allocated(device) / 2 ** 30:.2f} GiB")
+            print(f"| {loop} | {row['prepare']:.2f} | {row['cold']:.2f} | {row['first']:.2f} | {row['stream']:.2f} | "
+                  f"{1000 * row['stream'] / args.frames:.1f} | {row['stream'] / speech:.3f} | {row['peak']:.2f} |")
+        if "fast" in loops:
+            frame_loop = model.frame_loop
+            parts = {"language-model step": frame_loop.language_step, "decoder and encoder": frame_loop.voice_frame,
+                     **{f"{steps}-step denoising": run for steps, (_, _, run) in frame_loop.denoisers.items()}}
+            print("\nCUDA graphs: " + ", ".join(f"{name} {'yes' if hasattr(run, 'graph') else 'no'}"
+                                                for name, run in parts.items()))
+        if len(loops) == 2:
+            spoken = {}
+            for loop in loops:
+                voice.loop = loop
+                voice.logits_processors = [forced_frames(model.model.config, args.first_frames)]
+                torch.manual_seed(0)
+                spoken[loop] = voice.speak(FIRST_SENTENCE)
+            difference = float(abs(spoken["fast"] - spoken["generate"]).max())
+            print(f"fast against generate, same seed, {args.first_frames} frames: max abs difference "
+                  f"{difference:.2e} (audio peak {float(abs(spoken['generate']).max()):.2f})")
     return 0
 
 

@@ -359,9 +359,15 @@ def add_batch_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--pairing", default="stem",
                         help="stem: same file name before the suffix (a folder's only face speaks every audio and "
                              "text); cross: every face with every audio; "
-                             "or a CSV manifest with columns face,audio[,text][,name][,options] (default: stem); "
+                             "or a CSV manifest with columns face,audio[,text][,name][,options][,voice]"
+                             "[,voice_consent] (default: stem); "
                              "a presenter column instead of face names a saved presenter (`presenters add`, by name "
                              "or id, kept in --jobs-dir), and an unknown one fails only its row")
+    parser.add_argument("--voice", default=None,
+                        help="the voice of the text items (a name from `python -m heygem voices`, or clone: the "
+                             "face video's own voice); a manifest's voice column wins")
+    parser.add_argument("--voice-consent", action="store_true",
+                        help="with --voice clone: the people whose voices are cloned have agreed")
     parser.add_argument("--options", help='options for every item as JSON, e.g. \'{"media.output_height": 360}\', '
                                           "or a file holding such JSON; the option flags below override it")
     parser.add_argument("--jobs-dir", default=str(DEFAULT_OUTPUTS),
@@ -385,7 +391,7 @@ def batch_command(args: argparse.Namespace) -> int:
     options = {**_parse_options(args.options), **option_overrides(args)}
     results = run_batch(Path(args.input_dir), Path(args.output), args.pairing, options,
                         jobs_dir=Path(args.jobs_dir), show_progress=not args.quiet, devices=devices,
-                        ray_address=args.ray)
+                        ray_address=args.ray, voice=args.voice, voice_consent=args.voice_consent)
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status] = counts.get(result.status, 0) + 1

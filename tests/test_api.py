@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ASSETS, assert_playable_mp4, run_ffmpeg
+from conftest import ASSETS, add_piper_voice, assert_playable_mp4, run_ffmpeg
 from faults import Server  # the fault script's `python app.py` on a free port
 
 from heygem.media.probing import probe
@@ -22,9 +22,9 @@ OPTIONS = {"media.output_height": 256}
 class LiveApp(Server):
     """`python app.py` in a subprocess, on a free port, with its own outputs folder."""
 
-    def __init__(self, outputs: Path, *extra_args: str):
+    def __init__(self, outputs: Path, *extra_args: str, env: dict | None = None):
         super().__init__(outputs, outputs.parent / f"app-{outputs.name}-{time.monotonic_ns()}.log",
-                         extra_args=extra_args)
+                         extra_args=extra_args, env=env)
 
     def submit(self, face: Path, audio: Path | None, options: dict | None = None, face_name: str | None = None):
         files = {"face": (face_name or face.name, face.read_bytes())}
@@ -52,7 +52,10 @@ def speech_clip(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    live = LiveApp(tmp_path_factory.mktemp("api") / "outputs").wait_ready()
+    """The server, with a Chinese Piper voice added to its weights folder."""
+    weights = tmp_path_factory.mktemp("api weights")
+    add_piper_voice(weights, "zh_CN-test-medium", "zh_CN")
+    live = LiveApp(tmp_path_factory.mktemp("api") / "outputs", env={"HEYGEM_WEIGHTS": str(weights)}).wait_ready()
     yield live
     live.stop()
 
@@ -231,7 +234,10 @@ def test_gradio_client_generates_a_video_by_named_parameters(app, speech_clip):
     client = Client(app.url, verbose=False)
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     # the page's own events are not offered
-    assert set(endpoints) == {"/generate", "/submit_job", "/job_status", "/presenters"}
+    assert set(endpoints) == {"/generate", "/submit_job", "/job_status", "/presenters", "/voices"}
+    voices = {voice["name"]: voice for voice in client.predict(api_name="/voices")}
+    assert voices["zh_CN-test-medium"]["kind"] == "piper" and voices["zh_CN-test-medium"]["language"] == "zh_CN"
+    assert app.client.get("/api/voices").json()["voices"] == list(voices.values())
     assert [parameter["parameter_name"] for parameter in endpoints["/generate"]["parameters"]] == [
         "face", "audio", "engine", "options", "text", "voice", "voice_sample", "voice_consent", "presenter"]
     video, job_id = client.predict(face=handle_file(str(ASSETS / "astronaut.jpg")),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg, write_tight_face_photo
+from conftest import ASSETS, REPO, add_piper_voice, assert_playable_mp4, run_ffmpeg, write_tight_face_photo
 
 from heygem.errors import HeygemError
 from heygem.jobs.batch import BatchItem, item_key, plan_items, resolve_under_roots, run_batch
@@ -255,6 +255,30 @@ def test_batch_speaks_text_items_with_subtitles(tmp_path):
     assert "at most 40 are spoken" in manifest_results["too-long"].error
     assert manifest_results["from-file"].status == "done"  # a .txt file's name in the cell: its words are spoken
     assert "Nice to meet you." in (tmp_path / "out2" / "from-file.srt").read_text(encoding="utf-8")
+
+
+def test_text_items_speak_in_the_batch_s_voice_or_their_row_s(tmp_path, no_weights):
+    """--voice for the batch, a manifest's voice column per row; each MP4's summary names its voice, and the
+    cloned voice without consent is refused before anything runs."""
+    add_piper_voice(no_weights, "en_US-test-medium", "en_US")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copyfile(ASSETS / "astronaut.jpg", folder / "carl.jpg")
+    (folder / "list.csv").write_text("face,audio,text,name,voice\n"
+                                     "carl.jpg,,Hello there.,batch-voice,\n"
+                                     "carl.jpg,,Hello there.,row-voice,espeak-en\n"
+                                     "carl.jpg,,Hello there.,cloned,clone\n", encoding="utf-8")
+    options = {"media.output_height": 160, "engine.name": "landmark"}
+    results = {result.item.name: result for result in run_batch(
+        folder, tmp_path / "out", "list.csv", options, jobs_dir=tmp_path / "jobs", show_progress=False,
+        voice="en_US-test-medium")}
+    for name, voice in (("batch-voice", "en_US-test-medium"), ("row-voice", "espeak-en")):
+        assert results[name].status == "done", results[name].error
+        assert json.loads((tmp_path / "out" / f"{name}.json").read_text())["voice"] == voice
+        assert probe(tmp_path / "out" / f"{name}.mp4").has_audio
+    assert results["cloned"].status == "failed" and "consent" in results["cloned"].error
+    item = BatchItem(name="a", face_path=folder / "carl.jpg", audio_path=None, text="Hello there.")
+    assert item_key(item, options) != item_key(BatchItem(**{**item.__dict__, "voice": "espeak-en"}), options)
 
 
 def test_batch_mode_does_not_import_the_command_line_module():

@@ -7,18 +7,22 @@ import wave
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, add_piper_voice, rest_client
 
 from heygem.errors import HeygemError
 from heygem.speech.subtitles import Cue, read_srt, srt_timestamp, write_srt
 from heygem.speech.tts import (
     BUNDLED_VOICE_NAME,
     MAX_TEXT_CHARACTERS,
+    Voice,
+    VoiceChoice,
     check_text,
     choose_voice,
     find_voice,
+    first_clause_apart,
     list_voices,
     split_sentences,
+    stream_sentences,
     synthesize,
     write_wav,
 )
@@ -211,6 +215,28 @@ def test_cli_say_and_voices(tmp_path):
     refused = heygem("say", "hello", "--voice", "missing", "-o", tmp_path / "x.wav")
     assert refused.returncode == 2 and "unknown voice 'missing'" in refused.stderr
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_a_piper_voice_in_weights_voices_is_in_every_voice_list(no_weights, tmp_path):
+    """The command line's list, the page's voice dropdown and GET /api/voices (gradio_client's /voices:
+    tests/test_api.py) all offer a voice the user put into weights/voices/."""
+    from heygem.jobs.store import JobStore
+    from heygem.ui.generate import voice_choices
+
+    add_piper_voice(no_weights, "zh_CN-test-medium", "zh_CN")
+    listing = heygem("voices")
+    assert listing.returncode == 0, listing.stderr
+    assert any(line.split()[:3] == ["zh_CN-test-medium", "piper", "zh_CN"] for line in listing.stdout.splitlines())
+    assert ("zh_CN-test-medium (zh_CN)", "zh_CN-test-medium") in voice_choices()
+    response = rest_client(JobStore(tmp_path / "outputs")).get("/api/voices")
+    assert response.status_code == 200
+    voices = {voice["name"]: voice for voice in response.json()["voices"]}
+    assert voices["zh_CN-test-medium"] == {"name": "zh_CN-test-medium", "kind": "piper", "language": "zh_CN",
+                                           "sample_rate": bundled_config()["audio"]["sample_rate"]}
+    assert voices[BUNDLED_VOICE_NAME]["kind"] == "piper" and voices["espeak-zh"]["kind"] == "espeak"
+    assert str(tmp_path) not in response.text and "onnx" not in response.text  # no server paths
+    # Chinese text now goes to it rather than to espeak-ng
+    assert choose_voice(CHINESE, None, no_weights).voice.name == "zh_CN-test-medium"
 
 
 def test_configurable_text_limit():
@@ -506,3 +532,35 @@ def test_the_optimised_voice_is_cached_and_a_broken_copy_is_made_again(tmp_path)
         with wave.open(str(tmp_path / name), "rb") as wav:
             pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
         assert len(pcm) > 0.4 * 22050 and np.abs(pcm).max() > 3000
+
+
+def test_the_first_clause_of_a_long_first_sentence_is_spoken_apart():
+    long = "Welcome to the quarterly review, where we look back at what the team built."
+    assert first_clause_apart([long, "Next."]) == ["Welcome to the quarterly review,",
+                                                   "where we look back at what the team built.", "Next."]
+    assert first_clause_apart(["Short one, really.", long]) == ["Short one, really.", long]  # short: kept
+    # a clause too short for the video's first part (2 s) is not cut off: the next mark is taken
+    assert first_clause_apart(["Hello, welcome to the quarterly review, where we look back at the year."]) == [
+        "Hello, welcome to the quarterly review,", "where we look back at the year."]
+    assert first_clause_apart(["No clause marks in this fairly long first sentence at all."]) == [
+        "No clause marks in this fairly long first sentence at all."]
+    chinese = "欢迎参加本季度的回顾会议，我们将一起看看团队在过去三个月里完成的所有工作、遇到的问题和取得的成果。"
+    assert first_clause_apart([chinese]) == ["欢迎参加本季度的回顾会议，", chinese[13:]]
+
+
+def test_the_cloned_voice_speaks_its_first_clause_first(monkeypatch, tmp_path):
+    """Only the cloned voice (slow) gets the first clause apart; its cues follow the parts it spoke."""
+    spoken = []
+
+    class Speaker:
+        def speak(self, sentence):
+            spoken.append(sentence)
+            return np.full(2400, 0.1, np.float32)
+
+    monkeypatch.setattr("heygem.speech.clone.cloned_voice", lambda folder, reference: Speaker())
+    voice = Voice(name="clone", language="en,zh", sample_rate=24000, path=tmp_path, kind="clone",
+                  reference=tmp_path / "sample.wav")
+    text = "Welcome to the quarterly review, where we look back at what the team built. Thanks."
+    cues = [part.cue.text for part in stream_sentences(text, VoiceChoice(voice), sentence_pause=0.0)]
+    assert spoken == cues == ["Welcome to the quarterly review,", "where we look back at what the team built.",
+                              "Thanks."]

@@ -15,6 +15,8 @@
                                    cancelled) one with its files -> {"id", "status": "deleted"}
     POST   /api/jobs/{id}/retry    -> queues a failed or cancelled job again (admitted as a new job:
                                    queue full -> 429 with Retry-After, disk short -> 507)
+    GET    /api/voices             -> {"voices": [{"name", "kind", "language", "sample_rate"}, ...]}: what the
+                                   text's voice field takes (Piper voices in weights/voices/ included)
     /api/presenters...             saved presenters, and presenter=ID instead of face in POST /api/jobs
                                    (heygem.presenters.api)
     /api/live...                   live sessions over WebRTC (heygem.live.routes); the page's Live tab
@@ -361,6 +363,12 @@ def create_router(store: JobStore, *, auth: tuple[str, str] | None = None, users
             raise ApiError(507, str(error)) from None
         except HeygemError as error:
             raise ApiError(409, str(error)) from None
+
+    @router.get("/voices")
+    async def list_voices() -> JSONResponse:
+        from heygem.speech.tts import voice_records
+
+        return JSONResponse({"voices": await run_in_threadpool(voice_records, weights_dir())})
 
     add_stream_routes(router, find_job)  # GET /jobs/{id}/stream.m3u8 and its segments, as the job is encoded
     add_presenter_routes(router, presenters, preparer or Preparer(presenters, store.base_config))  # /presenters

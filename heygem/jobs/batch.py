@@ -13,7 +13,10 @@ Items are planned from a list of files by one of three pairings:
   column names a saved presenter (its name or id, heygem.presenters) instead of
   a face file, resolved as ``generate --presenter`` resolves it.
 
-An item made from text gets its subtitles (``text.subtitles``) and ``NAME.srt``.
+An item made from text gets its subtitles (``text.subtitles``) and ``NAME.srt``, and is spoken by the
+voice of the manifest's ``voice`` column, else the batch's (``--voice``), else the one chosen for its
+language; the cloned voice (``clone``, the face video's own voice) needs ``voice_consent`` (a column
+saying true, or ``--voice-consent``).
 
 ``python -m heygem batch`` runs the items with a worker in this process
 (one per device with ``--devices cuda:0,cuda:1``), skips items whose inputs and options are
@@ -68,6 +71,8 @@ class BatchItem:
     text_path: Path | None = None  # the .txt file the text came from
     note: str | None = None  # something planning decided that the user should know (which file was used)
     presenter: str | None = None  # a saved presenter's name or id instead of a face file (manifest column)
+    voice: str | None = None  # who speaks the text: a voice name (manifest column or the batch's); None: chosen
+    voice_consent: bool = False  # the speaker agreed to the cloned voice (manifest column or the batch's)
 
     @property
     def speech_label(self) -> str:
@@ -367,6 +372,8 @@ def _pair_by_manifest(manifest: Path, files: list[Path], base_dir: Path | None) 
             item.problem = f"line {number}: give audio or text, not both"
         elif "text" in row and text and not text.strip():
             item.problem = f"line {number}: the text is empty: write the words to speak, or leave the cell empty"
+        item.voice = (row.get("voice") or "").strip() or None
+        item.voice_consent = (row.get("voice_consent") or "").strip().lower() in ("true", "1", "yes", "on")
         options_text = (row.get("options") or "").strip()
         if options_text and item.problem is None:
             try:  # the one check of a request's options JSON (finite numbers, size, depth)
@@ -393,6 +400,8 @@ def item_key(item: BatchItem, options: dict) -> str:
         digest.update(_file_digest(item.audio_path).encode())
     elif item.text is not None:
         digest.update(b"text:" + item.text.encode("utf-8"))
+        if item.voice:
+            digest.update(b"voice:" + item.voice.encode("utf-8"))
     else:
         digest.update(b"own-audio")
     digest.update(json.dumps(options, sort_keys=True, ensure_ascii=False).encode())
@@ -449,10 +458,17 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
             else:
                 outcome[item.name] = store.create_job(item.face_path, item.audio_path, merged, batch=batch,
                                                       label=item.name, item_key=key, text=item.text, remote=remote,
-                                                      submitter=submitter)
+                                                      submitter=submitter, **_voice_of(item))
         except (HeygemError, OSError) as error:
             outcome[item.name] = error if isinstance(error, HeygemError) else HeygemError(str(error))
     return outcome
+
+
+def _voice_of(item: BatchItem) -> dict:
+    """The voice arguments of an item's job: only an item made from text has a voice."""
+    if item.text is None:
+        return {}
+    return {"voice": item.voice, "voice_consent": item.voice_consent}
 
 
 def zip_results(store: JobStore, batch: str, not_queued: list[BatchResult] = ()) -> Path | None:
@@ -531,8 +547,10 @@ def write_summary(results: list[BatchResult], path: Path) -> None:
 
 def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options: dict | None = None, *,
               jobs_dir: Path = DEFAULT_OUTPUTS, show_progress: bool = True,
-              devices: list[str] | None = None, ray_address: str | None = None) -> list[BatchResult]:
+              devices: list[str] | None = None, ray_address: str | None = None, voice: str | None = None,
+              voice_consent: bool = False) -> list[BatchResult]:
     """Make every item of ``input_dir`` into ``output_dir/<name>.mp4`` and write ``summary.csv``.
+    ``voice`` (``voice_consent``) speaks the text items whose manifest row names none.
 
     Jobs go through the store in ``jobs_dir`` and run on a worker in this
     process, or on one worker per entry of ``devices`` (e.g. ["cuda:0",
@@ -549,6 +567,7 @@ def run_batch(input_dir: Path, output_dir: Path, pairing: str = "stem", options:
         pairing = str(manifest if manifest.is_absolute() or manifest.exists() else input_dir / manifest)
     items = plan_items(collect_files(input_dir), pairing, base_dir=input_dir)
     for item in items:
+        item.voice, item.voice_consent = item.voice or voice, item.voice_consent or voice_consent
         if item.note:
             logger.warning("%s: %s", item.name, item.note)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,10 @@ where lower). Classifier-free guidance (1.3) is applied to
 the diffusion head only, as the original VibeVoice does: the logits processor that ``generate`` adds
 for ``guidance_scale != 1`` would run the language model a third time per frame for nothing (the
 model picks among four tokens by argmax).
+
+Sentences are spoken by heygem.speech.clone_loop's frame loop (both branches in one batch-2 forward
+over a static cache; CUDA graphs on a GPU), the same arithmetic as ``generate``;
+``HEYGEM_VOICE_LOOP=generate`` (or ``ClonedVoice.loop``) speaks through ``generate`` itself.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ WHERE_TO_PUT = (f"put VibeVoice-1.5B-hf's files ({', '.join(CONFIG_FILES)}, {IND
 SPEAKER = "0"
 SECONDS_PER_CHARACTER = 0.4  # the slowest speech a sentence is given room for
 MIN_SENTENCE_SECONDS = 8.0
+PREPARED_SENTENCE_CHARACTERS = 200  # the fast loop is sized for sentences this long before the first one
 
 _GENERATION_LOCK = threading.Lock()  # one sentence at a time per process: the model's caches are per call
 
@@ -157,6 +162,7 @@ class CloneModel:
     device: object  # torch.device
     folder: Path
     name: str = MODEL_NAME
+    frame_loop: object = None  # clone_loop.FrameLoop, made when a voice of this model first needs it
 
     @property
     def sample_rate(self) -> int:
@@ -234,12 +240,47 @@ class ClonedVoice:
     see heygem.speech.reference): ``speak(sentence)`` gives that sentence's samples at ``sample_rate``."""
 
     def __init__(self, model: CloneModel, reference: np.ndarray, reference_rate: int, *,
-                 logits_processors: list | None = None, diffusion_steps: int | None = None):
+                 logits_processors: list | None = None, diffusion_steps: int | None = None,
+                 loop: str | None = None):
         self.model = model
         self.sample_rate = model.sample_rate
         self.reference = resample(np.asarray(reference, np.float32).reshape(-1), reference_rate, self.sample_rate)
         self.logits_processors = logits_processors  # extra steering of the stop (the tests bound it exactly)
         self.diffusion_steps = diffusion_steps
+        self.loop = loop  # "fast" | "generate"; None: $HEYGEM_VOICE_LOOP, else fast
+
+    def chosen_loop(self) -> str:
+        """"fast" (heygem.speech.clone_loop) or "generate": ``loop``, else ``$HEYGEM_VOICE_LOOP``, else fast."""
+        from heygem.speech.clone_loop import LOOPS, chosen_loop
+
+        if getattr(self.model.model, "logits_guidance", False):  # generate's own third pass: only generate runs it
+            return "generate"
+        if self.loop is not None:
+            if self.loop not in LOOPS:
+                raise HeygemError(f"{self.loop!r} is not a voice loop: use {' or '.join(LOOPS)}")
+            return self.loop
+        return chosen_loop()
+
+    def frame_loop(self):
+        """The model's fast frame loop (made once per loaded model)."""
+        from heygem.speech.clone_loop import FrameLoop
+
+        if self.model.frame_loop is None:
+            self.model.frame_loop = FrameLoop(self.model)
+        return self.model.frame_loop
+
+    def prepare(self, sentence_characters: int = PREPARED_SENTENCE_CHARACTERS) -> None:
+        """Size the fast loop's cache (and capture its CUDA graphs) for sentences of up to
+        ``sentence_characters`` now, so the first sentence does not wait for it; longer ones grow it."""
+        if self.chosen_loop() != "fast":
+            return
+        import torch
+
+        prompt_tokens = int(self.inputs("a " * (sentence_characters // 2))["input_ids"].shape[1])
+        frames_per_second = self.sample_rate / self.model.samples_per_frame
+        with _GENERATION_LOCK, torch.inference_mode():
+            self.frame_loop().prepare(prompt_tokens + max_frames("a" * sentence_characters, frames_per_second) + 3,
+                                      self.diffusion_steps)
 
     def inputs(self, sentence: str):
         """The processor's tensors for one sentence spoken by the reference's speaker."""
@@ -264,8 +305,12 @@ class ClonedVoice:
         if self.diffusion_steps:
             options["num_diffusion_steps"] = self.diffusion_steps
         with _GENERATION_LOCK, torch.inference_mode():
-            audio = self.model.model.generate(**inputs, **options)
-        waveform = audio[0] if audio else None
+            if self.chosen_loop() == "fast":
+                waveform = self.frame_loop().speak(inputs, options["max_new_tokens"], self.logits_processors,
+                                                   self.diffusion_steps)
+            else:
+                audio = self.model.model.generate(**inputs, **options)
+                waveform = audio[0] if audio else None
         if waveform is None:
             return np.zeros(0, np.float32)
         samples = waveform.detach().float().cpu().numpy().reshape(-1)  # (frames * 3200,)
@@ -293,7 +338,9 @@ def _cloned_voice(folder: Path, reference: Path, stamp: int, device_name: str) -
 
     model = load_model(folder, device_name)
     samples, rate = cleanest_speech(reference, model.sample_rate)
-    return ClonedVoice(model, samples, rate)
+    voice = ClonedVoice(model, samples, rate)
+    voice.prepare()
+    return voice
 
 
 def check_consent(voice: str | None, consent: bool) -> None:

@@ -87,6 +87,27 @@ def forced_frames(config, frames: int):
     return ForcedFrames()
 
 
+def scripted_tokens(tokens: list[int]):
+    """A logits processor that makes a model choose ``tokens`` in order, then the last one again: any mix of
+    audio frames, audio ends and starts, for tests. One sentence per processor (its first call is the
+    prompt's last position)."""
+    import torch
+    from transformers import LogitsProcessor
+
+    class ScriptedTokens(LogitsProcessor):
+        prompt_length = None
+
+        def __call__(self, input_ids, scores):
+            if self.prompt_length is None:
+                self.prompt_length = input_ids.shape[1]
+            step = input_ids.shape[1] - self.prompt_length
+            forced = torch.full_like(scores, float("-inf"))
+            forced[:, tokens[min(step, len(tokens) - 1)]] = 0.0
+            return forced
+
+    return ScriptedTokens()
+
+
 def configs(size: str) -> tuple[dict, dict]:
     """(config.json, the special tokens' ids) for "full" (as published) or "reduced" (for the CPU)."""
     if size == "full":

@@ -4,6 +4,7 @@ this shows on the page.
     client.predict(face=handle_file("me.jpg"), text="Hello.", api_name="/generate")  # -> (MP4 path, job id)
     job_id = client.predict(face=..., audio=handle_file("speech.wav"), api_name="/submit_job")
     client.predict(job_id=job_id, api_name="/job_status")  # -> {"status": ..., "progress": ...}
+    client.predict(api_name="/voices")  # -> [{"name": ..., "kind": ..., "language": ..., "sample_rate": ...}, ...]
     client.predict(api_name="/presenters")  # -> [{"id": ..., "name": ..., "status": ...}, ...]
     client.predict(presenter="p-...", text="Hello.", api_name="/generate")  # a saved presenter instead of a face
 
@@ -109,6 +110,13 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
         shown = presenters.list(user and user.name, every_user=sees_every_job(user))
         return [presenter.to_dict() for presenter in shown]
 
+    def list_voices() -> list[dict]:
+        """The voices ``voice`` takes: name, kind (piper, espeak, clone), language, sample rate."""
+        from heygem.speech.tts import voice_records
+        from heygem.weights import weights_dir
+
+        return voice_records(weights_dir())
+
     def job_status(job_id: str, request: gr.Request) -> dict:
         """Where a job stands: status, progress, stage, error, times, engine (as GET /api/jobs/ID gives)."""
         job = access.find(job_id, request)
@@ -127,6 +135,7 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
         voice_consent = gr.Checkbox(False, label="voice_consent")
         presenter = gr.Textbox("", label="presenter")
         presenter_list = gr.JSON(label="presenters")
+        voice_list = gr.JSON(label="voices")
         video = gr.File(label="video")
         job_id = gr.Textbox(label="job_id")
         made_id = gr.Textbox(label="job_id")
@@ -135,8 +144,10 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
         queue_button = gr.Button()
         look = gr.Button()
         listing = gr.Button()
+        voices_button = gr.Button()
     inputs = [face, audio, engine, options, text, voice, voice_sample, voice_consent, presenter]
     run.click(generate, inputs, [video, made_id], api_name="generate", concurrency_limit=8)
     queue_button.click(submit, inputs, made_id, api_name="submit_job", concurrency_limit=8)
     look.click(job_status, job_id, status, api_name="job_status", queue=False)
     listing.click(list_presenters, None, presenter_list, api_name="presenters", queue=False)
+    voices_button.click(list_voices, None, voice_list, api_name="voices", queue=False)

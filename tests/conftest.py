@@ -188,3 +188,13 @@ def served_app(tmp_path_factory):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives Debian's chromium through playwright")
+
+
+@pytest.fixture(scope="module")
+def musetalk_weights(tmp_path_factory):
+    """A weights folder whose musetalk/ holds random-init reduced files under the official names."""
+    from heygem.engines.musetalk.random_files import write_random_files
+
+    folder = tmp_path_factory.mktemp("weights")
+    write_random_files(folder / "musetalk", size="reduced", seed=0)
+    return folder

@@ -168,6 +168,17 @@ def wait_done(server, job_id: str, timeout: float = 300) -> dict:
     raise AssertionError(f"job {job_id} not finished: {server.log_text()[-2000:]}")
 
 
+def cloned_job_folder(server, response) -> Path:
+    """The folder of the job ``response`` queued, once it is done, its output checked as a cloned voice's."""
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    job = wait_done(server, job_id)
+    assert job["status"] == "done", (job, server.log_text()[-3000:])
+    folder = server.outputs / job_id
+    assert_cloned_output_of_job(folder)
+    return folder
+
+
 def test_rest_needs_consent_and_speaks_in_the_uploaded_voice(server):
     face = ("astronaut.jpg", (ASSETS / "astronaut.jpg").read_bytes())
     sample = ("me speaking.wav", (ASSETS / "speech_en.wav").read_bytes())
@@ -186,12 +197,7 @@ def test_rest_needs_consent_and_speaks_in_the_uploaded_voice(server):
     assert "silence" in no_speech.json()["error"]
     response = server.client.post("/api/jobs", files={"face": face, "voice_sample": sample},
                                   data={**data, "voice_consent": "true"})
-    assert response.status_code == 201, response.text
-    job_id = response.json()["id"]
-    job = wait_done(server, job_id)
-    assert job["status"] == "done", (job, server.log_text()[-3000:])
-    folder = server.outputs / job_id
-    assert_cloned_output_of_job(folder)
+    cloned_job_folder(server, response)
 
 
 def test_a_presenter_speaks_in_its_own_kept_voice_sample(server, presenter):
@@ -210,12 +216,7 @@ def test_a_presenter_speaks_in_its_own_kept_voice_sample(server, presenter):
     fields = {"presenter": presenter_id, "text": TEXT, "voice": "clone", "voice_consent": "true",
               "options": json.dumps(OPTIONS)}  # as curl -F sends them: multipart, no file
     response = server.client.post("/api/jobs", files={name: (None, value) for name, value in fields.items()})
-    assert response.status_code == 201, response.text
-    job_id = response.json()["id"]
-    job = wait_done(server, job_id)
-    assert job["status"] == "done", (job, server.log_text()[-3000:])
-    folder = server.outputs / job_id
-    assert_cloned_output_of_job(folder)
+    folder = cloned_job_folder(server, response)
     samples = [path for path in folder.iterdir() if path.name.startswith("voice_sample")]
     assert [path.read_bytes() for path in samples] == [kept.content]
 

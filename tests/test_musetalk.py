@@ -31,14 +31,6 @@ from heygem.types import Face
 
 
 @pytest.fixture(scope="module")
-def musetalk_weights(tmp_path_factory):
-    """A weights folder whose musetalk/ holds random-init reduced files under the official names."""
-    folder = tmp_path_factory.mktemp("weights")
-    write_random_files(folder / "musetalk", size="reduced", seed=0)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def speech_clip(tmp_path_factory):
     path = tmp_path_factory.mktemp("speech") / "clip.wav"
     run_ffmpeg("-i", str(ASSETS / "speech_en.wav"), "-ss", "0.4", "-t", "0.8", str(path))

@@ -16,18 +16,9 @@ pytest.importorskip("transformers")
 from conftest import ASSETS, decode_frames, run_ffmpeg
 
 from heygem.engines.musetalk import MUSETALK_ENGINE, MuseTalkKind
-from heygem.engines.musetalk.random_files import write_random_files
 from heygem.presenters.prepare import job_options, prepare, presenter_config, use_for_job
 from heygem.presenters.records import READY, PresenterStore
 from heygem.runtime.kept import KEPT
-
-
-@pytest.fixture(scope="module")
-def musetalk_weights(tmp_path_factory):
-    """A weights folder whose musetalk/ holds random-init reduced files under the official names."""
-    folder = tmp_path_factory.mktemp("weights")
-    write_random_files(folder / "musetalk", size="reduced", seed=0)
-    return folder
 
 
 @pytest.fixture(scope="module")

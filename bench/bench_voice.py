@@ -56,6 +56,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--first-frames", type=int, default=12, help="audio frames of the first sentence")
     parser.add_argument("--repeats", type=int, default=2, help="timed sentences per loop")
     parser.add_argument("--diffusion-steps", type=int, default=None, help="diffusion steps (default: the model's 10)")
+    parser.add_argument("--no-graphs", action="store_true",
+                        help="the fast loop without CUDA graphs (run eagerly): to tell the graphs' part apart")
     parser.add_argument("--voice-sample", type=Path, default=REPO / "assets" / "speech_en.wav")
     return parser.parse_args(argv)
 
@@ -126,6 +128,10 @@ def main(argv=None) -> int:
         load_seconds = time.perf_counter() - started
         reference, rate = cleanest_speech(args.voice_sample, model.sample_rate)
         voice = clone.ClonedVoice(model, reference, rate, diffusion_steps=args.diffusion_steps)
+        if args.no_graphs:
+            from heygem.speech.clone_loop import FrameLoop
+
+            model.frame_loop = FrameLoop(model, use_graphs=False)
         prompt_tokens = int(voice.inputs(SENTENCE)["input_ids"].shape[1])
         frame_seconds = model.samples_per_frame / model.sample_rate
         dtype = next(model.model.parameters()).dtype

@@ -403,3 +403,49 @@ def test_the_batch_tab_has_a_saved_presenter_speak_every_audio_and_text_file(ser
         summary = json.loads((server.outputs / job_id / "result.json").read_text())
         assert summary["avatar_cache"] == "hit" and summary["height"] == 120
         assert len(decode_frames(server.outputs / job_id / "result.mp4")) > 10
+
+
+def blocked_preparer(store: PresenterStore):
+    """A Preparer whose first progress report waits until the test lets it go: (preparer, started, go)."""
+    import threading
+
+    from heygem.presenters.api import Preparer
+
+    started, go = threading.Event(), threading.Event()
+    report = store.report_progress
+
+    def held_report(presenter_id: str, fraction: float) -> None:
+        report(presenter_id, fraction)
+        started.set()
+        go.wait(60)
+
+    store.report_progress = held_report
+    return Preparer(store), started, go
+
+
+def test_deleting_a_presenter_under_preparation_stops_it_and_leaves_nothing(clips, tmp_path):
+    """DELETE of a presenter being prepared (REST, the page) stops its preparation and removes it, files and
+    all; the preparer goes on with the next one."""
+    import threading
+
+    from conftest import rest_client
+
+    from heygem.jobs.store import JobStore
+
+    store = PresenterStore(tmp_path / "outputs")
+    doomed = store.create(clips["talking"], "Doomed")
+    kept = store.create(clips["face video"], "Kept")
+    preparer, started, go = blocked_preparer(store)  # picks both up: Doomed first
+    assert started.wait(60)
+    assert store.get(doomed.id).status == "preparing" and (store.folder / doomed.id).is_dir()
+    client = rest_client(JobStore(tmp_path / "outputs"), presenters=store, preparer=preparer)
+    threading.Timer(0.5, go.set).start()  # the preparation goes on, and meets the cancel at its next report
+    answer = client.delete(f"/api/presenters/{doomed.id}")
+    assert answer.status_code == 200 and answer.json() == {"id": doomed.id, "status": "deleted"}
+    assert store.get(doomed.id) is None and not (store.folder / doomed.id).exists()
+    deadline = time.monotonic() + 120
+    while store.get(kept.id).status == "preparing":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert store.get(kept.id).status == READY
+    assert [presenter.name for presenter in store.list()] == ["Kept"]

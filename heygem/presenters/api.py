@@ -8,7 +8,9 @@
     GET    /api/presenters/{id}            -> one of those
     GET    /api/presenters/{id}/thumbnail  -> JPEG, once ready
     GET    /api/presenters/{id}/speech     -> the speech sample (WAV), when the clip had one
-    DELETE /api/presenters/{id}            -> {"id", "status": "deleted"} (409 while preparing)
+    DELETE /api/presenters/{id}            -> {"id", "status": "deleted"}; one being prepared has its
+                                           preparation stopped first (202 {"status": "cancelling"} if that
+                                           takes over a few seconds: it goes then)
     POST   /api/jobs with presenter=ID     instead of a face file (see :func:`job_face`)
 
 A presenter belongs to the user who made it: another user gets 404, as for one that does not exist;
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -31,7 +34,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from starlette.datastructures import UploadFile
 
 from heygem.config import Config
-from heygem.errors import HeygemError
+from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import Upload, UploadTooLarge, human_size
 from heygem.jobs.request import check_upload_name
 from heygem.jobs.users import may_see, sees_every_job
@@ -46,12 +49,14 @@ def _error(status: int, message: str) -> JSONResponse:
 
 class Preparer:
     """Prepares presenters one at a time on a background thread; those left ``preparing`` by an earlier
-    server are queued again when it starts."""
+    server are queued again when it starts. :meth:`cancel` stops one (waiting or under way) and removes it."""
 
     def __init__(self, presenters: PresenterStore, config: Config | None = None):
         self.presenters = presenters
         self.config = config
         self.waiting: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.cancelled: set[str] = set()  # presenters to stop and remove (read by the preparing thread)
+        self.lock = threading.Lock()
         for presenter in presenters.preparing():
             logger.info("presenter %s: its preparation was interrupted; it starts again", presenter.id)
             self.waiting.put(presenter.id)
@@ -60,6 +65,23 @@ class Preparer:
 
     def submit(self, presenter: Presenter) -> None:
         self.waiting.put(presenter.id)
+
+    def cancel(self, presenter_id: str, wait_seconds: float = 5.0) -> bool:
+        """Stop the preparation of ``presenter_id`` (waiting or under way) and remove the presenter; True once
+        it is gone, False when it is still stopping after ``wait_seconds`` (it goes when it has)."""
+        with self.lock:
+            self.cancelled.add(presenter_id)
+        deadline = time.monotonic() + wait_seconds
+        while self.presenters.get(presenter_id) is not None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _stop_if_cancelled(self, presenter_id: str) -> None:
+        with self.lock:
+            if presenter_id in self.cancelled:
+                raise GenerationCancelled(f"presenter {presenter_id} was deleted while it was prepared")
 
     def _run(self) -> None:
         while True:
@@ -71,15 +93,29 @@ class Preparer:
         presenter = self.presenters.get(presenter_id)
         if presenter is None or presenter.status != PREPARING:
             return
+
+        def progress(fraction: float) -> None:
+            self._stop_if_cancelled(presenter_id)
+            self.presenters.report_progress(presenter_id, fraction)
+
         try:
-            prepare(self.presenters, presenter, self.config,
-                    progress=lambda fraction: self.presenters.report_progress(presenter_id, fraction))
+            progress(0.0)
+            prepare(self.presenters, presenter, self.config, progress=progress)
+        except GenerationCancelled:
+            logger.info("presenter %s (%s): its preparation was stopped and it was deleted", presenter_id,
+                        presenter.name)
         except HeygemError as problem:
             logger.warning("presenter %s failed: %s", presenter_id, problem)
             self.presenters.mark_failed(presenter_id, str(problem))
         except Exception as problem:  # a bug, not the clip: logged with its traceback
             logger.exception("presenter %s failed with an unexpected error", presenter_id)
             self.presenters.mark_failed(presenter_id, f"unexpected error ({type(problem).__name__}: {problem})")
+        finally:
+            with self.lock:
+                stopped = presenter_id in self.cancelled
+                self.cancelled.discard(presenter_id)
+            if stopped:  # deleted while it was prepared: whatever it reached goes too
+                self.presenters.remove(presenter_id)
 
 
 def job_face(presenters: PresenterStore, presenter_id: str | None, user, face, options: dict, resolve_options):
@@ -197,9 +233,7 @@ def add_presenter_routes(router: APIRouter, presenters: PresenterStore, preparer
         presenter = visible(presenter_id, request)
         if presenter is None:
             return missing(presenter_id)
-        if presenter.status == PREPARING:
-            return _error(409, f"presenter {presenter_id} is being prepared: delete it once it is ready or failed")
+        if presenter.status == PREPARING and not preparer.cancel(presenter.id):
+            return JSONResponse({"id": presenter.id, "status": "cancelling"}, status_code=202)
         presenters.remove(presenter.id)
         return {"id": presenter.id, "status": "deleted"}
-
-    return preparer

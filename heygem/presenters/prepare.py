@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heygem.config import Config, apply_overrides, load_config
-from heygem.errors import HeygemError
+from heygem.errors import GenerationCancelled, HeygemError
 from heygem.face import avatar_cache
 from heygem.face.track import FaceTrack, TrackBuilder
 from heygem.jobs.request import flatten_options
@@ -181,6 +181,8 @@ def prepare_engines(engines: list[tuple[EngineKind, Path | None]], info: MediaIn
                                                                 (number + 1) / len(engines))))
             ended_well = True
             prepared.append(kind.presenter_preparation)
+        except GenerationCancelled:  # the presenter was deleted meanwhile
+            raise
         except Exception as error:  # noqa: BLE001 - the presenter serves without it; a bug shows its traceback
             logger.warning("presenter: %s not prepared (%s); its jobs prepare them themselves",
                            kind.presenter_preparation, error, exc_info=not isinstance(error, HeygemError))

@@ -140,8 +140,6 @@ WORDS: dict[str, tuple[str, str]] = {
     "presenter.refused": ("Not saved:", "未保存："),
     "presenter.saved": ("Presenter {name} saved: it is being prepared (its progress shows in the table).",
                         "形象 {name} 已保存，正在准备（进度见表格）。"),
-    "presenter.busy": ("This presenter is being prepared: delete it once it is ready or failed.",
-                       "此形象正在准备中：请在就绪或失败后再删除。"),
     "presenter.missing": ("That presenter is no longer there: pick another or upload a face.",
                           "该形象已不存在：请选择其他形象或上传人脸。"),
 }

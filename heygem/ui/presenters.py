@@ -111,7 +111,7 @@ def presenters_tab(presenters: PresenterStore, preparer: Preparer, access: PageA
         shown = visible_presenters(presenters, access, request)
         chosen = next((presenter for presenter in shown if presenter.id == picked), None)
         return (gallery(shown), presenter_table(shown, words), presenter_details(chosen, words),
-                gr.update(visible=chosen is not None and chosen.status != PREPARING),
+                gr.update(visible=chosen is not None),
                 gr.Timer(active=any(presenter.status == PREPARING for presenter in shown)))
 
     def look_at_clip(clip_path, request: gr.Request):
@@ -161,10 +161,10 @@ def presenters_tab(presenters: PresenterStore, preparer: Preparer, access: PageA
         shown = {presenter.id for presenter in visible_presenters(presenters, access, request)}
         if presenter is None or presenter.id not in shown:
             return ("", *listing(request))
-        if presenter.status == PREPARING:
-            gr.Warning(say("presenter.busy", language(request)))
-            return (picked, *listing(request, picked))
-        presenters.remove(presenter.id)
+        if presenter.status == PREPARING:  # its preparation stopped first (it goes once it has)
+            preparer.cancel(presenter.id)
+        else:
+            presenters.remove(presenter.id)
         logger.info("presenter %s (%s) deleted by %s", presenter.id, presenter.name, user.name if user else "the page")
         return ("", *listing(request))
 

@@ -47,3 +47,25 @@ def test_musetalk_runs_live_where_forced_and_draws_the_mouth_only(tmp_path, muse
         mouth.append(difference[y1:y2, x1:x2].mean())
         above.append(difference[: y1 // 2].mean())  # the hair and the sky: never drawn
     assert np.median(mouth) > 12 and np.median(above) < 5, (np.median(mouth), np.median(above))
+
+
+def test_the_live_whisper_windows_are_a_jobs_when_the_sound_read_is_the_whole_speech(musetalk_weights):
+    from heygem.config import load_config
+    from heygem.live.audio_in import SoundWindow
+    from heygem.live.engine_step import MUSETALK_FRAMES_PER_FEATURES, MuseTalkStep
+
+    speech = load_audio_16k(ASSETS / "speech_en.wav")[: 16000 * 3]
+    step = MuseTalkStep(load_config(), 25.0, musetalk_weights / "musetalk")
+    try:
+        job = step.engine.audio_features(speech, 25.0, 75)  # (75, 50, 384): a job's windows of 3 s at 25 fps
+        frame = 30  # 1.2 s in, while words are spoken
+        first = step.audio_window(SoundWindow(speech, frame * 640, before=frame * 640))
+        assert first.shape == (1, 50, 384)
+        assert np.allclose(first[0], job[frame], atol=1e-5), "the window of the frame's own rows"
+        nearby = step.audio_window(SoundWindow(np.zeros(100, np.float32), (frame + 1) * 640, before=0))
+        assert np.allclose(nearby[0], job[frame + 1], atol=1e-5), "the next frame's window, kept from one pass"
+        assert MUSETALK_FRAMES_PER_FEATURES == 2
+        later = step.audio_window(SoundWindow(speech, (frame + 5) * 640, before=(frame + 5) * 640))
+        assert np.allclose(later[0], job[frame + 5], atol=1e-5), "a frame past the kept ones: a new pass"
+    finally:
+        step.close()

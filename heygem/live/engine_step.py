@@ -132,7 +132,8 @@ class Wav2LipStep:
 
 
 MUSETALK_SOUND_AFTER = 0.14  # seconds of sound after a frame's time its Whisper window reads (see MuseTalkStep)
-MUSETALK_CONTEXT_FRAMES = 50  # frames of sound (2 s at 25 fps) before each window, for the encoder's attention
+MUSETALK_CONTEXT_SECONDS = 8.0  # sound before each pass's first frame, for the encoder's attention (it is free:
+# the encoder runs on 30 s whatever it is given; the timeline keeps 10 s)
 MUSETALK_FRAMES_PER_FEATURES = 2  # frames whose Whisper windows one encoder pass makes
 
 
@@ -143,7 +144,7 @@ class MuseTalkStep:
 
     Its mouths read Whisper's encoder states, not mel windows: the step takes the timeline's samples and
     runs the encoder itself, once every MUSETALK_FRAMES_PER_FEATURES frames, on the sound from
-    MUSETALK_CONTEXT_FRAMES frames before the first of them to MUSETALK_SOUND_AFTER after the last (one
+    MUSETALK_CONTEXT_SECONDS (whole frames) before the first of them to MUSETALK_SOUND_AFTER after the last (one
     30 s encoder pass whatever its length: Whisper pads to 30 s), and keeps the windows of those frames.
     A frame's window is 10 rows of 20 ms, 2 frames each side of its own 40 ms at 25 fps: it ends 0.12 s
     after the frame's time, and Whisper's two 3-wide convolutions over 25 ms STFT windows reach 12.5 ms
@@ -174,7 +175,7 @@ class MuseTalkStep:
         self.blend = config.blend
         self.fps = fps
         self.frame_samples = SAMPLE_RATE / fps  # 640 at 25 fps
-        self.sound_before = MUSETALK_CONTEXT_FRAMES / fps
+        self.sound_before = round(MUSETALK_CONTEXT_SECONDS * fps) / fps  # whole frames: the windows' rows align
         self.lookahead = (MUSETALK_FRAMES_PER_FEATURES - 1) / fps + MUSETALK_SOUND_AFTER
         self.first_sample: int | None = None  # the timeline's sample at the first kept window's frame
         self.windows = None  # (MUSETALK_FRAMES_PER_FEATURES, 50, 384) float32: the kept frames' windows
@@ -187,7 +188,7 @@ class MuseTalkStep:
             index = int(round(ahead))
             if 0 <= index < len(self.windows) and abs(ahead - index) < 0.25:
                 return self.windows[index:index + 1]
-        context = int(round(sound.before / self.frame_samples))  # frames before: MUSETALK_CONTEXT_FRAMES
+        context = int(round(sound.before / self.frame_samples))  # whole frames before the frame
         windows = self.engine.audio_features(sound.samples, self.fps, context + MUSETALK_FRAMES_PER_FEATURES)
         self.windows = windows[context:]  # (MUSETALK_FRAMES_PER_FEATURES, 50, 384)
         self.first_sample = sound.frame_sample

@@ -81,8 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "stun:stun.example.org:3478, turn:NAME:SECRET@turn.example.org:3478")
     parser.add_argument("--live-engine", choices=LIVE_ENGINES, default="auto",
                         help="the engine live sessions run: auto runs the jobs' engine where it keeps up live (wav2lip "
-                             "on a GPU), else the landmark engine; a name forces that engine (wav2lip on a CPU draws "
-                             "fewer than 25 frames a second)")
+                             "or musetalk on a GPU), else the landmark engine; a name forces that engine (wav2lip and "
+                             "musetalk on a CPU draw fewer than 25 frames a second)")
     add_devices_flag(parser)
     add_ray_flag(parser, "jobs")
     parser.add_argument("-v", "--verbose", action="store_true",

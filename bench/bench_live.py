@@ -2,7 +2,8 @@
 comes back.
 
     python bench/bench_live.py [--speech assets/speech_en.wav] [--seconds 8] [--sessions 1] [--height 360]
-                               [--engine auto|landmark|wav2lip]
+                               [--engine auto|landmark|wav2lip|musetalk] [--random-wav2lip]
+                               [--random-musetalk full|reduced]
 
 Serves the REST API's routes (live included) with uvicorn in this process, then runs ``--sessions`` clients at
 once on the bundled portrait; for each:
@@ -17,7 +18,9 @@ once on the bundled portrait; for each:
 Prints a Markdown table. On a GPU machine ``--sessions N`` counts how many sessions hold 25 fps each, and
 ``--engine wav2lip`` runs the sessions on the Wav2Lip checkpoint found in the weights folder (weights/, or
 $HEYGEM_WEIGHTS), on the GPU: a random-init checkpoint in the public layout
-(``--random-wav2lip``) costs the same time per frame as a trained one.
+(``--random-wav2lip``) costs the same time per frame as a trained one. ``--engine musetalk`` runs them on the
+MuseTalk files in the weights folder's musetalk/, or with ``--random-musetalk full`` on random-init files of
+the published sizes (the same cost per frame as the official ones; ``reduced``: small layers, for a CPU).
 """
 
 from __future__ import annotations
@@ -84,6 +87,18 @@ def write_random_wav2lip() -> None:
     os.environ["HEYGEM_WEIGHTS"] = str(folder)
 
 
+def write_random_musetalk(size: str) -> None:
+    """Random-init MuseTalk files (``size`` full or reduced) in a temporary weights folder's musetalk/, which
+    $HEYGEM_WEIGHTS then names."""
+    import os
+
+    from heygem.engines.musetalk.random_files import write_random_files
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-live-weights-"))
+    write_random_files(folder / "musetalk", size=size)
+    os.environ["HEYGEM_WEIGHTS"] = str(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speech", type=Path, default=REPO / "assets" / "speech_en.wav")
@@ -92,10 +107,13 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=360, help="the sessions' frame height")
     parser.add_argument("--runs", type=int, default=3, help="rounds (the first warms the server up, not counted)")
     parser.add_argument("--engine", default="auto",
-                        help="the sessions' engine (as app.py's --live-engine): auto, landmark, wav2lip")
+                        help="the sessions' engine (as app.py's --live-engine): auto, landmark, wav2lip, musetalk")
     parser.add_argument("--random-wav2lip", action="store_true",
                         help="run on a random-init Wav2Lip checkpoint written to a temporary weights folder "
                              "(the same cost per frame as a trained one; the mouths are noise)")
+    parser.add_argument("--random-musetalk", choices=("full", "reduced"),
+                        help="run on random-init MuseTalk files written to a temporary weights folder: full (the "
+                             "published sizes, the same cost per frame as the official files) or reduced (for a CPU)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -104,6 +122,8 @@ def main() -> None:
 
     if args.random_wav2lip:
         write_random_wav2lip()
+    if args.random_musetalk:
+        write_random_musetalk(args.random_musetalk)
     speech = load_audio_16k(args.speech)
     box = portrait_mouth_box(args.height)
     rows = []

@@ -4,10 +4,10 @@ The same engines and render steps as a job, driven frame by frame instead of bat
 
 - audio_in: the session's sound as one 16 kHz timeline tied to the wall clock (the microphone, PCM from a
   voice agent's WebSocket and typed sentences spoken with the bundled voice all land in it), and each
-  frame's mel window read from it as it streams;
+  frame's mel window (or, for MuseTalk, the samples around it) read from it as it streams;
 - face: the presenter's frames and faces for a session (the saved track, or tracked once at the start);
-- engine_step: the small interface a session's engine runs behind (one frame in, one frame out) and the
-  landmark engine's step; which engine a session runs, and why;
+- engine_step: the small interface a session's engine runs behind (one frame and the sound it reads in, one
+  frame out) and the steps of the landmark engine, Wav2Lip and MuseTalk; which engine a session runs, and why;
 - tracks: aiortc tracks whose ``recv()`` paces the output: video at the output rate, the sound delayed
   by as much as the video, so that each mouth meets its sound;
 - sessions: the sessions of a server, their cap, their end (the peer gone, or silence for too long);

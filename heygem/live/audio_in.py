@@ -8,7 +8,9 @@ are queued from now on, one after another. Several sources sound at once, added.
 
 The engines read the timeline behind the clock (heygem.live.tracks delays everything by the same amount):
 a frame's mel window is cut from the samples around its time with the same STFT as a job's
-(heygem.speech.audio.melspectrogram), so the mouths are the ones a job would draw.
+(heygem.speech.audio.melspectrogram), so the mouths are the ones a job would draw; an engine with features
+of its own (MuseTalk's Whisper states) is handed the samples around the frame's time instead
+(:func:`sound_window`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -119,6 +122,23 @@ def mel_window(timeline: AudioTimeline, seconds: float, columns: int = audio.MEL
     samples = timeline.read(start, (columns + 3) * audio.HOP_LENGTH)  # before sample 0: silence
     mel = audio.melspectrogram(samples)  # (80, columns + 4)
     return mel[:, 2: 2 + columns]
+
+
+@dataclass(frozen=True)
+class SoundWindow:
+    """The timeline's samples around one frame's time, for an engine that computes its own features."""
+
+    samples: np.ndarray  # (before + after,) float32 mono at 16 kHz; before sample 0: silence
+    frame_sample: int  # the timeline's sample at the frame's time (samples[before] is that sample)
+    before: int  # samples before the frame's time
+
+
+def sound_window(timeline: AudioTimeline, seconds: float, before_seconds: float, after_seconds: float) -> SoundWindow:
+    """The samples from ``before_seconds`` before the frame at ``seconds`` on the timeline to ``after_seconds``
+    after it."""
+    frame_sample = int(round(seconds * SAMPLE_RATE))
+    before, after = int(round(before_seconds * SAMPLE_RATE)), int(round(after_seconds * SAMPLE_RATE))
+    return SoundWindow(timeline.read(frame_sample - before, before + after), frame_sample, before)
 
 
 class Resampler:

@@ -21,7 +21,7 @@ import numpy as np
 
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
-from heygem.live.audio_in import SAMPLE_RATE, AudioTimeline, Resampler, lookahead_seconds, mel_window, samples_to_16k
+from heygem.live.audio_in import SAMPLE_RATE, AudioTimeline, Resampler, mel_window, samples_to_16k, sound_window
 from heygem.live.engine_step import LiveEngineStep, choose_live_engine, start_step
 from heygem.live.face import BUNDLED_PORTRAIT, LiveFace, load_face
 from heygem.live.tickets import LiveTickets
@@ -97,8 +97,12 @@ class LiveSession:
         ``delay`` seconds before."""
         heard = wall_time - self.timeline.origin - self.delay
         index = self.face.frame_at(shown_seconds)
-        window = mel_window(self.timeline, heard, self.step.mel_columns)  # (80, columns)
-        return self.step.render(self.face.frames_i420[index], self.face.faces[index], window)
+        step = self.step
+        if step.mel_columns:
+            sound = mel_window(self.timeline, heard, step.mel_columns)  # (80, columns)
+        else:  # the step computes its own features from the samples
+            sound = sound_window(self.timeline, heard, step.sound_before, step.lookahead)
+        return step.render(self.face.frames_i420[index], self.face.faces[index], sound)
 
     def read_output(self, wall_time: float, count: int) -> np.ndarray:
         """The sound due at ``wall_time``: what came in ``delay`` seconds before."""
@@ -191,7 +195,7 @@ class LiveSessions:
             step = await asyncio.to_thread(start_step, choice, config, self.settings.fps)
             session = LiveSession(id=secrets.token_hex(8), submitter=getattr(user, "name", None), face=face,
                                   engine=choice.name, engine_reason=choice.reason, step=step,
-                                  delay=lookahead_seconds(step.mel_columns) + ARRIVAL_MARGIN)
+                                  delay=step.lookahead + ARRIVAL_MARGIN)
             session.key = self.settings.tickets.issue_key(session.id, session.submitter)
             servers = [RTCIceServer(**server) for server in self.settings.ice_server_list()]
             peer = RTCPeerConnection(RTCConfiguration(iceServers=servers or None))

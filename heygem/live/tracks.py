@@ -2,8 +2,8 @@
 
 Both follow the wall clock from their first ``recv()`` and show the session's sound ``delay`` seconds
 late: the video frame due at wall time w shows the mouth of the sound at w - delay, and the audio chunk
-due at w plays that same sound. ``delay`` is the engine's look-ahead (its frame's mel window reaches that
-far past the frame's time: heygem.live.audio_in.lookahead_seconds) plus ARRIVAL_MARGIN for the sound's
+due at w plays that same sound. ``delay`` is the engine's look-ahead (the sound it reads reaches that
+far past the frame's time: heygem.live.engine_step's ``lookahead``) plus ARRIVAL_MARGIN for the sound's
 packets to arrive. Frames are rendered in the session's own thread, so the event loop never waits on an
 engine; a frame that could not be rendered in time is skipped, never queued.
 """

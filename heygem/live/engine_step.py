@@ -111,24 +111,31 @@ class Wav2LipStep:
         self.fps = fps
 
     def render(self, frame_i420: np.ndarray, face: Face | None, mel_window: np.ndarray) -> np.ndarray:
-        if face is None:
-            return frame_i420
-        height, width = frame_i420.shape[0] * 2 // 3, frame_i420.shape[1]
-        frame_bgr = yuv420_to_bgr(frame_i420, width, height)  # (H, W, 3) uint8
-        patch = self.engine.generate(EngineBatch(
+        return mouth_into_frame(frame_i420, face, self.blend, lambda frame_bgr: self.engine.generate(EngineBatch(
             frame_indices=np.zeros(1, np.int64), frames_bgr=frame_bgr[None], faces=[face],
-            mel_windows=mel_window[None], fps=self.fps))[0]
-        if patch is None:  # the box lies outside the frame
-            return frame_i420
-        blend_patch(frame_bgr, patch, self.blend)
-        frame = frame_i420.copy()
-        write_region_i420(frame, frame_bgr, patch.box)  # only the box's bytes change
-        return frame
+            mel_windows=mel_window[None], fps=self.fps))[0])
 
     def close(self) -> None:
         """The generator is kept for the next session on the same checkpoint (KEEP_IDLE at most)."""
         engine, self.engine = self.engine, None
         _keep_idle(self.key, engine)
+
+
+def mouth_into_frame(frame_i420: np.ndarray, face: Face | None, blend, patch_of) -> np.ndarray:
+    """The I420 frame with the engine's mouth (``patch_of(frame_bgr)``: its patch, or None where the box lies
+    outside the frame) blended in as a job's render stage blends it; only the box's bytes change. The frame as
+    it is without a face or a patch."""
+    if face is None:
+        return frame_i420
+    height, width = frame_i420.shape[0] * 2 // 3, frame_i420.shape[1]
+    frame_bgr = yuv420_to_bgr(frame_i420, width, height)  # (H, W, 3) uint8
+    patch = patch_of(frame_bgr)
+    if patch is None:
+        return frame_i420
+    blend_patch(frame_bgr, patch, blend)
+    frame = frame_i420.copy()
+    write_region_i420(frame, frame_bgr, patch.box)
+    return frame
 
 
 MUSETALK_SOUND_AFTER = 0.14  # seconds of sound after a frame's time its Whisper window reads (see MuseTalkStep)
@@ -197,18 +204,11 @@ class MuseTalkStep:
     def render(self, frame_i420: np.ndarray, face: Face | None, sound: SoundWindow) -> np.ndarray:
         import torch
 
-        if face is None:
-            return frame_i420
-        height, width = frame_i420.shape[0] * 2 // 3, frame_i420.shape[1]
-        frame_bgr = yuv420_to_bgr(frame_i420, width, height)  # (H, W, 3) uint8
-        with torch.inference_mode():
-            patch = self.engine.patches(frame_bgr[None], [face], self.audio_window(sound))[0]
-        if patch is None:  # the box lies outside the frame
-            return frame_i420
-        blend_patch(frame_bgr, patch, self.blend)
-        frame = frame_i420.copy()
-        write_region_i420(frame, frame_bgr, patch.box)  # only the box's bytes change
-        return frame
+        def patch_of(frame_bgr: np.ndarray):
+            with torch.inference_mode():
+                return self.engine.patches(frame_bgr[None], [face], self.audio_window(sound))[0]
+
+        return mouth_into_frame(frame_i420, face, self.blend, patch_of)
 
     def close(self) -> None:
         """The networks are kept for the next session on the same files (KEEP_IDLE at most)."""

@@ -234,7 +234,8 @@ def test_gradio_client_generates_a_video_by_named_parameters(app, speech_clip):
     client = Client(app.url, verbose=False)
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     # the page's own events are not offered
-    assert set(endpoints) == {"/generate", "/submit_job", "/job_status", "/presenters", "/voices"}
+    assert set(endpoints) == {"/generate", "/submit_job", "/job_status", "/presenters", "/add_presenter",
+                              "/remove_presenter", "/voices"}
     voices = {voice["name"]: voice for voice in client.predict(api_name="/voices")}
     assert voices["zh_CN-test-medium"]["kind"] == "piper" and voices["zh_CN-test-medium"]["language"] == "zh_CN"
     assert app.client.get("/api/voices").json()["voices"] == list(voices.values())

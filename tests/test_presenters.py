@@ -449,3 +449,30 @@ def test_deleting_a_presenter_under_preparation_stops_it_and_leaves_nothing(clip
         time.sleep(0.2)
     assert store.get(kept.id).status == READY
     assert [presenter.name for presenter in store.list()] == ["Kept"]
+
+
+def test_gradio_client_makes_and_removes_presenters(server, clips):
+    """gradio_client's /add_presenter checks the clip as REST does (one message, nothing kept for a refused
+    one), the presenter is prepared in the background and listed by /presenters; /remove_presenter deletes
+    only the user's own."""
+    from gradio_client import Client, handle_file
+
+    as_bob = Client(server.url, verbose=False, auth=("bob", "bob-long-secret"))
+    with pytest.raises(Exception, match="no face was found in wall.mp4"):
+        as_bob.predict(video=handle_file(str(clips["wall"])), name="Wall", api_name="/add_presenter")
+    made = as_bob.predict(video=handle_file(str(clips["face video"])), name="Client Bob", face_index="",
+                          api_name="/add_presenter")
+    assert made["name"] == "Client Bob" and made["status"] == "preparing" and made["submitter"] == "bob"
+    deadline = time.monotonic() + 120
+    while True:
+        listed = {shown["id"]: shown for shown in as_bob.predict(api_name="/presenters")}
+        if listed[made["id"]]["status"] != "preparing" or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert listed[made["id"]]["status"] == "ready" and "Wall" not in [shown["name"] for shown in listed.values()]
+    as_carol = Client(server.url, verbose=False, auth=("carol", "carol-long-secret"))
+    with pytest.raises(Exception, match="there is no presenter"):
+        as_carol.predict(presenter=made["id"], api_name="/remove_presenter")
+    assert as_bob.predict(presenter=made["id"], api_name="/remove_presenter") == {"id": made["id"],
+                                                                                  "status": "deleted"}
+    assert made["id"] not in [shown["id"] for shown in as_bob.predict(api_name="/presenters")]

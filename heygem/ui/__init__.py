@@ -54,7 +54,7 @@ def build_ui(store: JobStore, batch_roots: list[Path], access: PageAccess | None
             jobs_tab(store, access)
             live_tab(store, access, presenters, live)
             system_tab(access)
-        client_api(store, access, presenters)
+        client_api(store, access, presenters, preparer)
     return demo
 
 

@@ -6,6 +6,8 @@ this shows on the page.
     client.predict(job_id=job_id, api_name="/job_status")  # -> {"status": ..., "progress": ...}
     client.predict(api_name="/voices")  # -> [{"name": ..., "kind": ..., "language": ..., "sample_rate": ...}, ...]
     client.predict(api_name="/presenters")  # -> [{"id": ..., "name": ..., "status": ...}, ...]
+    client.predict(video=handle_file("me.mp4"), name="Me", api_name="/add_presenter")  # -> {"id", "status", ...}
+    client.predict(presenter="p-...", api_name="/remove_presenter")  # -> {"id", "status": "deleted"}
     client.predict(presenter="p-...", text="Hello.", api_name="/generate")  # a saved presenter instead of a face
 
 Every request goes through the same check as REST (heygem.jobs.request, as a remote client); a user's
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import gradio as gr
 
@@ -23,9 +26,9 @@ from heygem.errors import HeygemError
 from heygem.jobs.files import server_folders, without_server_paths
 from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
-from heygem.jobs.users import sees_every_job
-from heygem.presenters.api import job_face, voice_sample_for
-from heygem.presenters.records import PresenterStore
+from heygem.jobs.users import may_see, sees_every_job
+from heygem.presenters.api import Preparer, job_face, voice_sample_for
+from heygem.presenters.records import PREPARING, PresenterStore
 from heygem.ui.access import PageAccess
 from heygem.ui.common import WATCH_INTERVAL, uploaded_file
 
@@ -41,12 +44,15 @@ def user_error(message: str, store: JobStore | None = None) -> gr.Error:
     return gr.Error(message, print_exception=False)
 
 
-def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore | None = None) -> None:
+def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore | None = None,
+               preparer: Preparer | None = None) -> None:
     """Named endpoints for scripts that use gradio_client: /generate waits for its job and returns the
     MP4 and the job's id (with progress), /submit_job queues a job and returns its id at once, /job_status
-    reports any job, /presenters lists the saved presenters a face may be replaced by. Nothing of this
-    shows on the page."""
+    reports any job, /presenters lists the saved presenters a face may be replaced by, /add_presenter makes
+    one (checked as REST checks one, then prepared by ``preparer``) and /remove_presenter deletes one.
+    Nothing of this shows on the page."""
     presenters = presenters if presenters is not None else PresenterStore(store.outputs_dir)
+    preparer = preparer if preparer is not None else Preparer(presenters, store.base_config)
 
     def queue(face: str | None, audio: str | None, engine: str, options: str, text: str, voice: str,
               voice_sample: str | None, voice_consent: bool, presenter: str, request) -> str:
@@ -117,6 +123,36 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
 
         return voice_records(weights_dir())
 
+    def add_presenter(video: str | None, name: str, face_index: str = "", request: gr.Request = None) -> dict:
+        """Make a saved presenter of ``video`` (a clip, or a photo) called ``name``; ``face_index``: which face
+        speaks when it shows several (counted from the left from 0). The clip is checked first (one clear
+        message when it cannot serve); the presenter is then prepared in the background: /presenters shows
+        its status until it is ready."""
+        if not video:
+            raise user_error("add the presenter's clip (the video parameter)")
+        try:
+            index = int(face_index) if str(face_index).strip() else None
+        except ValueError:
+            raise user_error(f"face_index counts faces from the left from 0, not {face_index!r}") from None
+        user = access.user(request)
+        try:
+            made = presenters.create(Path(video), name, face_index=index, submitter=user and user.name)
+        except HeygemError as error:
+            raise user_error(str(error), store) from None
+        preparer.submit(made)
+        return made.to_dict()
+
+    def remove_presenter(presenter: str, request: gr.Request = None) -> dict:
+        """Delete the saved presenter ``presenter`` (its id); one being prepared has its preparation stopped."""
+        user = access.user(request)
+        found = presenters.get((presenter or "").strip())
+        if found is None or not may_see(user, found.submitter):
+            raise user_error(f"there is no presenter {presenter!r}")
+        if found.status == PREPARING and not preparer.cancel(found.id):
+            return {"id": found.id, "status": "cancelling"}
+        presenters.remove(found.id)
+        return {"id": found.id, "status": "deleted"}
+
     def job_status(job_id: str, request: gr.Request) -> dict:
         """Where a job stands: status, progress, stage, error, times, engine (as GET /api/jobs/ID gives)."""
         job = access.find(job_id, request)
@@ -135,6 +171,10 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
         voice_consent = gr.Checkbox(False, label="voice_consent")
         presenter = gr.Textbox("", label="presenter")
         presenter_list = gr.JSON(label="presenters")
+        presenter_video = uploaded_file(label="video")
+        presenter_name = gr.Textbox("", label="name")
+        presenter_face = gr.Textbox("", label="face_index")
+        presenter_made = gr.JSON(label="presenter")
         voice_list = gr.JSON(label="voices")
         video = gr.File(label="video")
         job_id = gr.Textbox(label="job_id")
@@ -144,10 +184,15 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
         queue_button = gr.Button()
         look = gr.Button()
         listing = gr.Button()
+        making = gr.Button()
+        removing = gr.Button()
         voices_button = gr.Button()
     inputs = [face, audio, engine, options, text, voice, voice_sample, voice_consent, presenter]
     run.click(generate, inputs, [video, made_id], api_name="generate", concurrency_limit=8)
     queue_button.click(submit, inputs, made_id, api_name="submit_job", concurrency_limit=8)
     look.click(job_status, job_id, status, api_name="job_status", queue=False)
     listing.click(list_presenters, None, presenter_list, api_name="presenters", queue=False)
+    making.click(add_presenter, [presenter_video, presenter_name, presenter_face], presenter_made,
+                 api_name="add_presenter", concurrency_limit=2)
+    removing.click(remove_presenter, presenter, presenter_made, api_name="remove_presenter", concurrency_limit=2)
     voices_button.click(list_voices, None, voice_list, api_name="voices", queue=False)

@@ -299,3 +299,26 @@ def test_subtitles_keep_the_voice_in_the_metadata(tmp_path, mode):
     cues = [Cue(0.0, 0.8, "Hello there.")]
     add_subtitles(video, write_srt(cues, tmp_path / "cues.srt"), cues, mode)
     assert comment_of(video) == "voice: clone, model: VibeVoice-1.5B"
+
+
+def test_a_batch_row_of_a_presenter_speaks_in_its_kept_voice(weights, presenter, tmp_path, monkeypatch):
+    """A manifest row naming a saved presenter, spoken by the cloned voice (the batch's --voice clone with
+    consent), takes the speech sample the presenter kept."""
+    from heygem.jobs.batch import run_batch
+    from heygem.presenters.prepare import prepare
+    from heygem.presenters.records import PresenterStore
+
+    monkeypatch.setenv("HEYGEM_WEIGHTS", str(weights))
+    jobs = tmp_path / "jobs"
+    presenters = PresenterStore(jobs)
+    made = prepare(presenters, presenters.create(presenter, "Anna"))
+    assert made.sample_path is not None and made.sample_path.is_file()
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "rows.csv").write_text(f"presenter,audio,text,name\nAnna,,{TEXT},greeting\n", encoding="utf-8")
+    results = run_batch(inputs, tmp_path / "out", "rows.csv", OPTIONS, jobs_dir=jobs, show_progress=False,
+                        voice="clone", voice_consent=True)
+    assert [(result.item.name, result.status) for result in results] == [("greeting", "done")], results
+    assert_cloned_output_of_job(jobs / results[0].job_id)
+    samples = sorted((jobs / results[0].job_id).glob("voice_sample*"))
+    assert [path.read_bytes() for path in samples] == [made.sample_path.read_bytes()]

@@ -73,6 +73,7 @@ class BatchItem:
     presenter: str | None = None  # a saved presenter's name or id instead of a face file (manifest column)
     voice: str | None = None  # who speaks the text: a voice name (manifest column or the batch's); None: chosen
     voice_consent: bool = False  # the speaker agreed to the cloned voice (manifest column or the batch's)
+    voice_sample: Path | None = None  # whose voice "clone" speaks in: the item's presenter's kept sample, if any
 
     @property
     def speech_label(self) -> str:
@@ -420,6 +421,7 @@ def with_presenter(store: JobStore, item: BatchItem, options: dict, submitter: s
 
     presenter = PresenterStore(store.outputs_dir).find(item.presenter, submitter, every_user=submitter is None)
     item.face_path, options = presenter_job(presenter, options, store.resolve_options)
+    item.voice_sample = presenter.sample_path  # the cloned voice speaks in the presenter's own (heygem.presenters)
     return options
 
 
@@ -465,10 +467,12 @@ def submit_items(store: JobStore, items: list[BatchItem], options: dict | None, 
 
 
 def _voice_of(item: BatchItem) -> dict:
-    """The voice arguments of an item's job: only an item made from text has a voice."""
+    """The voice arguments of an item's job: only an item made from text has a voice; the cloned one speaks in
+    the item's presenter's voice where it has a kept sample."""
     if item.text is None:
         return {}
-    return {"voice": item.voice, "voice_consent": item.voice_consent}
+    sample = item.voice_sample if item.voice == "clone" else None
+    return {"voice": item.voice, "voice_consent": item.voice_consent, **({"voice_sample": sample} if sample else {})}
 
 
 def zip_results(store: JobStore, batch: str, not_queued: list[BatchResult] = ()) -> Path | None:

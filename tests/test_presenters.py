@@ -476,3 +476,25 @@ def test_gradio_client_makes_and_removes_presenters(server, clips):
     assert as_bob.predict(presenter=made["id"], api_name="/remove_presenter") == {"id": made["id"],
                                                                                   "status": "deleted"}
     assert made["id"] not in [shown["id"] for shown in as_bob.predict(api_name="/presenters")]
+
+
+def test_deleting_a_presenter_whose_preparation_ended_meanwhile_removes_it_at_once(clips, tmp_path):
+    """A presenter seen as preparing whose preparation ends before the delete is looked at again is removed
+    there and then, not waited for (and nothing of it stays marked for stopping)."""
+    store = PresenterStore(tmp_path / "outputs")
+    busy = store.create(clips["talking"], "Busy")
+    ended = store.create(clips["face video"], "Ended")
+    preparer, started, go = blocked_preparer(store)  # held on Busy: Ended waits its turn
+    assert started.wait(60)
+    seen = store.get(ended.id)
+    assert seen.status == "preparing"
+    store.mark_ready(ended.id, [], None)  # as if its preparation had just ended
+    assert preparer.delete(seen, wait_seconds=0.5)
+    assert store.get(ended.id) is None and not (store.folder / ended.id).exists()
+    assert ended.id not in preparer.cancelled
+    go.set()
+    deadline = time.monotonic() + 120
+    while store.get(busy.id).status == "preparing":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert [presenter.name for presenter in store.list()] == ["Busy"]

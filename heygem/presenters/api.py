@@ -49,7 +49,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 class Preparer:
     """Prepares presenters one at a time on a background thread; those left ``preparing`` by an earlier
-    server are queued again when it starts. :meth:`cancel` stops one (waiting or under way) and removes it."""
+    server are queued again when it starts. :meth:`delete` removes one, stopping its preparation first."""
 
     def __init__(self, presenters: PresenterStore, config: Config | None = None):
         self.presenters = presenters
@@ -66,17 +66,28 @@ class Preparer:
     def submit(self, presenter: Presenter) -> None:
         self.waiting.put(presenter.id)
 
-    def cancel(self, presenter_id: str, wait_seconds: float = 5.0) -> bool:
-        """Stop the preparation of ``presenter_id`` (waiting or under way) and remove the presenter; True once
-        it is gone, False when it is still stopping after ``wait_seconds`` (it goes when it has)."""
+    def delete(self, presenter: Presenter, wait_seconds: float = 5.0) -> bool:
+        """Remove ``presenter``, the one way every door deletes one: a presenter being prepared (waiting or
+        under way) has its preparation stopped first. True once it is gone, False when it is still stopping
+        after ``wait_seconds`` (it goes when it has)."""
+        if presenter.status != PREPARING:
+            self.presenters.remove(presenter.id)
+            return True
         with self.lock:
-            self.cancelled.add(presenter_id)
+            self.cancelled.add(presenter.id)
         deadline = time.monotonic() + wait_seconds
-        while self.presenters.get(presenter_id) is not None:
+        while True:
+            current = self.presenters.get(presenter.id)
+            if current is not None and current.status != PREPARING:  # its preparation ended meanwhile
+                self.presenters.remove(presenter.id)
+                current = None
+            if current is None:
+                with self.lock:
+                    self.cancelled.discard(presenter.id)
+                return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
-        return True
 
     def _stop_if_cancelled(self, presenter_id: str) -> None:
         with self.lock:
@@ -92,6 +103,8 @@ class Preparer:
 
         presenter = self.presenters.get(presenter_id)
         if presenter is None or presenter.status != PREPARING:
+            with self.lock:
+                self.cancelled.discard(presenter_id)
             return
 
         def progress(fraction: float) -> None:
@@ -233,7 +246,6 @@ def add_presenter_routes(router: APIRouter, presenters: PresenterStore, preparer
         presenter = visible(presenter_id, request)
         if presenter is None:
             return missing(presenter_id)
-        if presenter.status == PREPARING and not preparer.cancel(presenter.id):
+        if not preparer.delete(presenter):
             return JSONResponse({"id": presenter.id, "status": "cancelling"}, status_code=202)
-        presenters.remove(presenter.id)
         return {"id": presenter.id, "status": "deleted"}

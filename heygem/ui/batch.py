@@ -33,12 +33,11 @@ from heygem.ui.common import (
     STATUS_LABELS,
     error_text,
     job_card,
-    language,
     option_controls,
     options_from_controls,
     say,
 )
-from heygem.ui.presenters import NO_PRESENTER, presenter_choices
+from heygem.ui.presenters import NO_PRESENTER, picker_update
 from heygem.ui.tables import narrow_columns_css
 
 NO_ITEM = "<div class='empty-card'>Pick an item in the table to see its job and video.</div>"
@@ -234,8 +233,7 @@ def batch_tab(store: JobStore, batch_roots: list[Path], access: PageAccess,
         planning = [source, uploaded, folder, pairing, manifest, presenter]
 
         def offer_presenters(chosen, request: gr.Request):
-            choices = presenter_choices(presenters, access, request, language(request))
-            return gr.update(choices=choices, value=chosen if chosen in {value for _, value in choices} else "")
+            return picker_update(presenters, access, chosen, request)
 
         presenter.focus(offer_presenters, presenter, presenter, queue=False, show_progress="hidden",
                         api_visibility="private")

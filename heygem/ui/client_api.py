@@ -28,7 +28,7 @@ from heygem.jobs.request import parse_options
 from heygem.jobs.store import DONE, JobStore
 from heygem.jobs.users import may_see, sees_every_job
 from heygem.presenters.api import Preparer, job_face, voice_sample_for
-from heygem.presenters.records import PREPARING, PresenterStore
+from heygem.presenters.records import PresenterStore
 from heygem.ui.access import PageAccess
 from heygem.ui.common import WATCH_INTERVAL, uploaded_file
 
@@ -148,10 +148,7 @@ def client_api(store: JobStore, access: PageAccess, presenters: PresenterStore |
         found = presenters.get((presenter or "").strip())
         if found is None or not may_see(user, found.submitter):
             raise user_error(f"there is no presenter {presenter!r}")
-        if found.status == PREPARING and not preparer.cancel(found.id):
-            return {"id": found.id, "status": "cancelling"}
-        presenters.remove(found.id)
-        return {"id": found.id, "status": "deleted"}
+        return {"id": found.id, "status": "deleted" if preparer.delete(found) else "cancelling"}
 
     def job_status(job_id: str, request: gr.Request) -> dict:
         """Where a job stands: status, progress, stage, error, times, engine (as GET /api/jobs/ID gives)."""

@@ -10,7 +10,7 @@ import gradio as gr
 
 from heygem.errors import HeygemError
 from heygem.media.probing import IMAGE_SUFFIXES
-from heygem.ui.common import say, wrong_kind_message
+from heygem.ui.common import language, say, wrong_kind_message
 
 
 def preview_face(face_path):
@@ -53,3 +53,8 @@ def face_choices(face_path, language_code: str = "en"):
     note = say("faces.largest", language_code, count=len(found), index=found.chosen(None))
     return (keep, keep, keep, gr.update(visible=True, value=thumbnails, selected_index=None),
             gr.update(visible=True, value=note), None)
+
+
+def picked_face(event: gr.SelectData, request: gr.Request):
+    """The face clicked in a faces gallery: its index (face.face_index) and the note that says so."""
+    return event.index, say("faces.chosen", language(request), index=event.index)

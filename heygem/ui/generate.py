@@ -36,9 +36,9 @@ from heygem.ui.common import (
     ui_text,
     uploaded_file,
 )
-from heygem.ui.faces import face_choices, preview_face
+from heygem.ui.faces import face_choices, picked_face, preview_face
 from heygem.ui.live import follow_stream, live_player
-from heygem.ui.presenters import NO_PRESENTER, presenter_choices
+from heygem.ui.presenters import NO_PRESENTER, picker_update
 
 logger = logging.getLogger("heygem")
 RECENT_JOBS = 5  # jobs in the recent jobs strip
@@ -210,10 +210,7 @@ def generate_tab(store: JobStore, access: PageAccess, presenters: PresenterStore
             store.cancel(job.id)
 
     def offer_presenters(chosen, request: gr.Request):
-        """The picker's ready presenters, as they are now; the one chosen stays if it still is there."""
-        choices = presenter_choices(presenters, access, request, language(request))
-        kept = chosen if chosen in {value for _, value in choices} else NO_PRESENTER
-        return gr.update(choices=choices, value=kept)
+        return picker_update(presenters, access, chosen, request)
 
     def choose_presenter(chosen, face_path, request: gr.Request):
         """A saved presenter takes the face upload's place (hidden, with its previews and picker); none
@@ -231,9 +228,6 @@ def generate_tab(store: JobStore, access: PageAccess, presenters: PresenterStore
 
     def look_at_face(face_path, request: gr.Request):
         return face_choices(face_path, language(request))
-
-    def pick_face(event: gr.SelectData, request: gr.Request):
-        return event.index, say("faces.chosen", language(request), index=event.index)
 
     def listen(text, voice, speed):
         """Speak the typed text as a job would (same voice, speed and length limit): the audio and a note."""
@@ -321,7 +315,7 @@ def generate_tab(store: JobStore, access: PageAccess, presenters: PresenterStore
                     show_progress="hidden", api_visibility="private")
         face.change(look_at_face, face, [face, face_image, face_video, faces, faces_note, face_index],
                     concurrency_limit=2, show_progress="hidden", api_visibility="private", trigger_mode="always_last")
-        faces.select(pick_face, None, [face_index, faces_note], queue=False, api_visibility="private")
+        faces.select(picked_face, None, [face_index, faces_note], queue=False, api_visibility="private")
         presenter.focus(offer_presenters, presenter, presenter, queue=False, show_progress="hidden",
                         api_visibility="private")
         presenter.change(choose_presenter, [presenter, face], [face, face_image, face_video, faces, presenter_note,

@@ -16,12 +16,12 @@ import json
 import gradio as gr
 
 from heygem.jobs.store import JobStore
-from heygem.jobs.users import sees_every_job
 from heygem.live.sessions import LiveSettings
 from heygem.live.tickets import KEY_HEADER, TICKET_HEADER
-from heygem.presenters.records import READY, PresenterStore
+from heygem.presenters.records import PresenterStore
 from heygem.ui.access import NOBODY, PageAccess
 from heygem.ui.common import WORDS, language, say, ui_text
+from heygem.ui.presenters import picker_update
 
 # the tab's words, added to the page's (key -> English, Chinese)
 LIVE_WORDS = {
@@ -126,12 +126,9 @@ window.heygemLive = (() => {
 </script>""".replace("TICKET_HEADER", TICKET_HEADER).replace("KEY_HEADER", KEY_HEADER)
 
 
-def presenter_choices(presenters: PresenterStore, access: PageAccess, request: gr.Request | None) -> list:
-    """(label, id) of the ready presenters the page's user may use, after the bundled portrait ("")."""
-    user = access.user(request)
-    shown = presenters.list(user and user.name, every_user=sees_every_job(user))
-    return [(say("live.portrait", language(request)), "")] + [(presenter.name, presenter.id) for presenter in shown
-                                                    if presenter.status == READY]
+def portrait_label(request: gr.Request | None) -> str:
+    """The presenter picker's first entry: the bundled portrait (value "")."""
+    return say("live.portrait", language(request))
 
 
 def live_grant(live: LiveSettings, access: PageAccess, request: gr.Request | None) -> str:
@@ -163,8 +160,8 @@ def live_tab(store: JobStore, access: PageAccess, presenters: PresenterStore | N
             say = gr.Button(ui_text("live.say"), elem_id="live-say", scale=1)
         grant = gr.Textbox(visible=False)  # the script's ticket, from live_grant
 
-    def refresh(request: gr.Request):
-        return gr.Dropdown(choices=presenter_choices(presenters, access, request), value="")
+    def refresh(request: gr.Request):  # the bundled portrait first, then the ready presenters (heygem.ui.presenters)
+        return picker_update(presenters, access, None, request, portrait_label(request))
 
     tab.select(refresh, outputs=presenter, api_visibility="private")
     def hand_out_ticket(request: gr.Request) -> str:

@@ -26,7 +26,7 @@ from heygem.presenters.api import Preparer
 from heygem.presenters.records import PREPARING, READY, Presenter, PresenterStore
 from heygem.ui.access import PageAccess
 from heygem.ui.common import language, say, say_warning, ui_text, uploaded_file
-from heygem.ui.faces import face_choices, preview_face
+from heygem.ui.faces import face_choices, picked_face, preview_face
 
 logger = logging.getLogger("heygem")
 
@@ -46,16 +46,25 @@ def visible_presenters(presenters: PresenterStore, access: PageAccess, request) 
     return presenters.list(user and user.name, every_user=sees_every_job(user))
 
 
-def presenter_choices(presenters: PresenterStore, access: PageAccess, request, language_code: str = "en"
-                      ) -> list[tuple[str, str]]:
-    """The picker's entries: "upload a face" first, then the ready presenters as "name (12 s)"."""
-    choices = [(say("presenter.none", language_code), NO_PRESENTER)]
+def presenter_choices(presenters: PresenterStore, access: PageAccess, request, language_code: str = "en",
+                      none_label: str | None = None) -> list[tuple[str, str]]:
+    """The picker's entries: ``none_label`` ("upload a face" by default) first, then the ready presenters the
+    page's user may use as "name (12 s)"."""
+    choices = [(none_label or say("presenter.none", language_code), NO_PRESENTER)]
     for presenter in visible_presenters(presenters, access, request):
         if presenter.status == READY:
             length = say("presenter.photo", language_code) if presenter.kind == "image" else \
                 f"{presenter.seconds:.0f} s"
             choices.append((f"{presenter.name} ({length})", presenter.id))
     return choices
+
+
+def picker_update(presenters: PresenterStore, access: PageAccess, chosen: str | None, request,
+                  none_label: str | None = None) -> dict:
+    """A presenter picker's entries as they are now (:func:`presenter_choices`); the one ``chosen`` stays
+    picked if it still is there, else none."""
+    choices = presenter_choices(presenters, access, request, language(request), none_label)
+    return gr.update(choices=choices, value=chosen if chosen in {value for _, value in choices} else NO_PRESENTER)
 
 
 def status_text(presenter: Presenter, language_code: str = "en") -> str:
@@ -119,9 +128,6 @@ def presenters_tab(presenters: PresenterStore, preparer: Preparer, access: PageA
         name = gr.update(value=Path(clip_path).stem[:80]) if clip_path and field is not None else gr.update()
         return field, image, video, faces, note, index, name
 
-    def pick_face(event: gr.SelectData, request: gr.Request):
-        return event.index, say("faces.chosen", language(request), index=event.index)
-
     def save(request: gr.Request, clip_path, name, face_index):
         """Check the clip and keep it as a presenter being prepared; what the checks found is said."""
         words = language(request)
@@ -161,10 +167,7 @@ def presenters_tab(presenters: PresenterStore, preparer: Preparer, access: PageA
         shown = {presenter.id for presenter in visible_presenters(presenters, access, request)}
         if presenter is None or presenter.id not in shown:
             return ("", *listing(request))
-        if presenter.status == PREPARING:  # its preparation stopped first (it goes once it has)
-            preparer.cancel(presenter.id)
-        else:
-            presenters.remove(presenter.id)
+        preparer.delete(presenter)  # one being prepared: stopped first (it goes once it has)
         logger.info("presenter %s (%s) deleted by %s", presenter.id, presenter.name, user.name if user else "the page")
         return ("", *listing(request))
 
@@ -202,7 +205,7 @@ def presenters_tab(presenters: PresenterStore, preparer: Preparer, access: PageA
         clip.change(look_at_clip, clip, [clip, clip_image, clip_video, faces, faces_note, face_index, name],
                     concurrency_limit=2, show_progress="hidden", api_visibility="private",
                     trigger_mode="always_last")
-        faces.select(pick_face, None, [face_index, faces_note], queue=False, api_visibility="private")
+        faces.select(picked_face, None, [face_index, faces_note], queue=False, api_visibility="private")
         save_button.click(save, [clip, name, face_index], [picked, save_note, *shown], concurrency_limit=2,
                           api_visibility="private")
         table.select(pick_row, table, [picked, *shown], api_visibility="private")

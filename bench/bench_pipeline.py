@@ -249,18 +249,75 @@ def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[
     return video, audio
 
 
-def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict, second_job: bool) -> dict:
-    """One generation in this process (after a first, untimed one when ``second_job``); what the parent prints."""
+class StageSampler:
+    """Where a pipeline stage's thread (``heygem-STAGE``) spends its wall time: its stack sampled every
+    ``interval`` seconds from a thread of its own (cProfile cannot watch one thread alone on Python 3.12),
+    counted per function where the thread was (innermost frame) and per function on its stack."""
+
+    def __init__(self, stage: str, interval: float = 0.002):
+        self.name = f"heygem-{stage}"
+        self.interval = interval
+        self.innermost: dict[str, int] = {}
+        self.inclusive: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frames = sys._current_frames()
+            for thread in threading.enumerate():
+                if thread.name != self.name or thread.ident not in frames:
+                    continue
+                frame, seen = frames[thread.ident], set()
+                place = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}:{frame.f_lineno}"
+                self.innermost[place] = self.innermost.get(place, 0) + 1
+                while frame is not None:
+                    name = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+                    if name not in seen:
+                        seen.add(name)
+                        self.inclusive[name] = self.inclusive.get(name, 0) + 1
+                    frame = frame.f_back
+                self.samples += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def report(self, lines: int = 40) -> str:
+        if not self.samples:
+            return f"no samples of {self.name}"
+        out = [f"{self.name}: {self.samples} samples every {self.interval * 1000:g} ms", "where (innermost line):"]
+        for place, count in sorted(self.innermost.items(), key=lambda item: -item[1])[:lines]:
+            out.append(f"  {100 * count / self.samples:5.1f} %  {place}")
+        out.append("on the stack (function):")
+        for name, count in sorted(self.inclusive.items(), key=lambda item: -item[1])[:lines]:
+            out.append(f"  {100 * count / self.samples:5.1f} %  {name}")
+        return "\n".join(out)
+
+
+def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict, second_job: bool,
+            profile_stage: str = "") -> dict:
+    """One generation in this process (after a first, untimed one when ``second_job``); what the parent prints.
+    ``profile_stage``: sample that stage's thread over the timed generation (:class:`StageSampler`, on stderr)."""
     if second_job:
         from heygem.pipeline import generate
 
         generate(video, audio, output, overrides={"engine.name": engine, **overrides})
+    from contextlib import nullcontext
+
     started = time.perf_counter()
-    with MemorySampler() as memory:
+    with MemorySampler() as memory, (StageSampler(profile_stage) if profile_stage else nullcontext()) as sampler:
         from heygem.pipeline import generate
 
         summary = generate(video, audio, output, overrides={"engine.name": engine, **overrides})
     elapsed = time.perf_counter() - started
+    if sampler is not None:
+        print(sampler.report(), file=sys.stderr)
     peak_vram = 0
     import torch
 
@@ -301,13 +358,15 @@ def main() -> None:
     parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("OPTION", "VALUE"),
                         help="an option for every configuration, e.g. --set media.preset ultrafast "
                              "(VALUE is read as YAML: 3, true, fp16)")
-    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-stage", default="", metavar="STAGE",
+                        help="print where that stage's thread (e.g. render) spent the timed job, sampled")
+    parser.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        video, audio, output, engine, overrides, second_job = args.child
+        video, audio, output, engine, overrides, second_job, profile_stage = args.child
         print("RESULT " + json.dumps(run_one(Path(video), Path(audio), Path(output), engine, json.loads(overrides),
-                                             second_job == "yes")))
+                                             second_job == "yes", profile_stage)))
         return
 
     width, height = (int(v) for v in args.size.lower().split("x"))
@@ -358,13 +417,16 @@ def main() -> None:
                 shutil.rmtree(folder / "avatar-cache", ignore_errors=True)
             child = subprocess.run(
                 [sys.executable, __file__, "--child", str(video), str(audio), str(folder / "out.mp4"), engine,
-                 json.dumps(overrides), "yes" if name.endswith("second job") else "no"],
+                 json.dumps(overrides), "yes" if name.endswith("second job") else "no", args.profile_stage],
                 env=environment, capture_output=True, text=True)
             result_lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
             if child.returncode != 0 or not result_lines:
                 print(f"| {name} | failed: {(child.stderr.strip().splitlines() or ['?'])[-1]} |")
                 continue
             result = json.loads(result_lines[-1][len("RESULT "):])
+            if args.profile_stage:
+                report = child.stderr[child.stderr.find("heygem-" + args.profile_stage + ":"):]
+                print(f"{name}, {report}", file=sys.stderr)
             stages = ", ".join(_stage_time(stage, value, result["stage_cpu"].get(stage))
                                for stage, value in result["stages"].items() if value >= 0.05)
             label = name if seconds == args.seconds else f"{name} ({seconds:g} s input)"

@@ -3,6 +3,7 @@
     python bench/bench_presenters.py [--seconds 20] [--size 640x360] [--output-height 0] [--runs 3]
                                      [--engine landmark|wav2lip|musetalk] [--weights DIR]
                                      [--musetalk-size full|reduced] [--markdown OUT.md]
+                                     [--text [--voice piper|clone] [--voice-folder DIR] [--voice-size full|reduced]]
 
 Makes a ``--seconds`` clip of the bundled portrait drifting (``--size``, 25 fps) and speech of the same
 length (the English sample looped), prepares the clip as a presenter (heygem.presenters: the checks, the
@@ -20,6 +21,14 @@ Each job streams as a server's jobs do (``media.stream``); measured from the cal
 segment listed (heygem.media.stream.listed_segments, polled every 5 ms) and done. wav2lip and musetalk run
 random-init files in the official layouts unless ``--weights`` names real ones. Prints a Markdown table of
 the medians.
+
+``--text``: the jobs are typed scripts instead (heygem.spoken.generate_spoken, as a text job runs: sentence by
+sentence, the first part rendered while the rest is spoken), about ``--seconds`` of speech, in the bundled
+Piper voice or ``--voice clone`` (VibeVoice through transformers; the files of ``--voice-folder``, else
+random-init ones of ``--voice-size`` written for the run; the presenter's kept speech sample, else the
+bundled English sample, as the voice to clone). A random-init voice model stops wherever it likes, so it is
+made to speak each sentence for ``--sentence-frames`` audio frames (30: 4 s, about what the script's sentences
+take when spoken).
 """
 
 from __future__ import annotations
@@ -59,16 +68,26 @@ def stored_latents(cache: Path) -> int:
     return sum(1 for _ in (cache / "latents").glob("*/*.npy"))
 
 
-def timed_job(face: Path, speech: Path, output: Path, overrides: dict) -> dict:
-    """One job with its stream: seconds to the first listed segment and to done, and its summary."""
+SCRIPT = ("Welcome to the weekly update. Our team shipped the new streaming player this week. "
+          "It starts playing as soon as the first second of video is ready. ")
+
+
+def timed_job(face: Path, speech: Path | str, output: Path, overrides: dict, text_options: dict | None = None) -> dict:
+    """One job with its stream: seconds to the first listed segment and to done, and its summary. With
+    ``text_options`` (generate_spoken's voice options) ``speech`` is the script to speak."""
     from heygem.media.stream import listed_segments, stream_folder
     from heygem.pipeline import generate
+    from heygem.spoken import generate_spoken
 
     finished: dict = {}
 
     def run() -> None:
         try:
-            finished["summary"] = generate(face, speech, output, overrides={"media.stream": True, **overrides})
+            options = {"media.stream": True, **overrides}
+            if text_options is None:
+                finished["summary"] = generate(face, speech, output, overrides=options)
+            else:
+                finished["summary"] = generate_spoken(face, speech, output, overrides=options, **text_options)[0]
         except BaseException as error:  # shown by the caller
             finished["error"] = error
 
@@ -99,6 +118,13 @@ def main() -> None:
     parser.add_argument("--weights", type=Path, default=None, help="real checkpoints (default: random-init files)")
     parser.add_argument("--musetalk-size", choices=("full", "reduced"), default="full")
     parser.add_argument("--markdown", type=Path, default=None)
+    parser.add_argument("--text", action="store_true", help="typed scripts instead of a speech file")
+    parser.add_argument("--voice", choices=("piper", "clone"), default="piper", help="the scripts' voice (--text)")
+    parser.add_argument("--voice-folder", type=Path, default=None,
+                        help="VibeVoice files for --voice clone (default: random-init files written for the run)")
+    parser.add_argument("--voice-size", choices=("full", "reduced"), default="full")
+    parser.add_argument("--sentence-frames", type=int, default=30,
+                        help="audio frames of each sentence of the random-init voice (7.5 a second; 30: 4 s)")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="heygem-bench-presenters-"))
@@ -134,29 +160,49 @@ def main() -> None:
             tracked.append(time.perf_counter() - started)
 
     presenter = prepare(store, store.create(clip, "bench"), progress=progress)
+    text_options = None
+    if args.text:
+        speech = " ".join([SCRIPT] * max(1, round(args.seconds / 10)))  # about 10 s of speech a paragraph
+        text_options = {}
+        if args.voice == "clone":
+            voice_folder = args.voice_folder
+            if voice_folder is None:
+                from heygem.speech.clone_files import write_random_files
+
+                voice_folder = write_random_files(folder / "weights" / "vibevoice", size=args.voice_size)
+            sample = presenter.sample_path or REPO / "assets" / "speech_en.wav"
+            if args.voice_folder is None:  # each sentence exactly --sentence-frames frames long
+                from heygem.speech.clone import cloned_voice, model_folder
+                from heygem.speech.clone_files import forced_frames
+
+                voice = cloned_voice(model_folder(voice_folder.parent), sample)
+                voice.logits_processors = [forced_frames(voice.model.model.config, args.sentence_frames)]
+            text_options = {"voice": "clone", "voice_sample": sample, "weights_folder": voice_folder.parent}
     prepared_seconds = time.perf_counter() - started
     print(f"presenter prepared in {prepared_seconds:.1f} s (track {tracked[0] if tracked else 0.0:.1f} s): "
           f"{', '.join(presenter.prepared)}", flush=True)
     config = presenter_config(presenter.face_index, apply_overrides(load_config(), options))  # the jobs' own
 
-    timed_job(clip, speech, folder / "warm-up.mp4", {**options, "run.avatar_cache": False})  # the engine, kept
+    # the engine (and the voice) loaded, kept
+    timed_job(clip, speech, folder / "warm-up.mp4", {**options, "run.avatar_cache": False}, text_options)
     ways = {"presenter": [], "new upload": []}
     latents_before = stored_latents(folder / "avatar-cache")
     for run in range(args.runs):
         face = use_for_job(presenter, config)
-        made = timed_job(face, speech, folder / f"presenter-{run}.mp4", job_options(presenter, options))
+        made = timed_job(face, speech, folder / f"presenter-{run}.mp4", job_options(presenter, options), text_options)
         assert made["avatar_cache"] == "hit", made["avatar_cache"]
         if run == 0 and args.engine == "musetalk":  # the new uploads keep none (run.avatar_cache off)
             print(f"crop latents the presenter's first job encoded: "
                   f"{stored_latents(folder / 'avatar-cache') - latents_before}", flush=True)
         ways["presenter"].append(made)
         ways["new upload"].append(timed_job(clip, speech, folder / f"new-{run}.mp4",
-                                            {**options, "run.avatar_cache": False}))
+                                            {**options, "run.avatar_cache": False}, text_options))
 
     frames = ways["presenter"][0]["frames"]
     lines = [f"{machine_description()}; {args.engine}; a {args.size} clip of {args.seconds:g} s prepared as a "
              f"presenter in {prepared_seconds:.1f} s ({', '.join(presenter.prepared)}); jobs of {frames} frames "
-             f"(output height {args.output_height or height}), engine kept, median of {args.runs}:", "",
+             f"(output height {args.output_height or height}), engine kept, median of {args.runs}"
+             + (f"; typed scripts, voice {args.voice}" if args.text else "") + ":", "",
              "| face | first streamed segment (s) | done (s) | faces stage (s) |", "| --- | --- | --- | --- |"]
     for name, measured in ways.items():
         lines.append(f"| {name} | {statistics.median(job['first'] for job in measured):.2f} | "

@@ -161,9 +161,11 @@ def face_canvas(frame_index, boxes, frame_height: int, frame_width: int, device:
 
 
 def to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
-    """A host array as a tensor on ``device`` without waiting for the work queued there: CUDA copies
+    """A small host array as a tensor on ``device`` without waiting for the work queued there: CUDA copies
     pageable memory to its own staging buffer before the call returns, so the array may change
-    afterwards (a blocking copy would wait for the GPU to finish everything queued first)."""
+    afterwards (a blocking copy would wait for the GPU to finish everything queued first). Not for large
+    arrays (megabytes): those pass through several staging buffers, each waiting for the work queued before
+    it; copy them from page-locked memory instead."""
     return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
 

@@ -255,10 +255,14 @@ def paste_faces(planes: torch.Tensor, boxes: np.ndarray, faces_bgr: torch.Tensor
     canvas = gpu_blend.face_canvas(frame_index, boxes, height, width, planes.device)
     offsets = boxes[:, :2] - host.origin.numpy()  # (F, 2) x, y of each box on its canvas
     sizes = boxes[:, 2:] - boxes[:, :2]  # (F, 2) width, height
-    mask_canvas = np.zeros((len(boxes), 1, host.height, host.width), np.float32)
+    # page-locked on a GPU: a copy from pageable memory goes through the driver's small staging buffers, each
+    # waiting for the work queued before it (the networks), which held this thread for half its time
+    mask_host = torch.zeros((len(boxes), 1, host.height, host.width), dtype=torch.float32,
+                            pin_memory=planes.device.type == "cuda")
+    mask_view = mask_host.numpy()
     for index, ((x, y), (w, h), mask) in enumerate(zip(offsets, sizes, masks)):
-        mask_canvas[index, 0, y:y + h, x:x + w] = mask
-    mask_canvas = gpu_blend.to_device(mask_canvas, planes.device)
+        mask_view[index, 0, y:y + h, x:x + w] = mask
+    mask_canvas = mask_host.to(planes.device, non_blocking=True)  # (F, 1, Hc, Wc)
     y, u, v = gpu_blend.gather_canvas(planes, canvas)
     regions = gpu_blend.i420_to_bgr(y, u, v)  # (F, 3, Hc, Wc) BGR in 0..255
     size = faces_bgr.shape[-1]

@@ -125,7 +125,13 @@ def main() -> None:
     parser.add_argument("--voice-size", choices=("full", "reduced"), default="full")
     parser.add_argument("--sentence-frames", type=int, default=30,
                         help="audio frames of each sentence of the random-init voice (7.5 a second; 30: 4 s)")
+    parser.add_argument("--log", action="store_true", help="show heygem's log lines, with the seconds since the start")
     args = parser.parse_args()
+    if args.log:
+        import logging
+
+        logging.basicConfig(format="%(relativeCreated)8.0f ms %(threadName)s: %(message)s")
+        logging.getLogger("heygem").setLevel(logging.INFO)
 
     folder = Path(tempfile.mkdtemp(prefix="heygem-bench-presenters-"))
     os.environ["HEYGEM_CACHE_DIR"] = str(folder / "avatar-cache")

@@ -190,6 +190,18 @@ def inference_context(device, precision: str = "auto") -> Iterator[None]:
                 yield
 
 
+def upload(tensor, device):
+    """``tensor`` (on the CPU) on ``device``, the copy queued behind the work there rather than waited for: on a
+    GPU it goes through page-locked memory (torch's cached pinned blocks, kept until the copy is done). A copy
+    from pageable memory larger than the driver's staging buffer waits for all the work queued before it, and
+    a thread that feeds the GPU would then leave it idle while it prepares the next batch."""
+    if getattr(device, "type", device) != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    if not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """True when ``error`` means an allocation failed (GPU or CPU), so a smaller batch may work."""
     torch = sys.modules.get("torch")  # whoever raised a torch error has imported it already

@@ -41,7 +41,7 @@ from heygem.engines.musetalk.model_step import MouthModelStep, encode_faces
 from heygem.engines.musetalk.network_copy import NetworkCopy
 from heygem.face import avatar_cache
 from heygem.render.blend import lower_face_mask
-from heygem.runtime.device import autocast_dtype, configure_backends, pick_device
+from heygem.runtime.device import autocast_dtype, configure_backends, pick_device, upload
 from heygem.runtime.kept import file_identity
 from heygem.types import Box, Face, FacePatch
 
@@ -201,7 +201,7 @@ class MuseTalkEngine:
     def generate_faces(self, unet_input_latents: torch.Tensor, audio_windows: torch.Tensor) -> torch.Tensor:
         """(B, 8, 32, 32) latents and (B, 50, 384) audio features -> (B, 3, 256, 256) float RGB in [0, 1]."""
         self.wait_until_warm()
-        return self.step(unet_input_latents.to(self.device), audio_windows.to(self.device))
+        return self.step(upload(unet_input_latents, self.device), upload(audio_windows, self.device))
 
     def face_crops(self, frames_bgr, faces: list[Face | None]) -> tuple[list[int], list[Box], np.ndarray]:
         """(rows of the frames whose face has a box, MuseTalk's box of each, (F, 256, 256, 3) uint8 BGR crops)

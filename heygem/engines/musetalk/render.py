@@ -225,9 +225,12 @@ def bilinear_matrices(source_size: int, lengths: np.ndarray, offsets: np.ndarray
     """(F, target_size, source_size) float32: each face's resize of one axis as cv2.resize's default
     (INTER_LINEAR, pixel centres aligned, the border pixel repeated) from ``source_size`` samples to
     ``lengths[f]`` samples at ``offsets[f]`` of a ``target_size`` axis; zero rows elsewhere."""
-    lengths = torch.as_tensor(lengths, dtype=torch.float64, device=device)[:, None]  # (F, 1)
-    target = torch.arange(target_size, dtype=torch.float64, device=device) - torch.as_tensor(
-        offsets, dtype=torch.float64, device=device)[:, None]  # (F, T)
+    from heygem.render.gpu_blend import to_device
+
+    # queued, not waited for (torch.as_tensor onto a GPU waits for everything queued there, the networks included)
+    lengths = to_device(np.asarray(lengths, np.float64), device)[:, None]  # (F, 1)
+    target = torch.arange(target_size, dtype=torch.float64, device=device) - to_device(
+        np.asarray(offsets, np.float64), device)[:, None]  # (F, T)
     inside = (target >= 0) & (target < lengths)
     centre = ((target + 0.5) * (source_size / lengths) - 0.5).clamp_(min=0.0)  # (F, T)
     start = torch.floor(centre)

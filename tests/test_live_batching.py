@@ -161,3 +161,22 @@ def test_an_error_fails_only_the_frames_it_concerns(checkpoint, requests, patien
     finally:
         for step in steps:
             step.close()
+
+
+def test_the_video_frames_of_all_sessions_fall_due_together():
+    import asyncio
+
+    from heygem.live.tracks import _Pacer
+
+    async def two_tracks():
+        first = _Pacer(0.04, on_grid=True)
+        due_first = [await first.next_due() for _ in range(2)]
+        await asyncio.sleep(0.013)  # a session that starts a little later
+        second = _Pacer(0.04, on_grid=True)
+        return due_first, [await second.next_due() for _ in range(2)]
+
+    due_first, due_second = asyncio.run(two_tracks())
+    for _, due in due_first + due_second:
+        periods = (due - due_first[0][1]) / 0.04
+        assert abs(periods - round(periods)) < 1e-6, "every frame on the one grid of frame times"
+    assert [index for index, _ in due_second] == [0, 1]

@@ -3,8 +3,9 @@ draws the mouths due in every session on it with one engine call.
 
 Each session holds a seat at its engine (:func:`take_seat`). Its render thread hands the seat its request (the
 frame, the face, the sound: what the engine's batch function reads) and waits; the engine's thread takes every
-request waiting once each seated session has handed one in, or GATHER_SECONDS after the first came (so one
-slow session does not hold the others up), runs the batch function on all of them at once and hands each
+request waiting once each seated session has handed one in, or GATHER_SECONDS after the first came (or after
+the last call ended, for requests that waited through it), so that one slow session does not hold the others
+up, runs the batch function on all of them at once and hands each
 session its result. The sessions' frames fall due together (heygem.live.tracks puts every video track on
 one grid of frame times), so at 25 frames a second the engine runs about 25 calls a second whatever the
 number of sessions, each on as many faces as there are sessions, instead of a call per face: a network on a
@@ -53,12 +54,14 @@ class SharedEngine:
         self.engine = engine
         self.batch_function = batch_function
         self.gather_seconds = GATHER_SECONDS if gather_seconds is None else gather_seconds
-        self.calls = 0  # batch function calls run (for the log and the tests)
+        self.calls = 0  # batch function calls run
+        self.frames = 0  # requests they served
         self._seats: set[int] = set()
         self._next_seat = 0
         self._waiting: list[_Request] = []
         self._changed = threading.Condition()
         self._ended = False
+        self._last_call_end = 0.0  # monotonic time the last call ended
         self._thread = threading.Thread(target=self._run, name=f"heygem-live-{key[0]}", daemon=True)
         self._thread.start()
 
@@ -95,7 +98,9 @@ class SharedEngine:
                 while not self._waiting and self._seats:
                     self._changed.wait()
                 if self._waiting:
-                    deadline = self._waiting[0].arrived + self.gather_seconds
+                    # from the first request's arrival, or from the last call's end for requests that waited
+                    # through it (their sessions' next frames come back out of step with the others otherwise)
+                    deadline = max(self._waiting[0].arrived, self._last_call_end) + self.gather_seconds
                     while not self._seats <= {request.seat for request in self._waiting}:
                         left = deadline - time.monotonic()
                         if left <= 0:
@@ -109,6 +114,8 @@ class SharedEngine:
                 if self._seats or self._waiting:
                     continue
                 self._ended = True
+                logger.info("live %s: no session left after %d calls on %d frames (%.2f a call); kept loaded",
+                            self.key[0], self.calls, self.frames, self.frames / max(1, self.calls))
                 if _SHARED.get(self.key) is self:
                     del _SHARED[self.key]
                 idle = _IDLE.setdefault(self.key, [])
@@ -119,6 +126,7 @@ class SharedEngine:
     def _run(self) -> None:
         while (batch := self._gather()) is not None:
             self.calls += 1
+            self.frames += len(batch)
             try:
                 results = self.batch_function([request.item for request in batch])
                 if len(results) != len(batch):
@@ -126,6 +134,7 @@ class SharedEngine:
             except Exception as error:  # noqa: BLE001 - the call's error goes to each session of the call
                 logger.warning("live %s: a call on %d frame(s) failed: %s", self.key[0], len(batch), error)
                 results = [error] * len(batch)
+            self._last_call_end = time.monotonic()
             for request, result in zip(batch, results):
                 if isinstance(result, BaseException):
                     request.error = result
@@ -169,3 +178,9 @@ def take_seat(key: tuple, load: Callable[[], object], batch_function_of: Callabl
             shared = SharedEngine(key, engine, batch_function_of(engine))
             _SHARED[key] = shared
         return Seat(shared)
+
+
+def engines_in_use() -> list[tuple[str, int, int, int]]:
+    """(engine name, sessions seated, calls run, frames drawn) of each shared engine in use."""
+    with _REGISTRY_LOCK:
+        return [(key[0], len(shared._seats), shared.calls, shared.frames) for key, shared in _SHARED.items()]

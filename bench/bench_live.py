@@ -10,8 +10,8 @@ once on the bundled portrait; for each:
 
 - first frame: seconds from the POST /api/live to the first video frame received;
 - fps: frames received per second (the session sends 25);
-- mouth delay: glass-to-glass, the lag at which the received mouth's motion best follows the sent speech's
-  loudness (cross-correlated, 10 ms steps), and that correlation;
+- mouth delay: glass-to-glass, the lag at which the received mouth's opening (how far its box is from the
+  mouth at rest) best follows the sent speech's loudness (cross-correlated, 10 ms steps), and that correlation;
 - sound delay: the same for the sound received against the sound sent; mouth - sound is how far the mouth
   is from its sound (what the viewer sees; positive: the mouth is late);
 - frames a call: the frames the sessions' shared engine drew per engine call, mid-run (nan for the landmark

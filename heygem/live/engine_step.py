@@ -7,8 +7,10 @@ cuts it), or, with ``mel_columns`` 0, the timeline's samples from ``sound_before
 features; ``lookahead`` is the sound after a frame's time it waits for, which the session's delay follows.
 A step drives an engine's own public methods and the same blend a job uses, a frame at a time; adding an
 engine to live mode is one class here and one line in :data:`LIVE_STEPS`. The landmark engine draws on the
-CPU; Wav2Lip and MuseTalk run live where a GPU is (on the CPU their networks draw fewer than 25 faces a
-second, so ``--live-engine auto`` keeps the landmark engine there, and ``--live-engine NAME`` forces one).
+CPU, in each session's thread; Wav2Lip's and MuseTalk's steps hand their frames to the engine the sessions on
+the same files share (heygem.live.batching), whose batch functions here draw every due face in one call.
+Wav2Lip and MuseTalk run live where a GPU is (on the CPU their networks draw fewer than 25 faces a second, so
+``--live-engine auto`` keeps the landmark engine there, and ``--live-engine NAME`` forces one).
 """
 
 from __future__ import annotations

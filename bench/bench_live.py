@@ -10,12 +10,16 @@ once on the bundled portrait; for each:
 
 - first frame: seconds from the POST /api/live to the first video frame received;
 - fps: frames received per second (the session sends 25);
-- mouth delay: glass-to-glass, the lag at which the received mouth's motion best follows the sent speech's
-  loudness (cross-correlated, 10 ms steps), and that correlation;
+- mouth delay: glass-to-glass, the lag at which the received mouth's opening (how far its box is from the
+  mouth at rest) best follows the sent speech's loudness (cross-correlated, 10 ms steps), and that correlation;
 - sound delay: the same for the sound received against the sound sent; mouth - sound is how far the mouth
-  is from its sound (what the viewer sees; positive: the mouth is late).
+  is from its sound (what the viewer sees; positive: the mouth is late);
+- frames a call: the frames the sessions' shared engine drew per engine call, mid-run (nan for the landmark
+  engine, which draws in each session's thread).
 
-Prints a Markdown table. On a GPU machine ``--sessions N`` counts how many sessions hold 25 fps each, and
+Prints a Markdown table. The server allows ``--sessions`` sessions (as app.py's --max-live N), so the sessions
+on one engine share it with a batch of N faces a call (heygem.live.batching; at most 8). On a GPU machine
+``--sessions N`` counts how many sessions hold 25 fps each (read "fps" and "lowest fps of any session"), and
 ``--engine wav2lip`` runs the sessions on the Wav2Lip checkpoint found in the weights folder (weights/, or
 $HEYGEM_WEIGHTS), on the GPU: a random-init checkpoint in the public layout
 (``--random-wav2lip``) costs the same time per frame as a trained one. ``--engine musetalk`` runs them on the
@@ -58,8 +62,23 @@ def sound_delay(result, step: float = 0.01, most: float = 1.0) -> float:
     return best[0]
 
 
+async def frames_a_call(seconds: float) -> float:
+    """Frames the shared engines drew per call over ``seconds`` (heygem.live.batching), from a second in."""
+    from heygem.live.batching import engines_in_use
+
+    await asyncio.sleep(1.0 + seconds / 4)  # the sessions started and their rates ramped up
+    before = {name: (calls, frames) for name, _, calls, frames in engines_in_use()}
+    await asyncio.sleep(seconds / 2)
+    calls = frames = 0
+    for name, _, now_calls, now_frames in engines_in_use():
+        first_calls, first_frames = before.get(name, (0, 0))
+        calls, frames = calls + now_calls - first_calls, frames + now_frames - first_frames
+    return frames / calls if calls else float("nan")  # nan: an engine that draws in each session's thread
+
+
 async def run(url: str, speech: np.ndarray, seconds: float, sessions: int, box) -> list[dict]:
-    results = await asyncio.gather(*(talk(url, speech, seconds, mouth_box=box) for _ in range(sessions)))
+    *results, per_call = await asyncio.gather(*(talk(url, speech, seconds, mouth_box=box) for _ in range(sessions)),
+                                              frames_a_call(seconds))
     rows = []
     for result in results:
         times = [when for when, _ in result.frames]
@@ -70,6 +89,7 @@ async def run(url: str, speech: np.ndarray, seconds: float, sessions: int, box) 
                      "fps": (len(settled) - 1) / (settled[-1] - settled[0]),
                      "mouth delay s": lag, "correlation": correlation, "sound delay s": sound,
                      "mouth - sound s": lag - sound, "server delay s": result.answer["delay_seconds"],
+                     "frames a call": per_call,
                      "engine": result.answer["engine"], "reason": result.answer["engine_reason"]})
     return rows
 
@@ -128,13 +148,13 @@ def main() -> None:
     box = portrait_mouth_box(args.height)
     rows = []
     with serving(Path(tempfile.mkdtemp(prefix="bench-live-")),
-                 live=LiveSettings(max_sessions=0, output_height=args.height, engine=args.engine)) as url:
+                 live=LiveSettings(max_sessions=args.sessions, output_height=args.height, engine=args.engine)) as url:
         for number in range(args.runs):
             found = asyncio.run(run(url, speech, args.seconds, args.sessions, box))
             if number > 0 or args.runs == 1:
                 rows += found
     columns = ["first frame s", "fps", "mouth delay s", "correlation", "sound delay s", "mouth - sound s",
-               "server delay s"]
+               "server delay s", "frames a call"]
     print(f"{args.sessions} session(s), {args.height}p, engine {rows[0]['engine']} ({rows[0]['reason']}), "
           f"median of {len(rows)}:")
     print("| " + " | ".join(columns) + " |")

@@ -8,6 +8,8 @@ The same engines and render steps as a job, driven frame by frame instead of bat
 - face: the presenter's frames and faces for a session (the saved track, or tracked once at the start);
 - engine_step: the small interface a session's engine runs behind (one frame and the sound it reads in, one
   frame out) and the steps of the landmark engine, Wav2Lip and MuseTalk; which engine a session runs, and why;
+- batching: one engine and one thread shared by the sessions on the same engine and files, drawing their due
+  frames in one engine call;
 - tracks: aiortc tracks whose ``recv()`` paces the output: video at the output rate, the sound delayed
   by as much as the video, so that each mouth meets its sound;
 - sessions: the sessions of a server, their cap, their end (the peer gone, or silence for too long);

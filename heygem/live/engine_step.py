@@ -7,15 +7,18 @@ cuts it), or, with ``mel_columns`` 0, the timeline's samples from ``sound_before
 features; ``lookahead`` is the sound after a frame's time it waits for, which the session's delay follows.
 A step drives an engine's own public methods and the same blend a job uses, a frame at a time; adding an
 engine to live mode is one class here and one line in :data:`LIVE_STEPS`. The landmark engine draws on the
-CPU; Wav2Lip and MuseTalk run live where a GPU is (on the CPU their networks draw fewer than 25 faces a
-second, so ``--live-engine auto`` keeps the landmark engine there, and ``--live-engine NAME`` forces one).
+CPU, in each session's thread; Wav2Lip's and MuseTalk's steps hand their frames to the engine the sessions on
+the same files share (heygem.live.batching), whose batch functions here draw every due face in one call.
+Wav2Lip and MuseTalk run live where a GPU is (on the CPU their networks draw fewer than 25 faces a second, so
+``--live-engine auto`` keeps the landmark engine there, and ``--live-engine NAME`` forces one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import threading
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -26,6 +29,7 @@ from heygem.config import Config
 from heygem.engines import ENGINES, choose_engine
 from heygem.errors import HeygemError
 from heygem.live.audio_in import SAMPLE_RATE, SoundWindow, lookahead_seconds
+from heygem.live.batching import take_seat
 from heygem.media.frames import paste_i420_window, write_region_i420, yuv420_to_bgr
 from heygem.render.blend import blend_patch
 from heygem.runtime.device import gpu_expected
@@ -63,7 +67,7 @@ class LandmarkStep:
     sound_before = 0.0
     lookahead = lookahead_seconds(mel_columns)  # 0.1125 s
 
-    def __init__(self, config: Config, fps: float, weights: Path | None = None):
+    def __init__(self, config: Config, fps: float, weights: Path | None = None, batch_size: int = 1):
         from heygem.engines.landmark.engine import LandmarkEngine
 
         self.engine = LandmarkEngine(config.engine, fps, workers=0)
@@ -82,43 +86,85 @@ class LandmarkStep:
 
 
 class Wav2LipStep:
-    """The Wav2Lip generator on one frame at a time (heygem.engines.wav2lip.engine.Wav2LipEngine.generate on a
-    batch of one: the 96x96 mouth scaled to the face box), blended into the frame as a job's CPU path blends
-    it (heygem.render.blend), without a restorer. Its mel window is a job's: the 16 columns (0.2 s) starting
-    at the frame's time, which the generator was trained on, so a frame waits 0.21 s for its sound. A window
-    centred on the frame would wait 0.1 s less but show each mouth 0.1 s after its sound, which viewers
-    notice (sound ahead of the picture shows from ~45 ms)."""
+    """The Wav2Lip generator, one frame at a time for the session and in one batch with the other sessions' due
+    frames (heygem.live.batching: the sessions on one checkpoint share one generator and one thread, whose
+    call is Wav2LipEngine.generate on every due face, the 96x96 mouths scaled to their face boxes), blended into
+    the frame as a job's CPU path blends it (heygem.render.blend), without a restorer. Its mel window is a job's:
+    the 16 columns (0.2 s) starting at the frame's time, which the generator was trained on, so a frame waits
+    0.21 s for its sound. A window centred on the frame would wait 0.1 s less but show each mouth 0.1 s after
+    its sound, which viewers notice (sound ahead of the picture shows from ~45 ms)."""
 
     name = "wav2lip"
     mel_columns = MEL_WINDOW  # 16
     sound_before = 0.0
     lookahead = lookahead_seconds(mel_columns)  # 0.2125 s
 
-    def __init__(self, config: Config, fps: float, weights: Path | None = None):
+    def __init__(self, config: Config, fps: float, weights: Path | None = None, batch_size: int = 1):
         from heygem.engines.wav2lip.engine import Wav2LipEngine
 
         if weights is None:
             raise HeygemError(ENGINES["wav2lip"].missing_weights())
-        # one face a pass: the generator's fixed batch (and its CUDA graph) is one frame, not a job's 64
-        options = dataclasses.replace(config.engine, batch_size=1)
+        # the generator's fixed batch (and its CUDA graph): the sessions drawn in one call, not a job's 64
+        options = dataclasses.replace(config.engine, batch_size=batch_size)
         stat = Path(weights).stat()
-        self.key = ("wav2lip", str(Path(weights).resolve()), stat.st_mtime_ns, stat.st_size, options.device,
-                    options.precision, options.cuda_graph, options.cudnn, options.deterministic)
-        self.engine = _take_idle(self.key)
-        if self.engine is None:  # loading, moving to the GPU and capturing the graph: a second or two
-            self.engine = Wav2LipEngine(weights, options)
+        key = ("wav2lip", str(Path(weights).resolve()), stat.st_mtime_ns, stat.st_size, options.device,
+               options.precision, options.cuda_graph, options.cudnn, options.deterministic, batch_size, fps)
+        # loading, moving to the GPU and capturing the graph (a second or two) when no session has it loaded
+        self.seat = take_seat(key, lambda: Wav2LipEngine(weights, options),
+                              lambda engine: functools.partial(wav2lip_mouths, engine, fps))
         self.blend = config.blend
-        self.fps = fps
+
+    @property
+    def engine(self):
+        return self.seat.engine
 
     def render(self, frame_i420: np.ndarray, face: Face | None, mel_window: np.ndarray) -> np.ndarray:
-        return mouth_into_frame(frame_i420, face, self.blend, lambda frame_bgr: self.engine.generate(EngineBatch(
-            frame_indices=np.zeros(1, np.int64), frames_bgr=frame_bgr[None], faces=[face],
-            mel_windows=mel_window[None], fps=self.fps))[0])
+        return mouth_into_frame(frame_i420, face, self.blend,
+                                lambda frame_bgr: self.seat.draw(MouthRequest(frame_bgr, face, mel_window)))
 
     def close(self) -> None:
-        """The generator is kept for the next session on the same checkpoint (KEEP_IDLE at most)."""
-        engine, self.engine = self.engine, None
-        _keep_idle(self.key, engine)
+        """The session leaves the generator; the last to leave keeps it loaded for the next session."""
+        self.seat.leave()
+
+
+@dataclass(frozen=True)
+class MouthRequest:
+    """One session's due frame, as its step hands it to the shared engine (heygem.live.batching)."""
+
+    frame_bgr: np.ndarray  # (H, W, 3) uint8 BGR
+    face: Face
+    sound: np.ndarray | SoundWindow  # the step's sound: a mel window (80, columns) or the samples around the frame
+    kept: object = None  # the session's own state the engine's batch reads and keeps (MuseTalk: WhisperWindows)
+
+
+def by_frame_size(requests: list[MouthRequest]) -> dict[tuple, list[int]]:
+    """The requests' positions grouped by their frames' size: an engine call takes frames of one size."""
+    groups: dict[tuple, list[int]] = {}
+    for index, request in enumerate(requests):
+        groups.setdefault(request.frame_bgr.shape, []).append(index)
+    return groups
+
+
+def wav2lip_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
+    """The patch (or None) of each request, from one Wav2LipEngine.generate on all of them (one per frame
+    size); a request whose mel window is not (80, 16) gets its error instead, the others their patches."""
+    results: list = [None] * len(requests)
+    usable = []  # positions of the requests with a mel window of the generator's size
+    for index, request in enumerate(requests):
+        if np.shape(request.sound) != (80, MEL_WINDOW):
+            results[index] = ValueError(f"a Wav2Lip frame reads an (80, {MEL_WINDOW}) mel window, "
+                                        f"not {np.shape(request.sound)}")
+        else:
+            usable.append(index)
+    for rows in by_frame_size([requests[index] for index in usable]).values():
+        rows = [usable[row] for row in rows]
+        patches = engine.generate(EngineBatch(
+            frame_indices=np.zeros(len(rows), np.int64), frames_bgr=np.stack([requests[row].frame_bgr for row in rows]),
+            faces=[requests[row].face for row in rows], fps=fps,
+            mel_windows=np.stack([requests[row].sound for row in rows])))  # (F, H, W, 3) frames, (F, 80, 16) mels
+        for row, patch in zip(rows, patches):
+            results[row] = patch
+    return results
 
 
 def mouth_into_frame(frame_i420: np.ndarray, face: Face | None, blend, patch_of) -> np.ndarray:
@@ -145,14 +191,18 @@ MUSETALK_FRAMES_PER_FEATURES = 2  # frames whose Whisper windows one encoder pas
 
 
 class MuseTalkStep:
-    """MuseTalk on one frame at a time: the engine's own public methods (heygem.engines.musetalk.engine:
-    ``audio_features``, then ``patches``: the crop's latents from memory or the avatar cache, the UNet
-    and the decoder on a batch of one), blended into the frame as a job's CPU path blends it.
+    """MuseTalk, one frame at a time for the session and in one batch with the other sessions' due frames
+    (heygem.live.batching: the sessions on the same files share one engine and one thread), through the
+    engine's own public methods (heygem.engines.musetalk.engine: ``patches``: the crops' latents from memory
+    or the avatar cache, the UNet and the decoder on every due face at once), blended into the frame as a
+    job's CPU path blends it.
 
     Its mouths read Whisper's encoder states, not mel windows: the step takes the timeline's samples and
-    runs the encoder itself, once every MUSETALK_FRAMES_PER_FEATURES frames, on the sound from
-    MUSETALK_CONTEXT_SECONDS (whole frames) before the first of them to MUSETALK_SOUND_AFTER after the last (one
-    30 s encoder pass whatever its length: Whisper pads to 30 s), and keeps the windows of those frames.
+    the shared thread runs the encoder on them, once every MUSETALK_FRAMES_PER_FEATURES frames of a session,
+    on the sound from MUSETALK_CONTEXT_SECONDS (whole frames) before the first of them to
+    MUSETALK_SOUND_AFTER after the last (one 30 s encoder pass whatever its length: Whisper pads to 30 s),
+    and keeps the windows of those frames (:class:`WhisperWindows`); the sessions that need a pass in the
+    same call share one encoder call (:func:`whisper_passes`).
     A frame's window is 10 rows of 20 ms, 2 frames each side of its own 40 ms at 25 fps: it ends 0.12 s
     after the frame's time, and Whisper's two 3-wide convolutions over 25 ms STFT windows reach 12.5 ms
     beyond, 0.1325 s, rounded up to a whole row: 0.14 s. The encoder's attention spans its whole input, so
@@ -162,79 +212,116 @@ class MuseTalkStep:
     name = "musetalk"
     mel_columns = 0
 
-    def __init__(self, config: Config, fps: float, weights: Path | None = None):
+    def __init__(self, config: Config, fps: float, weights: Path | None = None, batch_size: int = 1):
         from heygem.engines.musetalk.engine import MuseTalkEngine
         from heygem.engines.musetalk.files import find_musetalk_files
 
         files = find_musetalk_files(weights) if weights is not None else None
         if files is None:
             raise HeygemError(ENGINES["musetalk"].missing_weights())
-        # one face a pass: the step's fixed batch (and its CUDA graph) is one frame, not a job's
-        options = dataclasses.replace(config.engine, batch_size=1)
+        # the step's fixed batch (and its CUDA graph): the sessions drawn in one call, not a job's
+        options = dataclasses.replace(config.engine, batch_size=batch_size)
         use_cache, feather = config.run.avatar_cache, config.blend.feather
-        self.key = ("musetalk", *files.identity, options.device, options.precision, options.cuda_graph,
-                    options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
-                    options.musetalk_cheek_width, use_cache, feather)
-        self.engine = _take_idle(self.key)
-        if self.engine is None:  # loading, moving to the GPU, autotuning and capturing the graph
-            self.engine = MuseTalkEngine(files, options, use_cache, feather)
-            self.engine.wait_until_warm()
+        key = ("musetalk", *files.identity, options.device, options.precision, options.cuda_graph,
+               options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
+               options.musetalk_cheek_width, use_cache, feather, batch_size, fps)
+
+        def load():  # loading, moving to the GPU, autotuning and capturing the graph
+            engine = MuseTalkEngine(files, options, use_cache, feather)
+            engine.wait_until_warm()
+            return engine
+
+        self.seat = take_seat(key, load, lambda engine: functools.partial(musetalk_mouths, engine, fps))
         self.blend = config.blend
-        self.fps = fps
-        self.frame_samples = SAMPLE_RATE / fps  # 640 at 25 fps
         self.sound_before = round(MUSETALK_CONTEXT_SECONDS * fps) / fps  # whole frames: the windows' rows align
         self.lookahead = (MUSETALK_FRAMES_PER_FEATURES - 1) / fps + MUSETALK_SOUND_AFTER
-        self.first_sample: int | None = None  # the timeline's sample at the first kept window's frame
-        self.windows = None  # (MUSETALK_FRAMES_PER_FEATURES, 50, 384) float32: the kept frames' windows
+        self.windows = WhisperWindows(fps)
 
-    def audio_window(self, sound: SoundWindow):
-        """(1, 50, 384) float32: the Whisper window of the frame at ``sound.frame_sample``, from the kept
-        windows, or from a new encoder pass over ``sound`` for it and the frames after it."""
-        if self.first_sample is not None:
-            ahead = (sound.frame_sample - self.first_sample) / self.frame_samples
-            index = int(round(ahead))
-            if 0 <= index < len(self.windows) and abs(ahead - index) < 0.25:
-                return self.windows[index:index + 1]
-        context = int(round(sound.before / self.frame_samples))  # whole frames before the frame
-        windows = self.engine.audio_features(sound.samples, self.fps, context + MUSETALK_FRAMES_PER_FEATURES)
-        self.windows = windows[context:]  # (MUSETALK_FRAMES_PER_FEATURES, 50, 384)
-        self.first_sample = sound.frame_sample
-        return self.windows[:1]
+    @property
+    def engine(self):
+        return self.seat.engine
 
     def render(self, frame_i420: np.ndarray, face: Face | None, sound: SoundWindow) -> np.ndarray:
-        import torch
-
-        def patch_of(frame_bgr: np.ndarray):
-            with torch.inference_mode():
-                return self.engine.patches(frame_bgr[None], [face], self.audio_window(sound))[0]
-
-        return mouth_into_frame(frame_i420, face, self.blend, patch_of)
+        return mouth_into_frame(frame_i420, face, self.blend,
+                                lambda frame_bgr: self.seat.draw(MouthRequest(frame_bgr, face, sound, self.windows)))
 
     def close(self) -> None:
-        """The networks are kept for the next session on the same files (KEEP_IDLE at most)."""
-        engine, self.engine = self.engine, None
-        _keep_idle(self.key, engine)
+        """The session leaves the networks; the last to leave keeps them loaded for the next session."""
+        self.seat.leave()
 
 
-KEEP_IDLE = 2  # engines (Wav2Lip's generator, MuseTalk's networks) kept loaded for the next sessions, per key
-_IDLE_ENGINES: dict[tuple, list] = {}  # (engine, its files and their stamps, options) -> engines no session uses
-_IDLE_LOCK = threading.Lock()
+class WhisperWindows:
+    """A MuseTalk session's Whisper windows of the frames its last encoder pass made them for."""
+
+    def __init__(self, fps: float):
+        self.frame_samples = SAMPLE_RATE / fps  # 640 at 25 fps
+        self.first_sample: int | None = None  # the timeline's sample at the first kept window's frame
+        self.kept = None  # (MUSETALK_FRAMES_PER_FEATURES, 50, 384) float32
+
+    def window(self, sound: SoundWindow):
+        """(1, 50, 384) float32: the kept window of the frame at ``sound.frame_sample``; None when none is kept."""
+        if self.first_sample is None:
+            return None
+        ahead = (sound.frame_sample - self.first_sample) / self.frame_samples
+        index = int(round(ahead))
+        if 0 <= index < len(self.kept) and abs(ahead - index) < 0.25:
+            return self.kept[index:index + 1]
+        return None
+
+    def keep(self, sound: SoundWindow, windows) -> None:
+        """The windows of the frame at ``sound.frame_sample`` and the frames after it."""
+        self.first_sample, self.kept = sound.frame_sample, windows
 
 
-def _take_idle(key: tuple):
-    """An engine a session ended with, loaded on the same files and options; None when there is none."""
-    with _IDLE_LOCK:
-        idle = _IDLE_ENGINES.get(key)
-        return idle.pop() if idle else None
+def whisper_passes(engine, sounds: list[SoundWindow], fps: float) -> list:
+    """For each sound, (MUSETALK_FRAMES_PER_FEATURES, 50, 384) float32: the Whisper windows of its frame and
+    the next ones, read from the encoder's states over the sound around them. One encoder call on all the
+    sounds (each padded to Whisper's 30 s, as ``engine.audio_features`` pads one); a single sound goes through
+    ``engine.audio_features`` itself. The same states, ``features.encoder_states`` on a batch instead of one
+    segment."""
+    import torch
+
+    from heygem.engines.musetalk import audio_features as features
+
+    frame_samples = SAMPLE_RATE / fps
+    contexts = [int(round(sound.before / frame_samples)) for sound in sounds]  # whole frames before each frame
+    counts = [context + MUSETALK_FRAMES_PER_FEATURES for context in contexts]
+    longest = max(len(sound.samples) for sound in sounds)
+    if len(sounds) == 1 or longest > features.SEGMENT_SECONDS * SAMPLE_RATE:
+        return [engine.audio_features(sound.samples, fps, count)[context:]
+                for sound, count, context in zip(sounds, counts, contexts)]
+    mels = engine.feature_extractor([sound.samples for sound in sounds], sampling_rate=SAMPLE_RATE,
+                                    return_tensors="pt").input_features  # (B, 80, 3000)
+    with torch.inference_mode():
+        hidden = engine.encoder(mels.to(device=engine.device, dtype=torch.float32), output_hidden_states=True)
+    states = torch.stack(hidden.hidden_states, dim=2).float().cpu()  # (B, 1500, L + 1, 384)
+    passes = []
+    for row, (sound, count, context) in enumerate(zip(sounds, counts, contexts)):
+        length = math.floor(len(sound.samples) / SAMPLE_RATE * features.FEATURE_RATE)
+        windows = features.frame_windows(states[row, :length], fps, count)  # (count, 50, 384)
+        windows = windows + features.positional_encoding(windows.shape[1], windows.shape[2])
+        passes.append(windows[context:])
+    return passes
 
 
-def _keep_idle(key: tuple, engine) -> None:
-    if engine is None:
-        return
-    with _IDLE_LOCK:
-        idle = _IDLE_ENGINES.setdefault(key, [])
-        if len(idle) < KEEP_IDLE:
-            idle.append(engine)
+def musetalk_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
+    """The patch (or None) of each request: the Whisper windows of the sessions that need a pass in one encoder
+    call (:func:`whisper_passes`), then one MuseTalkEngine.patches on every face (one per frame size)."""
+    import torch
+
+    with torch.inference_mode():
+        missing = [request for request in requests if request.kept.window(request.sound) is None]
+        if missing:
+            for request, windows in zip(missing, whisper_passes(engine, [request.sound for request in missing], fps)):
+                request.kept.keep(request.sound, windows)
+        results: list = [None] * len(requests)
+        for rows in by_frame_size(requests).values():
+            windows = torch.cat([requests[row].kept.window(requests[row].sound) for row in rows])  # (F, 50, 384)
+            patches = engine.patches([requests[row].frame_bgr for row in rows], [requests[row].face for row in rows],
+                                     windows)
+            for row, patch in zip(rows, patches):
+                results[row] = patch
+        return results
 
 
 LIVE_STEPS = {"landmark": LandmarkStep, "wav2lip": Wav2LipStep, "musetalk": MuseTalkStep}
@@ -276,5 +363,15 @@ def _gpu_for(config: Config) -> bool:
     return config.engine.device != "cpu" and gpu_expected()
 
 
-def start_step(choice: LiveEngineChoice, config: Config, fps: float) -> LiveEngineStep:
-    return LIVE_STEPS[choice.name](config, fps, choice.weights)
+MOST_FACES_A_CALL = 8  # the shared engines' fixed batch where a server takes more sessions, or any number
+
+
+def live_batch_size(max_sessions: int) -> int:
+    """Faces an engine shared by a server's sessions draws per call: as many as the sessions it allows (a
+    smaller batch is padded to it on a GPU), at most MOST_FACES_A_CALL (more sessions take more passes)."""
+    return min(max_sessions, MOST_FACES_A_CALL) if max_sessions > 0 else MOST_FACES_A_CALL
+
+
+def start_step(choice: LiveEngineChoice, config: Config, fps: float, batch_size: int = 1) -> LiveEngineStep:
+    """A session's step; ``batch_size``: faces per call of the engine its sessions share (live_batch_size)."""
+    return LIVE_STEPS[choice.name](config, fps, choice.weights, batch_size)

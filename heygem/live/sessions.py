@@ -22,7 +22,7 @@ import numpy as np
 from heygem.config import Config, apply_overrides, load_config
 from heygem.errors import HeygemError
 from heygem.live.audio_in import SAMPLE_RATE, AudioTimeline, Resampler, mel_window, samples_to_16k, sound_window
-from heygem.live.engine_step import LiveEngineStep, choose_live_engine, start_step
+from heygem.live.engine_step import LiveEngineStep, choose_live_engine, live_batch_size, start_step
 from heygem.live.face import BUNDLED_PORTRAIT, LiveFace, load_face
 from heygem.live.tickets import LiveTickets
 from heygem.live.tracks import ARRIVAL_MARGIN, delayed_audio_track, presenter_video_track
@@ -192,7 +192,8 @@ class LiveSessions:
                                            str(track_dir) if track_dir else None, config.face.face_index,
                                            self.settings.output_height)
             choice = choose_live_engine(config, self.settings.engine)
-            step = await asyncio.to_thread(start_step, choice, config, self.settings.fps)
+            step = await asyncio.to_thread(start_step, choice, config, self.settings.fps,
+                                           live_batch_size(self.settings.max_sessions))
             session = LiveSession(id=secrets.token_hex(8), submitter=getattr(user, "name", None), face=face,
                                   engine=choice.name, engine_reason=choice.reason, step=step,
                                   delay=step.lookahead + ARRIVAL_MARGIN)

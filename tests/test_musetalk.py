@@ -373,7 +373,11 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
     audio_windows = engine.audio_features(load_audio_16k(speech_wav)[:16000], 25.0, 25)
     prepared = SimpleNamespace(engine=engine, engine_audio=audio_windows, restoration=restoration)
     frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 2, axis=0))
-    faces_of = [[face, face], [face, None], [face, face], [face, face], [None, None], [face, face]]
+    centre = landmarks.mean(axis=0)
+    smaller = 0.8 * (landmarks - centre) + centre + np.array([-30.0, 20.0], np.float32)  # a face further away
+    far = Face(box=tuple(int(v) for v in (*smaller.min(axis=0), *smaller.max(axis=0))), landmarks=smaller)
+    # faces of two sizes in one group: the device path cuts all of a group's regions at its largest box's size
+    faces_of = [[face, far], [face, None], [far, face], [face, face], [None, None], [far, far]]
 
     def batches():
         for number, faces in enumerate(faces_of):

@@ -166,6 +166,9 @@ def main() -> None:
             tracked.append(time.perf_counter() - started)
 
     presenter = prepare(store, store.create(clip, "bench"), progress=progress)
+    prepared_seconds = time.perf_counter() - started
+    print(f"presenter prepared in {prepared_seconds:.1f} s (track {tracked[0] if tracked else 0.0:.1f} s): "
+          f"{', '.join(presenter.prepared)}", flush=True)
     text_options = None
     if args.text:
         speech = " ".join([SCRIPT] * max(1, round(args.seconds / 10)))  # about 10 s of speech a paragraph
@@ -184,9 +187,6 @@ def main() -> None:
                 voice = cloned_voice(model_folder(voice_folder.parent), sample)
                 voice.logits_processors = [forced_frames(voice.model.model.config, args.sentence_frames)]
             text_options = {"voice": "clone", "voice_sample": sample, "weights_folder": voice_folder.parent}
-    prepared_seconds = time.perf_counter() - started
-    print(f"presenter prepared in {prepared_seconds:.1f} s (track {tracked[0] if tracked else 0.0:.1f} s): "
-          f"{', '.join(presenter.prepared)}", flush=True)
     config = presenter_config(presenter.face_index, apply_overrides(load_config(), options))  # the jobs' own
 
     # the engine (and the voice) loaded, kept

@@ -27,7 +27,10 @@ and sends its rows back over a pipe. For each session:
 
 Prints a Markdown table (medians over the sessions and counted rounds), the lowest fps of any session, and
 what the server's process spent mid-run (the middle half of each round, the window "frames a call" reads):
-its CPU seconds over the wall seconds (cores busy), and its busiest threads' cores (from
+its CPU seconds over the wall seconds (cores busy), the share of that time the shared engine's thread spent
+in engine calls and the milliseconds a call (the engine is the wall when it is busy nearly all the time; when
+it is not, yet draws few frames a call, the sessions hand their frames in out of step), and its threads' cores
+by kind (from
 /proc/self/task/*/stat, named after Python's threads: "heygem-live-<engine>" a shared engine's thread,
 "heygem-live-<session>_0" a session's render thread, "Thread-N (run)" uvicorn's event loop, where aiortc
 packs and paces every session's media, "asyncio_N" the loop's executor, where aiortc encodes). A thread near
@@ -137,22 +140,26 @@ def threads_by_kind(before: dict[int, float], after: dict[int, float], wall: flo
 
 def server_window(seconds: float) -> dict:
     """What this process (the server) did over the middle half of a round of ``seconds``: the frames its shared
-    engines drew per call (heygem.live.batching; nan for an engine that draws in each session's thread), its
-    CPU seconds and wall seconds, and its threads' cores."""
+    engines drew per call (heygem.live.batching; nan for an engine that draws in each session's thread), the
+    share of the wall time their threads spent in calls and the milliseconds a call, its CPU seconds and wall
+    seconds, and its threads' cores."""
     from heygem.live.batching import engines_in_use
 
     time.sleep(1.0 + seconds / 4)  # the sessions started and their rates ramped up
-    before = {name: (calls, frames) for name, _, calls, frames in engines_in_use()}
+    before = {use.name: use for use in engines_in_use()}
     cpu_before, wall_before, threads_before = time.process_time(), time.monotonic(), thread_cpu_seconds()
     time.sleep(seconds / 2)
     cpu, wall = time.process_time() - cpu_before, time.monotonic() - wall_before
     threads = threads_by_kind(threads_before, thread_cpu_seconds(), wall)
     calls = frames = 0
-    for name, _, now_calls, now_frames in engines_in_use():
-        first_calls, first_frames = before.get(name, (0, 0))
-        calls, frames = calls + now_calls - first_calls, frames + now_frames - first_frames
+    busy = 0.0
+    for use in engines_in_use():
+        first = before.get(use.name)
+        calls += use.calls - (first.calls if first else 0)
+        frames += use.frames - (first.frames if first else 0)
+        busy += use.busy_seconds - (first.busy_seconds if first else 0.0)
     return {"frames a call": frames / calls if calls else float("nan"), "cpu s": cpu, "wall s": wall,
-            "threads": threads}
+            "threads": threads, "engine busy": busy / wall, "ms a call": 1000 * busy / calls if calls else float("nan")}
 
 
 async def talk_all(url: str, speech: np.ndarray, seconds: float, sessions: int, box) -> list:
@@ -309,7 +316,8 @@ def main() -> None:
     for server in servers:
         kinds = ", ".join(f"{kind} x{count} {cores:.2f}" for kind, count, cores in server["threads"][:KINDS_SHOWN])
         print(f"server process mid-run: {server['cpu s']:.2f} CPU s in {server['wall s']:.2f} s "
-              f"({server['cpu s'] / server['wall s']:.2f} cores); its threads by kind (cores): {kinds}")
+              f"({server['cpu s'] / server['wall s']:.2f} cores); shared engine busy {server['engine busy']:.2f} "
+              f"of the time, {server['ms a call']:.1f} ms a call; its threads by kind (cores): {kinds}")
 
 
 if __name__ == "__main__":

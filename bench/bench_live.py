@@ -3,7 +3,7 @@ comes back.
 
     python bench/bench_live.py [--speech assets/speech_en.wav] [--seconds 8] [--sessions 1] [--height 360]
                                [--engine auto|landmark|wav2lip|musetalk] [--random-wav2lip]
-                               [--random-musetalk full|reduced] [--client-processes K]
+                               [--random-musetalk full|reduced] [--client-processes K] [--switch-interval MS]
 
 Serves the REST API's routes (live included) with uvicorn in this process, then runs ``--sessions`` clients at
 once on the bundled portrait. The clients run in ``--client-processes`` other processes (multiprocessing,
@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -278,7 +279,14 @@ def main() -> None:
     parser.add_argument("--client-processes", type=int, default=None,
                         help="processes the clients run in (default: one per session; 0: in this process, with "
                              "the server, as earlier versions ran them)")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="the server process's interpreter switch interval in ms (sys.setswitchinterval; "
+                             "Python's default 5): a thread that waits for the interpreter's lock waits up to this "
+                             "long each time, and an engine thread that takes it back after every GPU or OpenCV "
+                             "call may wait that often")
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval / 1000)
     processes = args.sessions if args.client_processes is None else args.client_processes
     logging.basicConfig(level=logging.WARNING)
 
@@ -307,17 +315,19 @@ def main() -> None:
                "server delay s", "frames a call"]
     where = (f"clients in {len(clients_per_process(args.sessions, processes))} other process(es)" if processes > 0
              else "clients in the server's process")
+    switch = f"switch interval {sys.getswitchinterval() * 1000:g} ms"
     print(f"{args.sessions} session(s), {args.height}p, engine {rows[0]['engine']} ({rows[0]['reason']}), {where}, "
-          f"median of {len(rows)}:")
+          f"{switch}, median of {len(rows)}:")
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     print("| " + " | ".join(f"{statistics.median(row[column] for row in rows):.3f}" for column in columns) + " |")
     print(f"lowest fps of any session: {min(row['fps'] for row in rows):.2f}")
     for server in servers:
         kinds = ", ".join(f"{kind} x{count} {cores:.2f}" for kind, count, cores in server["threads"][:KINDS_SHOWN])
+        engine = (f"shared engine busy {server['engine busy']:.2f} of the time, {server['ms a call']:.1f} ms a call"
+                  if not math.isnan(server["ms a call"]) else "no shared engine")
         print(f"server process mid-run: {server['cpu s']:.2f} CPU s in {server['wall s']:.2f} s "
-              f"({server['cpu s'] / server['wall s']:.2f} cores); shared engine busy {server['engine busy']:.2f} "
-              f"of the time, {server['ms a call']:.1f} ms a call; its threads by kind (cores): {kinds}")
+              f"({server['cpu s'] / server['wall s']:.2f} cores); {engine}; its threads by kind (cores): {kinds}")
 
 
 if __name__ == "__main__":

@@ -180,3 +180,18 @@ def test_the_video_frames_of_all_sessions_fall_due_together():
         periods = (due - due_first[0][1]) / 0.04
         assert abs(periods - round(periods)) < 1e-6, "every frame on the one grid of frame times"
     assert [index for index, _ in due_second] == [0, 1]
+
+
+def test_a_shared_engine_counts_its_calls_frames_and_the_time_they_took():
+    def slow_batch(items):  # each call takes at least 0.05 s
+        time.sleep(0.05)
+        return [item * 2 for item in items]
+
+    seat = batching.take_seat(("slow", "counted"), object, lambda engine: slow_batch)
+    try:
+        assert [seat.draw(number) for number in (1, 2, 3)] == [2, 4, 6]
+        use = next(use for use in batching.engines_in_use() if use.name == "slow")
+    finally:
+        seat.leave()
+    assert (use.sessions, use.calls, use.frames) == (1, 3, 3)
+    assert use.busy_seconds >= 3 * 0.05

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 logger = logging.getLogger("heygem")
 
@@ -56,6 +57,7 @@ class SharedEngine:
         self.gather_seconds = GATHER_SECONDS if gather_seconds is None else gather_seconds
         self.calls = 0  # batch function calls run
         self.frames = 0  # requests they served
+        self.busy_seconds = 0.0  # wall seconds spent in the batch function
         self._seats: set[int] = set()
         self._next_seat = 0
         self._waiting: list[_Request] = []
@@ -127,6 +129,7 @@ class SharedEngine:
         while (batch := self._gather()) is not None:
             self.calls += 1
             self.frames += len(batch)
+            started = time.monotonic()
             try:
                 results = self.batch_function([request.item for request in batch])
                 if len(results) != len(batch):
@@ -135,6 +138,7 @@ class SharedEngine:
                 logger.warning("live %s: a call on %d frame(s) failed: %s", self.key[0], len(batch), error)
                 results = [error] * len(batch)
             self._last_call_end = time.monotonic()
+            self.busy_seconds += self._last_call_end - started
             for request, result in zip(batch, results):
                 if isinstance(result, BaseException):
                     request.error = result
@@ -180,7 +184,18 @@ def take_seat(key: tuple, load: Callable[[], object], batch_function_of: Callabl
         return Seat(shared)
 
 
-def engines_in_use() -> list[tuple[str, int, int, int]]:
-    """(engine name, sessions seated, calls run, frames drawn) of each shared engine in use."""
+class EngineUse(NamedTuple):
+    """What a shared engine in use has done so far (for a server's operators and the live benchmark)."""
+
+    name: str  # the engine's name
+    sessions: int  # sessions seated at it now
+    calls: int  # batch function calls run
+    frames: int  # requests (frames) they served
+    busy_seconds: float  # wall seconds its thread spent in them: near the wall time, the engine's thread is the wall
+
+
+def engines_in_use() -> list[EngineUse]:
+    """Each shared engine in use and what it has done."""
     with _REGISTRY_LOCK:
-        return [(key[0], len(shared._seats), shared.calls, shared.frames) for key, shared in _SHARED.items()]
+        return [EngineUse(key[0], len(shared._seats), shared.calls, shared.frames, shared.busy_seconds)
+                for key, shared in _SHARED.items()]

@@ -111,7 +111,31 @@ def child_pids(pid: int, living: bool = False) -> list[int]:
             if parent == pid and not (living and state == "Z")]
 
 
-class MemorySampler:
+class Sampling:
+    """A thread that calls ``self.sample()`` every ``interval`` seconds while the ``with`` block runs."""
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+class MemorySampler(Sampling):
     """Peak resident memory of this process plus its children (ffmpeg), sampled every 50 ms, and the
     CPU seconds each process used while sampled.
 
@@ -129,8 +153,8 @@ class MemorySampler:
         self._main_cpu = os.times()
         self._names: dict[int, str] = {}
         self.cpu_seconds: dict[str, tuple[int, float]] = {}  # after the run: "main" / a child's name -> (count, s)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._first = True  # the next sample is the first
+        super().__init__(0.05)
 
     @staticmethod
     def _rss_kib(pid) -> int:
@@ -182,36 +206,29 @@ class MemorySampler:
         except (OSError, IndexError, ValueError):
             return None
 
-    def _run(self) -> None:
-        first = True
-        while not self._stop.wait(0.05):
-            parts = {"main": (1, self._rss_kib("self"))}
-            for pid in self._children():
-                name = self._name(pid)
-                count, kib = parts.get(name, (0, 0))
-                parts[name] = (count + 1, kib + self._rss_kib(pid))
-                cpu = self._cpu(pid)
-                if cpu is not None:
-                    # a child first seen in the first sample ran before the job: count from there
-                    self._cpu_first.setdefault(pid, cpu if first else 0.0)
-                    self._cpu_last[pid] = (name, cpu)
-            first = False
-            total = sum(kib for _, kib in parts.values())
-            if total > self.peak_kib:
-                self.peak_kib, self.peak_parts = total, parts
+    def sample(self) -> None:
+        parts = {"main": (1, self._rss_kib("self"))}
+        for pid in self._children():
+            name = self._name(pid)
+            count, kib = parts.get(name, (0, 0))
+            parts[name] = (count + 1, kib + self._rss_kib(pid))
+            cpu = self._cpu(pid)
+            if cpu is not None:
+                # a child first seen in the first sample ran before the job: count from there
+                self._cpu_first.setdefault(pid, cpu if self._first else 0.0)
+                self._cpu_last[pid] = (name, cpu)
+        self._first = False
+        total = sum(kib for _, kib in parts.values())
+        if total > self.peak_kib:
+            self.peak_kib, self.peak_parts = total, parts
 
     def describe_peak(self) -> str:
         """The peak split by process, e.g. "main 2104, ffmpeg x4 812" (MiB)."""
         return ", ".join(f"{name}{f' x{count}' if count > 1 else ''} {kib / 1024:.0f}"
                          for name, (count, kib) in sorted(self.peak_parts.items(), key=lambda item: -item[1][1]))
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         now = os.times()
         seconds = {"main": (1, now.user + now.system - self._main_cpu.user - self._main_cpu.system)}
         for pid, (name, cpu) in self._cpu_last.items():
@@ -249,48 +266,37 @@ def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[
     return video, audio
 
 
-class StageSampler:
+class StageSampler(Sampling):
     """Where a pipeline stage's thread (``heygem-STAGE``) spends its wall time: its stack sampled every
     ``interval`` seconds from a thread of its own (cProfile cannot watch one thread alone on Python 3.12),
     counted per function where the thread was (innermost frame) and per function on its stack."""
 
     def __init__(self, stage: str, interval: float = 0.002):
+        super().__init__(interval)
         self.name = f"heygem-{stage}"
-        self.interval = interval
         self.innermost: dict[str, int] = {}
         self.inclusive: dict[str, int] = {}
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            frames = sys._current_frames()
-            for thread in threading.enumerate():
-                if thread.name != self.name or thread.ident not in frames:
-                    continue
-                frame, seen = frames[thread.ident], set()
-                place = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}:{frame.f_lineno}"
-                self.innermost[place] = self.innermost.get(place, 0) + 1
-                while frame is not None:
-                    name = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
-                    if name not in seen:
-                        seen.add(name)
-                        self.inclusive[name] = self.inclusive.get(name, 0) + 1
-                    frame = frame.f_back
-                self.samples += 1
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        frames = sys._current_frames()
+        for thread in threading.enumerate():
+            if thread.name != self.name or thread.ident not in frames:
+                continue
+            frame, seen = frames[thread.ident], set()
+            place = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}:{frame.f_lineno}"
+            self.innermost[place] = self.innermost.get(place, 0) + 1
+            while frame is not None:
+                name = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+                if name not in seen:
+                    seen.add(name)
+                    self.inclusive[name] = self.inclusive.get(name, 0) + 1
+                frame = frame.f_back
+            self.samples += 1
 
     def report(self, lines: int = 40) -> str:
         if not self.samples:
-            return f"no samples of {self.name}"
+            return f"{self.name}: no samples (no thread of that name ran)"
         out = [f"{self.name}: {self.samples} samples every {self.interval * 1000:g} ms", "where (innermost line):"]
         for place, count in sorted(self.innermost.items(), key=lambda item: -item[1])[:lines]:
             out.append(f"  {100 * count / self.samples:5.1f} %  {place}")
@@ -425,7 +431,8 @@ def main() -> None:
                 continue
             result = json.loads(result_lines[-1][len("RESULT "):])
             if args.profile_stage:
-                report = child.stderr[child.stderr.find("heygem-" + args.profile_stage + ":"):]
+                where = child.stderr.find(f"heygem-{args.profile_stage}: ")
+                report = child.stderr[where:] if where >= 0 else f"no stage named {args.profile_stage} ran"
                 print(f"{name}, {report}", file=sys.stderr)
             stages = ", ".join(_stage_time(stage, value, result["stage_cpu"].get(stage))
                                for stage, value in result["stages"].items() if value >= 0.05)

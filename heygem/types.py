@@ -73,7 +73,8 @@ class EngineBatch:
     """A bounded batch of output frames handed to a lip-sync engine."""
 
     frame_indices: np.ndarray  # (N,) int64, output frame numbers
-    frames_bgr: np.ndarray  # (N, H, W, 3) uint8 BGR, the source frames for these outputs
+    frames_bgr: np.ndarray | list[np.ndarray]  # (N, H, W, 3) uint8 BGR, the source frames for these outputs
+    # (or a list of N (H, W, 3) frames, of different sizes: live sessions of several presenters in one call)
     faces: list[Face | None]  # one per frame; None where no face was found
     mel_windows: np.ndarray  # (N, 80, 16) float32, one Wav2Lip mel window per frame
     fps: float  # output frame rate

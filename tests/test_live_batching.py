@@ -118,6 +118,32 @@ def test_two_sessions_share_one_generator_call_and_get_the_frames_they_would_get
             step.close()
 
 
+def test_sessions_of_presenters_of_two_sizes_share_one_call(checkpoint, requests, patient, monkeypatch):
+    """Sessions of two presenters whose frames differ in size (another aspect ratio) are drawn in one generator
+    call too, each the frame it would get alone."""
+    (frame_i420, face, mel), _ = requests
+    luma_rows, width = frame_i420.shape[0] * 2 // 3, frame_i420.shape[1]
+    narrower = width - 64  # the frame's right 64 columns cut off: another presenter's size, the face still inside
+    planes = (frame_i420[:luma_rows, :narrower], frame_i420[luma_rows:luma_rows + luma_rows // 4].reshape(
+        luma_rows // 2, width // 2)[:, :narrower // 2], frame_i420[luma_rows + luma_rows // 4:].reshape(
+        luma_rows // 2, width // 2)[:, :narrower // 2])
+    cut = np.concatenate([planes[0], planes[1].reshape(-1, narrower), planes[2].reshape(-1, narrower)])
+    assert face.box[2] < narrower
+    two_sizes = [requests[0], (cut, face, requests[1][2])]
+    expected = alone(checkpoint, two_sizes)
+    assert expected[0].shape != expected[1].shape
+
+    steps = [Wav2LipStep(load_config(), 25.0, checkpoint, batch_size=2) for _ in range(2)]
+    try:
+        calls = counting_faces(steps[0].engine, monkeypatch)
+        together = at_once(steps, two_sizes)
+        assert calls == [2], "one generator call on both presenters' faces"
+        assert same(together, expected)
+    finally:
+        for step in steps:
+            step.close()
+
+
 def test_a_session_that_ends_leaves_the_other_drawing(checkpoint, requests, patient, monkeypatch):
     expected = alone(checkpoint, requests)
     first, second = (Wav2LipStep(load_config(), 25.0, checkpoint, batch_size=2) for _ in range(2))

@@ -137,17 +137,10 @@ class MouthRequest:
     kept: object = None  # the session's own state the engine's batch reads and keeps (MuseTalk: WhisperWindows)
 
 
-def by_frame_size(requests: list[MouthRequest]) -> dict[tuple, list[int]]:
-    """The requests' positions grouped by their frames' size: an engine call takes frames of one size."""
-    groups: dict[tuple, list[int]] = {}
-    for index, request in enumerate(requests):
-        groups.setdefault(request.frame_bgr.shape, []).append(index)
-    return groups
-
-
 def wav2lip_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
-    """The patch (or None) of each request, from one Wav2LipEngine.generate on all of them (one per frame
-    size); a request whose mel window is not (80, 16) gets its error instead, the others their patches."""
+    """The patch (or None) of each request, from one Wav2LipEngine.generate on all of them (their frames may
+    differ in size: sessions of several presenters); a request whose mel window is not (80, 16) gets its error
+    instead, the others their patches."""
     results: list = [None] * len(requests)
     usable = []  # positions of the requests with a mel window of the generator's size
     for index, request in enumerate(requests):
@@ -156,13 +149,12 @@ def wav2lip_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
                                         f"not {np.shape(request.sound)}")
         else:
             usable.append(index)
-    for rows in by_frame_size([requests[index] for index in usable]).values():
-        rows = [usable[row] for row in rows]
+    if usable:
         patches = engine.generate(EngineBatch(
-            frame_indices=np.zeros(len(rows), np.int64), frames_bgr=np.stack([requests[row].frame_bgr for row in rows]),
-            faces=[requests[row].face for row in rows], fps=fps,
-            mel_windows=np.stack([requests[row].sound for row in rows])))  # (F, H, W, 3) frames, (F, 80, 16) mels
-        for row, patch in zip(rows, patches):
+            frame_indices=np.zeros(len(usable), np.int64), frames_bgr=[requests[row].frame_bgr for row in usable],
+            faces=[requests[row].face for row in usable], fps=fps,
+            mel_windows=np.stack([requests[row].sound for row in usable])))  # (F, 80, 16) mels
+        for row, patch in zip(usable, patches):
             results[row] = patch
     return results
 
@@ -306,7 +298,8 @@ def whisper_passes(engine, sounds: list[SoundWindow], fps: float) -> list:
 
 def musetalk_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
     """The patch (or None) of each request: the Whisper windows of the sessions that need a pass in one encoder
-    call (:func:`whisper_passes`), then one MuseTalkEngine.patches on every face (one per frame size)."""
+    call (:func:`whisper_passes`), then one MuseTalkEngine.patches on every face (their frames may differ in
+    size: sessions of several presenters)."""
     import torch
 
     with torch.inference_mode():
@@ -314,14 +307,9 @@ def musetalk_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
         if missing:
             for request, windows in zip(missing, whisper_passes(engine, [request.sound for request in missing], fps)):
                 request.kept.keep(request.sound, windows)
-        results: list = [None] * len(requests)
-        for rows in by_frame_size(requests).values():
-            windows = torch.cat([requests[row].kept.window(requests[row].sound) for row in rows])  # (F, 50, 384)
-            patches = engine.patches([requests[row].frame_bgr for row in rows], [requests[row].face for row in rows],
-                                     windows)
-            for row, patch in zip(rows, patches):
-                results[row] = patch
-        return results
+        windows = torch.cat([request.kept.window(request.sound) for request in requests])  # (F, 50, 384)
+        return engine.patches([request.frame_bgr for request in requests], [request.face for request in requests],
+                              windows)
 
 
 LIVE_STEPS = {"landmark": LandmarkStep, "wav2lip": Wav2LipStep, "musetalk": MuseTalkStep}

@@ -205,11 +205,12 @@ class MuseTalkEngine:
 
     def face_crops(self, frames_bgr, faces: list[Face | None]) -> tuple[list[int], list[Box], np.ndarray]:
         """(rows of the frames whose face has a box, MuseTalk's box of each, (F, 256, 256, 3) uint8 BGR crops)
-        for ``frames_bgr`` ((N, H, W, 3) uint8 BGR, or a list of N such frames) and their N faces."""
-        frame_height, frame_width = frames_bgr[0].shape[:2] if len(frames_bgr) else (0, 0)
+        for ``frames_bgr`` ((N, H, W, 3) uint8 BGR, or a list of N frames, of one size or several) and their
+        N faces."""
         rows, boxes = [], []
         for row, face in enumerate(faces):
-            box = crop.musetalk_box(face, frame_height, frame_width, self.extra_margin) if face is not None else None
+            box = (crop.musetalk_box(face, *frames_bgr[row].shape[:2], self.extra_margin)
+                   if face is not None else None)
             if box is not None:
                 rows.append(row)
                 boxes.append(box)

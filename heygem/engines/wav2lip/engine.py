@@ -145,7 +145,7 @@ class Wav2LipEngine:
         """Nothing runs beside the generator: it stays loaded (kept for its thread's next job)."""
 
     def generate(self, batch: EngineBatch) -> list[FacePatch | None]:
-        frame_count, frame_height, frame_width = batch.frames_bgr.shape[:3]
+        frame_count = len(batch.frames_bgr)
         if not len(batch.faces) == len(batch.mel_windows) == frame_count:
             raise ValueError(f"batch of {frame_count} frames has {len(batch.faces)} faces "
                              f"and {len(batch.mel_windows)} mel windows")
@@ -154,7 +154,7 @@ class Wav2LipEngine:
         face_rows: list[int] = []  # frame positions in the batch that have a usable face box
         boxes: list[Box] = []
         for row, face in enumerate(batch.faces):
-            box = clip_box(face.box, frame_height, frame_width) if face is not None else None
+            box = clip_box(face.box, *batch.frames_bgr[row].shape[:2]) if face is not None else None
             if box is not None:
                 face_rows.append(row)
                 boxes.append(box)

@@ -270,7 +270,7 @@ def whisper_passes(engine, sounds: list[SoundWindow], fps: float) -> list:
     the next ones, read from the encoder's states over the sound around them. One encoder call on all the
     sounds (each padded to Whisper's 30 s, as ``engine.audio_features`` pads one); a single sound goes through
     ``engine.audio_features`` itself. The same states, ``features.encoder_states`` on a batch instead of one
-    segment."""
+    segment; the spectrograms are computed on the engine's device (the feature extractor's own option)."""
     import torch
 
     from heygem.engines.musetalk import audio_features as features
@@ -280,10 +280,11 @@ def whisper_passes(engine, sounds: list[SoundWindow], fps: float) -> list:
     counts = [context + MUSETALK_FRAMES_PER_FEATURES for context in contexts]
     longest = max(len(sound.samples) for sound in sounds)
     if len(sounds) == 1 or longest > features.SEGMENT_SECONDS * SAMPLE_RATE:
-        return [engine.audio_features(sound.samples, fps, count)[context:]
+        return [engine.audio_features(sound.samples, fps, count, features_on_device=True)[context:]
                 for sound, count, context in zip(sounds, counts, contexts)]
+    # the spectrograms on the engine's device: on its host each 30 s pass is tens of milliseconds of a core
     mels = engine.feature_extractor([sound.samples for sound in sounds], sampling_rate=SAMPLE_RATE,
-                                    return_tensors="pt").input_features  # (B, 80, 3000)
+                                    return_tensors="pt", device=str(engine.device)).input_features  # (B, 80, 3000)
     with torch.inference_mode():
         hidden = engine.encoder(mels.to(device=engine.device, dtype=torch.float32), output_hidden_states=True)
     states = torch.stack(hidden.hidden_states, dim=2).float().cpu()  # (B, 1500, L + 1, 384)

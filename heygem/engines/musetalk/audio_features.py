@@ -27,15 +27,20 @@ CONTEXT_FRAMES = 2  # video frames of audio before and after each frame
 RIGHT_PADDING_FACTOR = 3  # MuseTalk pads three times the context on the right
 
 
-def encoder_states(samples_16k: np.ndarray, feature_extractor, encoder, device, dtype=torch.float32) -> torch.Tensor:
+def encoder_states(samples_16k: np.ndarray, feature_extractor, encoder, device, dtype=torch.float32,
+                   features_on_device: bool = False) -> torch.Tensor:
     """(T, L + 1, D) float32 on the CPU: every encoder hidden state, 50 per second, T = floor(seconds * 50).
 
-    ``samples_16k``: (S,) float32 mono at 16 kHz; ``encoder``: transformers' Whisper encoder."""
+    ``samples_16k``: (S,) float32 mono at 16 kHz; ``encoder``: transformers' Whisper encoder.
+    ``features_on_device``: the log-mel spectrogram computed on ``device`` (the feature extractor's own option,
+    equal to the CPU's within 1e-5) instead of the CPU, where the short passes of live sessions would spend
+    their time: each is a whole 30 s segment."""
     segment_length = SEGMENT_SECONDS * SAMPLE_RATE
     stacked = []
     for start in range(0, max(len(samples_16k), 1), segment_length):
         segment = samples_16k[start:start + segment_length]
-        mel = feature_extractor(segment, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features  # (1, 80, 3000)
+        mel = feature_extractor(segment, sampling_rate=SAMPLE_RATE, return_tensors="pt",
+                                device=str(device) if features_on_device else "cpu").input_features  # (1, 80, 3000)
         with torch.inference_mode():
             hidden = encoder(mel.to(device=device, dtype=dtype), output_hidden_states=True).hidden_states
         stacked.append(torch.stack(hidden, dim=2)[0].float().cpu())  # (1500, L + 1, D)
@@ -73,8 +78,9 @@ def positional_encoding(length: int, d_model: int) -> torch.Tensor:
 
 
 def audio_features(samples_16k: np.ndarray, fps: float, frame_count: int, feature_extractor, encoder,
-                   device, dtype=torch.float32) -> torch.Tensor:
+                   device, dtype=torch.float32, features_on_device: bool = False) -> torch.Tensor:
     """(frame_count, 50, 384) float32 on the CPU for whisper-tiny: each frame's window of every
     encoder state, plus the positional encoding, as the UNet's cross-attention takes it."""
-    windows = frame_windows(encoder_states(samples_16k, feature_extractor, encoder, device, dtype), fps, frame_count)
+    states = encoder_states(samples_16k, feature_extractor, encoder, device, dtype, features_on_device)
+    windows = frame_windows(states, fps, frame_count)
     return windows + positional_encoding(windows.shape[1], windows.shape[2])

@@ -160,11 +160,13 @@ class MuseTalkEngine:
     def batch_size(self) -> int:
         return self.step.batch_size
 
-    def audio_features(self, samples_16k: np.ndarray, fps: float, frame_count: int) -> torch.Tensor:
+    def audio_features(self, samples_16k: np.ndarray, fps: float, frame_count: int,
+                       features_on_device: bool = False) -> torch.Tensor:
         """(frame_count, 50, 384) float32 on the CPU: each output frame's Whisper window plus the
-        positional encoding (heygem.engines.musetalk.audio_features)."""
+        positional encoding (heygem.engines.musetalk.audio_features); ``features_on_device``: the
+        spectrogram computed on the engine's device (live sessions' short passes)."""
         return features.audio_features(samples_16k, fps, frame_count, self.feature_extractor, self.encoder,
-                                       self.device)
+                                       self.device, features_on_device=features_on_device)
 
     def unet_input_latents(self, crops_bgr: np.ndarray) -> torch.Tensor:
         """(B, 256, 256, 3) uint8 BGR crops -> (B, 8, 32, 32) float32 UNet input on the CPU: the masked

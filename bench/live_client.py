@@ -112,9 +112,12 @@ class TalkResult:
 
 
 async def talk(url: str, speech_16k: np.ndarray, seconds: float, mouth_box=None, presenter: str | None = None,
-               headers: dict | None = None, during=None) -> TalkResult:
-    """One session: ``speech_16k`` as the microphone, frames received for ``seconds``; ``during(session id,
-    client)`` is awaited once connected (to /say, say); the session is ended (DELETE) at the end."""
+               headers: dict | None = None, during=None, at_least_frames: int = 0,
+               waiting_at_most: float = 60.0) -> TalkResult:
+    """One session: ``speech_16k`` as the microphone, frames received for ``seconds`` (and on, up to
+    ``waiting_at_most`` seconds more, until ``at_least_frames`` came: a slow engine on a busy machine);
+    ``during(session id, client)`` is awaited once connected (to /say, say); the session is ended (DELETE) at
+    the end."""
     import httpx
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
@@ -158,6 +161,9 @@ async def talk(url: str, speech_16k: np.ndarray, seconds: float, mouth_box=None,
         if during is not None:
             await during(result.answer["session"], client)
         await asyncio.sleep(seconds)
+        deadline = time.monotonic() + waiting_at_most
+        while len(result.frames) < at_least_frames and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         await client.delete(f"/api/live/{result.answer['session']}")
     await peer.close()
     for task in tasks:

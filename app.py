@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "listed device; 0: run them elsewhere with `python -m heygem jobs work`)")
     parser.add_argument("--max-live", type=int, default=2, metavar="N",
                         help="live sessions (the Live tab, POST /api/live) at once; more are refused with HTTP 429 "
-                             "(0: no limit)")
+                             "(0: no limit); also the batch of the Wav2Lip or MuseTalk engine the sessions share "
+                             "(8 at most)")
     parser.add_argument("--live-idle-seconds", type=float, default=120, metavar="S",
                         help="a live session in which nobody speaks this long ends")
     parser.add_argument("--ice-server", action="append", default=[], metavar="URL",

@@ -27,7 +27,7 @@ from heygem.jobs.store import JobStore
 from heygem.jobs.users import server_sign_in
 from heygem.jobs.worker import devices_from_flags, start_workers, warm_up
 from heygem.live.engine_step import LIVE_ENGINES
-from heygem.live.sessions import LiveSettings
+from heygem.live.sessions import LIVE_HEIGHT, LIVE_HEIGHTS, LiveSettings
 from heygem.presenters.api import Preparer
 from heygem.presenters.records import PresenterStore
 from heygem.runtime import library_logs
@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ice-server", action="append", default=[], metavar="URL",
                         help="a STUN or TURN server for live sessions beyond the LAN (repeat for more): "
                              "stun:stun.example.org:3478, turn:NAME:SECRET@turn.example.org:3478")
+    parser.add_argument("--live-height", type=int, default=LIVE_HEIGHT, metavar="PIXELS",
+                        help=f"the height of the frames live sessions send, the presenter's clip scaled to it "
+                             f"(default {LIVE_HEIGHT}; even, {LIVE_HEIGHTS[0]} to {LIVE_HEIGHTS[1]}: a taller frame "
+                             f"shows a larger face and costs each session more)")
     parser.add_argument("--live-engine", choices=LIVE_ENGINES, default="auto",
                         help="the engine live sessions run: auto runs the jobs' engine where it keeps up live (wav2lip "
                              "or musetalk on a GPU), else the landmark engine; a name forces that engine (wav2lip and "
@@ -118,8 +122,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     if users is not None:
         users.reread_on_hangup()  # and when the file changes
-    try:  # a bad --devices ends here with one line, before anything starts
+    try:  # a bad --devices or --live-height ends here with one line, before anything starts
         devices = devices_from_flags(args.devices, args.workers, ray=args.ray)
+        # one for the page and the REST API: the Live tab's tickets are issued by one and checked by the other
+        live = LiveSettings(args.max_live, args.live_idle_seconds, tuple(args.ice_server),
+                            output_height=args.live_height, engine=args.live_engine)
     except HeygemError as problem:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -147,8 +154,6 @@ def main(argv: list[str] | None = None) -> None:
     presenters = PresenterStore(args.outputs, max_seconds=args.max_presenter_seconds or None,
                                 max_upload_bytes=max_upload_bytes)
     preparer = Preparer(presenters, store.base_config)  # one for the page and the REST API: one clip at a time
-    # one for the page and the REST API: the Live tab's tickets are issued by one and checked by the other
-    live = LiveSettings(args.max_live, args.live_idle_seconds, tuple(args.ice_server), engine=args.live_engine)
     demo = build_ui(store, [Path(root).resolve() for root in args.batch_root], access, presenters, preparer, live)
     demo.queue(default_concurrency_limit=4, max_size=256)
     router = create_router(store, auth=auth, users=users, max_upload_bytes=max_upload_bytes, sign_ins=access.sign_ins,

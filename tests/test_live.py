@@ -52,6 +52,29 @@ def loud_and_quiet(result, box_change, threshold=0.02, lag=None):
     return change[heard > threshold], change[(heard < 0.002) & settled]
 
 
+def test_the_live_frame_height_is_a_server_option_checked_before_it_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    import app
+    from heygem.errors import HeygemError
+    from heygem.live.sessions import LiveSettings
+
+    assert app.parse_args([]).live_height == 360 and app.parse_args(["--live-height", "720"]).live_height == 720
+    assert LiveSettings(output_height=720).output_height == 720
+    for wrong in (721, 100, 4320):
+        with pytest.raises(HeygemError, match="--live-height"):
+            LiveSettings(output_height=wrong)
+    outputs = tmp_path / "outputs"
+    result = subprocess.run([sys.executable, "app.py", "--outputs", str(outputs), "--live-height", "721"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --live-height"), result.stderr
+    assert not outputs.exists()  # refused before anything was started or written
+
+
 def test_the_mouth_follows_the_microphone_with_its_delay(live_url, mouth_box, speech):
     result = asyncio.run(talk(live_url, speech, seconds=5.0, mouth_box=mouth_box, headers=HEADERS))
     assert result.answer["engine"] == "landmark" and result.answer["engine_reason"]

@@ -29,7 +29,8 @@ from heygem.live.tracks import ARRIVAL_MARGIN, delayed_audio_track, presenter_vi
 
 logger = logging.getLogger("heygem")
 
-LIVE_HEIGHT = 360  # the frames a session sends are this tall (a presenter's clip is scaled to it)
+LIVE_HEIGHT = 360  # the frames a session sends are this tall (a presenter's clip is scaled to it), by default
+LIVE_HEIGHTS = (144, 1080)  # the least and the most --live-height takes
 LIVE_FPS = 25.0
 WATCH_SECONDS = 1.0  # how often idle sessions are looked for
 FACES_KEPT = 4  # faces (frames and tracks) kept for the next session on the same presenter
@@ -53,6 +54,12 @@ class LiveSettings:
     fps: float = LIVE_FPS
     engine: str = "auto"  # --live-engine: auto (the jobs' engine where it runs live in real time) or a name
     tickets: LiveTickets = field(default_factory=LiveTickets, compare=False, repr=False)  # heygem.live.tickets
+
+    def __post_init__(self):
+        low, high = LIVE_HEIGHTS
+        if not isinstance(self.output_height, int) or self.output_height % 2 or not low <= self.output_height <= high:
+            raise HeygemError(f"--live-height must be an even number of pixels from {low} to {high}, "
+                              f"not {self.output_height}")
 
     def ice_server_list(self) -> list[dict]:
         """The ICE servers as a browser's RTCPeerConnection takes them: {"urls", "username"?, "credential"?}."""

@@ -4,6 +4,7 @@ comes back.
     python bench/bench_live.py [--speech assets/speech_en.wav] [--seconds 8] [--sessions 1] [--height 360]
                                [--engine auto|landmark|wav2lip|musetalk] [--random-wav2lip]
                                [--random-musetalk full|reduced] [--client-processes K] [--switch-interval MS]
+                               [--profile-thread NAME]
 
 Serves the REST API's routes (live included) with uvicorn in this process, then runs ``--sessions`` clients at
 once on the bundled portrait. The clients run in ``--client-processes`` other processes (multiprocessing,
@@ -71,6 +72,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from live_client import mouth_delay, portrait_mouth_box, serving, smoothed, talk  # noqa: E402
+from sampling import ThreadSampler  # noqa: E402
 
 READY_SECONDS = 300  # how long a client process may take to import its libraries (a cold disk, a busy machine)
 KINDS_SHOWN = 6  # busiest kinds of server threads printed per round
@@ -284,6 +286,10 @@ def main() -> None:
                              "Python's default 5): a thread that waits for the interpreter's lock waits up to this "
                              "long each time, and an engine thread that takes it back after every GPU or OpenCV "
                              "call may wait that often")
+    parser.add_argument("--profile-thread", default="", metavar="NAME",
+                        help="print where the server's threads whose names start with NAME spent the counted rounds, "
+                             "sampled (e.g. heygem-live-wav2lip: the shared engine's thread; heygem-live-: every "
+                             "live thread)")
     args = parser.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1000)
@@ -302,7 +308,10 @@ def main() -> None:
     rows, servers = [], []
     with serving(Path(tempfile.mkdtemp(prefix="bench-live-")),
                  live=LiveSettings(max_sessions=args.sessions, output_height=args.height, engine=args.engine)) as url:
+        sampler = ThreadSampler(args.profile_thread) if args.profile_thread else None
         for number in range(args.runs):
+            if sampler is not None and (number == 1 or args.runs == 1):
+                sampler.__enter__()  # the counted rounds only
             if processes > 0:
                 found, server = run_in_processes(url, speech, args.seconds,
                                                  clients_per_process(args.sessions, processes), box)
@@ -311,6 +320,8 @@ def main() -> None:
             if number > 0 or args.runs == 1:
                 rows += [dict(row, **{"frames a call": server["frames a call"]}) for row in found]
                 servers.append(server)
+        if sampler is not None:
+            sampler.__exit__(None, None, None)
     columns = ["first frame s", "fps", "mouth delay s", "correlation", "sound delay s", "mouth - sound s",
                "server delay s", "frames a call"]
     where = (f"clients in {len(clients_per_process(args.sessions, processes))} other process(es)" if processes > 0
@@ -328,6 +339,8 @@ def main() -> None:
                   if not math.isnan(server["ms a call"]) else "no shared engine")
         print(f"server process mid-run: {server['cpu s']:.2f} CPU s in {server['wall s']:.2f} s "
               f"({server['cpu s'] / server['wall s']:.2f} cores); {engine}; its threads by kind (cores): {kinds}")
+    if sampler is not None:
+        print(sampler.report())
 
 
 if __name__ == "__main__":

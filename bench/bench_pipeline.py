@@ -32,11 +32,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import yaml
+from sampling import Sampling, ThreadSampler
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -109,30 +109,6 @@ def child_pids(pid: int, living: bool = False) -> list[int]:
     """The processes whose parent is ``pid`` (only those not yet exited when ``living``)."""
     return [child for child, (parent, state) in process_table().items()
             if parent == pid and not (living and state == "Z")]
-
-
-class Sampling:
-    """A thread that calls ``self.sample()`` every ``interval`` seconds while the ``with`` block runs."""
-
-    def __init__(self, interval: float):
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def sample(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 class MemorySampler(Sampling):
@@ -266,50 +242,10 @@ def make_inputs(folder: Path, seconds: float, width: int, height: int) -> tuple[
     return video, audio
 
 
-class StageSampler(Sampling):
-    """Where a pipeline stage's thread (``heygem-STAGE``) spends its wall time: its stack sampled every
-    ``interval`` seconds from a thread of its own (cProfile cannot watch one thread alone on Python 3.12),
-    counted per function where the thread was (innermost frame) and per function on its stack."""
-
-    def __init__(self, stage: str, interval: float = 0.002):
-        super().__init__(interval)
-        self.name = f"heygem-{stage}"
-        self.innermost: dict[str, int] = {}
-        self.inclusive: dict[str, int] = {}
-        self.samples = 0
-
-    def sample(self) -> None:
-        frames = sys._current_frames()
-        for thread in threading.enumerate():
-            if thread.name != self.name or thread.ident not in frames:
-                continue
-            frame, seen = frames[thread.ident], set()
-            place = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}:{frame.f_lineno}"
-            self.innermost[place] = self.innermost.get(place, 0) + 1
-            while frame is not None:
-                name = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
-                if name not in seen:
-                    seen.add(name)
-                    self.inclusive[name] = self.inclusive.get(name, 0) + 1
-                frame = frame.f_back
-            self.samples += 1
-
-    def report(self, lines: int = 40) -> str:
-        if not self.samples:
-            return f"{self.name}: no samples (no thread of that name ran)"
-        out = [f"{self.name}: {self.samples} samples every {self.interval * 1000:g} ms", "where (innermost line):"]
-        for place, count in sorted(self.innermost.items(), key=lambda item: -item[1])[:lines]:
-            out.append(f"  {100 * count / self.samples:5.1f} %  {place}")
-        out.append("on the stack (function):")
-        for name, count in sorted(self.inclusive.items(), key=lambda item: -item[1])[:lines]:
-            out.append(f"  {100 * count / self.samples:5.1f} %  {name}")
-        return "\n".join(out)
-
-
 def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict, second_job: bool,
             profile_stage: str = "") -> dict:
     """One generation in this process (after a first, untimed one when ``second_job``); what the parent prints.
-    ``profile_stage``: sample that stage's thread over the timed generation (:class:`StageSampler`, on stderr)."""
+    ``profile_stage``: sample that stage's thread over the timed generation (sampling.ThreadSampler, on stderr)."""
     if second_job:
         from heygem.pipeline import generate
 
@@ -317,7 +253,8 @@ def run_one(video: Path, audio: Path, output: Path, engine: str, overrides: dict
     from contextlib import nullcontext
 
     started = time.perf_counter()
-    with MemorySampler() as memory, (StageSampler(profile_stage) if profile_stage else nullcontext()) as sampler:
+    stage_sampler = ThreadSampler(f"heygem-{profile_stage}") if profile_stage else nullcontext()
+    with MemorySampler() as memory, stage_sampler as sampler:
         from heygem.pipeline import generate
 
         summary = generate(video, audio, output, overrides={"engine.name": engine, **overrides})

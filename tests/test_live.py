@@ -75,6 +75,35 @@ def test_the_live_frame_height_is_a_server_option_checked_before_it_starts(tmp_p
     assert not outputs.exists()  # refused before anything was started or written
 
 
+def test_the_sound_goes_out_when_the_landmark_mouth_shows_it():
+    """The landmark mouth shows a sound one frame before that sound's time (its shapes read the 0.1 s after each
+    frame): the session sends each sound that much sooner than its frames, so mouth and sound meet."""
+    from types import SimpleNamespace
+
+    from heygem.config import load_config
+    from heygem.live.audio_in import AudioTimeline
+    from heygem.live.engine_step import LandmarkStep
+    from heygem.live.sessions import LiveSession
+
+    clock = SimpleNamespace(now=100.0)
+    timeline = AudioTimeline(clock=lambda: clock.now)
+    timeline.queue("speech", np.arange(2 * 16000, dtype=np.float32) / 32000)  # each sample: its time / 2
+    face = SimpleNamespace(description="portrait", geometry=SimpleNamespace(width=640, height=360))
+    step = LandmarkStep(load_config(), 25.0)
+    try:
+        assert step.mouth_lead == pytest.approx(0.04)
+        delay = step.lookahead + 0.04
+        session = LiveSession(id="s", submitter=None, face=face, engine="landmark", engine_reason="", step=step,
+                              delay=delay, timeline=timeline)
+        sent = session.read_output(100.0 + 1.5, 1)[0] * 2  # the sound going out 1.5 s in: its time on the timeline
+        assert sent == pytest.approx(1.5 - delay + step.mouth_lead, abs=1 / 16000)
+        answer = session.answer()
+        assert answer["delay_seconds"] == round(delay, 3)
+        assert answer["sound_delay_seconds"] == round(delay - step.mouth_lead, 3)
+    finally:
+        step.close()
+
+
 def test_the_mouth_follows_the_microphone_with_its_delay(live_url, mouth_box, speech):
     result = asyncio.run(talk(live_url, speech, seconds=5.0, mouth_box=mouth_box, headers=HEADERS))
     assert result.answer["engine"] == "landmark" and result.answer["engine_reason"]

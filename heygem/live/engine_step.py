@@ -46,6 +46,7 @@ class LiveEngineStep(Protocol):
     mel_columns: int  # columns of the mel window each frame reads; 0: it reads the samples (a SoundWindow)
     sound_before: float  # with mel_columns 0: seconds of samples before the frame's time it reads
     lookahead: float  # seconds of sound after a frame's time it waits for (the session's delay, less packets')
+    mouth_lead: float  # seconds by which its mouth shows a sound before that sound's time: the sound goes out sooner
 
     def render(self, frame_i420: np.ndarray, face: Face | None, sound: np.ndarray | SoundWindow) -> np.ndarray:
         """The frame ((H * 3/2, W) uint8 I420, not changed) with the mouth of ``sound``: its mel window
@@ -60,12 +61,15 @@ class LandmarkStep:
     """The landmark engine, drawing in the session's thread: its mouth shapes from the first eight mel
     columns (the 0.1 s after the frame: the shapes read six, the lip closures before a burst eight), so a
     frame waits 0.11 s for its sound instead of a whole window's 0.21 s; only the pause that hands the
-    mouth back to the face is noticed 0.1 s later than in a job."""
+    mouth back to the face is noticed 0.1 s later than in a job. Its mouth opens for a sound about a frame
+    before the sound's time (measured on the received streams, bench/bench_live.py: 55-60 ms), as lips move
+    before the sound they make: the session sends the sound one frame sooner, so the two meet."""
 
     name = "landmark"
     mel_columns = 8
     sound_before = 0.0
     lookahead = lookahead_seconds(mel_columns)  # 0.1125 s
+    mouth_lead = 0.04
 
     def __init__(self, config: Config, fps: float, weights: Path | None = None, batch_size: int = 1):
         from heygem.engines.landmark.engine import LandmarkEngine
@@ -95,6 +99,7 @@ class Wav2LipStep:
     its sound, which viewers notice (sound ahead of the picture shows from ~45 ms)."""
 
     name = "wav2lip"
+    mouth_lead = 0.0  # its window starts at the frame's time, as the generator was trained
     mel_columns = MEL_WINDOW  # 16
     sound_before = 0.0
     lookahead = lookahead_seconds(mel_columns)  # 0.2125 s
@@ -203,6 +208,7 @@ class MuseTalkStep:
 
     name = "musetalk"
     mel_columns = 0
+    mouth_lead = 0.0  # its window is centred on the frame's time
 
     def __init__(self, config: Config, fps: float, weights: Path | None = None, batch_size: int = 1):
         from heygem.engines.musetalk.engine import MuseTalkEngine

@@ -5,7 +5,8 @@ take the same users and keys as the rest of /api:
     POST   /api/live                     JSON {"sdp", "type": "offer", "presenter"?: id} (the client sends
                                          its microphone, receives video and sound) -> {"sdp", "type":
                                          "answer", "session", "key", "engine", "engine_reason", "face",
-                                         "delay_seconds", "width", "height"}; every session busy -> 429
+                                         "delay_seconds", "sound_delay_seconds", "width", "height"}; every
+                                         session busy -> 429
     POST   /api/live/{session}/say       JSON {"text"} -> {"session", "sentences"}: the presenter says it
     DELETE /api/live/{session}           -> {"session", "status": "ended"}
     WS     /api/live/{session}/audio     binary messages of 16 kHz mono s16le PCM: a voice agent's speech

@@ -111,9 +111,15 @@ class LiveSession:
             sound = sound_window(self.timeline, heard, step.sound_before, step.lookahead)
         return step.render(self.face.frames_i420[index], self.face.faces[index], sound)
 
+    @property
+    def sound_delay(self) -> float:
+        """Seconds the outgoing sound is behind what came in: the mouth's delay less the step's mouth lead (a
+        mouth that shows each sound a little before its time meets its sound when the sound goes out sooner)."""
+        return self.delay - getattr(self.step, "mouth_lead", 0.0)
+
     def read_output(self, wall_time: float, count: int) -> np.ndarray:
-        """The sound due at ``wall_time``: what came in ``delay`` seconds before."""
-        start = int(round((wall_time - self.timeline.origin - self.delay) * SAMPLE_RATE))
+        """The sound due at ``wall_time``: what came in ``sound_delay`` seconds before."""
+        start = int(round((wall_time - self.timeline.origin - self.sound_delay) * SAMPLE_RATE))
         return self.timeline.read(start, count)
 
     def say(self, text: str) -> int:
@@ -134,6 +140,7 @@ class LiveSession:
     def answer(self) -> dict:
         return {"session": self.id, "key": self.key, "engine": self.engine, "engine_reason": self.engine_reason,
                 "face": self.face.description, "delay_seconds": round(self.delay, 3),
+                "sound_delay_seconds": round(self.sound_delay, 3),
                 "width": self.face.geometry.width, "height": self.face.geometry.height}
 
 

@@ -89,7 +89,28 @@ class LandmarkStep:
         self.engine.close()
 
 
-class Wav2LipStep:
+class SeatedStep:
+    """A step whose frames go to the engine its sessions share (heygem.live.batching): the frame in BGR, its
+    face, its sound and the session's ``kept`` state handed to its seat (``self.seat``, a
+    heygem.live.batching.Seat, taken in the step's ``__init__``), the patch that comes back blended into the
+    frame in the session's thread."""
+
+    kept = None  # the session's own state the engine's batch function reads and keeps (MuseTalk: WhisperWindows)
+
+    @property
+    def engine(self):
+        return self.seat.engine
+
+    def render(self, frame_i420: np.ndarray, face: Face | None, sound) -> np.ndarray:
+        return mouth_into_frame(frame_i420, face, self.blend,
+                                lambda frame_bgr: self.seat.draw(MouthRequest(frame_bgr, face, sound, self.kept)))
+
+    def close(self) -> None:
+        """The session leaves the engine; the last to leave keeps it loaded for the next session."""
+        self.seat.leave()
+
+
+class Wav2LipStep(SeatedStep):
     """The Wav2Lip generator, one frame at a time for the session and in one batch with the other sessions' due
     frames (heygem.live.batching: the sessions on one checkpoint share one generator and one thread, whose
     call is Wav2LipEngine.generate on every due face, the 96x96 mouths scaled to their face boxes), blended into
@@ -118,18 +139,6 @@ class Wav2LipStep:
         self.seat = take_seat(key, lambda: Wav2LipEngine(weights, options),
                               lambda engine: functools.partial(wav2lip_mouths, engine, fps))
         self.blend = config.blend
-
-    @property
-    def engine(self):
-        return self.seat.engine
-
-    def render(self, frame_i420: np.ndarray, face: Face | None, mel_window: np.ndarray) -> np.ndarray:
-        return mouth_into_frame(frame_i420, face, self.blend,
-                                lambda frame_bgr: self.seat.draw(MouthRequest(frame_bgr, face, mel_window)))
-
-    def close(self) -> None:
-        """The session leaves the generator; the last to leave keeps it loaded for the next session."""
-        self.seat.leave()
 
 
 @dataclass(frozen=True)
@@ -187,7 +196,7 @@ MUSETALK_CONTEXT_SECONDS = 8.0  # sound before each pass's first frame, for the 
 MUSETALK_FRAMES_PER_FEATURES = 2  # frames whose Whisper windows one encoder pass makes
 
 
-class MuseTalkStep:
+class MuseTalkStep(SeatedStep):
     """MuseTalk, one frame at a time for the session and in one batch with the other sessions' due frames
     (heygem.live.batching: the sessions on the same files share one engine and one thread), through the
     engine's own public methods (heygem.engines.musetalk.engine: ``patches``: the crops' latents from memory
@@ -233,19 +242,7 @@ class MuseTalkStep:
         self.blend = config.blend
         self.sound_before = round(MUSETALK_CONTEXT_SECONDS * fps) / fps  # whole frames: the windows' rows align
         self.lookahead = (MUSETALK_FRAMES_PER_FEATURES - 1) / fps + MUSETALK_SOUND_AFTER
-        self.windows = WhisperWindows(fps)
-
-    @property
-    def engine(self):
-        return self.seat.engine
-
-    def render(self, frame_i420: np.ndarray, face: Face | None, sound: SoundWindow) -> np.ndarray:
-        return mouth_into_frame(frame_i420, face, self.blend,
-                                lambda frame_bgr: self.seat.draw(MouthRequest(frame_bgr, face, sound, self.windows)))
-
-    def close(self) -> None:
-        """The session leaves the networks; the last to leave keeps them loaded for the next session."""
-        self.seat.leave()
+        self.kept = WhisperWindows(fps)  # the windows its last encoder pass made
 
 
 class WhisperWindows:

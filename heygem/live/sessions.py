@@ -115,7 +115,7 @@ class LiveSession:
     def sound_delay(self) -> float:
         """Seconds the outgoing sound is behind what came in: the mouth's delay less the step's mouth lead (a
         mouth that shows each sound a little before its time meets its sound when the sound goes out sooner)."""
-        return self.delay - getattr(self.step, "mouth_lead", 0.0)
+        return self.delay - self.step.mouth_lead
 
     def read_output(self, wall_time: float, count: int) -> np.ndarray:
         """The sound due at ``wall_time``: what came in ``sound_delay`` seconds before."""

@@ -195,7 +195,9 @@ def upload(tensor, device):
     GPU it goes through page-locked memory (torch's cached pinned blocks, kept until the copy is done). A copy
     from pageable memory larger than the driver's staging buffer waits for all the work queued before it, and
     a thread that feeds the GPU would then leave it idle while it prepares the next batch."""
-    if getattr(device, "type", device) != "cuda" or tensor.device.type != "cpu":
+    import torch
+
+    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device)
     if not tensor.is_pinned():
         tensor = tensor.pin_memory()

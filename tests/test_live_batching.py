@@ -60,16 +60,35 @@ def patient(monkeypatch):
 def counting_faces(engine, monkeypatch, fail_first: bool = False) -> list[int]:
     """The faces of each generator call on ``engine`` from now on; with ``fail_first`` its first call raises."""
     calls: list[int] = []
-    generate = engine.generate
+    mouths = engine.mouths
 
-    def counted(batch):
-        calls.append(len(batch.faces))
+    def counted(crops, mel_windows):
+        calls.append(len(crops))
         if fail_first and len(calls) == 1:
             raise RuntimeError("the generator failed")
-        return generate(batch)
+        return mouths(crops, mel_windows)
 
-    monkeypatch.setattr(engine, "generate", counted)
+    monkeypatch.setattr(engine, "mouths", counted)
     return calls
+
+
+def test_a_live_frame_is_the_frame_a_job_draws(checkpoint, requests):
+    """A session's frame is the one a job's path makes of the same frame, face and mel window (the engine's
+    ``generate``: crop, generator, mouth scaled to the box; then the same blend), byte for byte."""
+    from heygem.engines.wav2lip.engine import Wav2LipEngine
+    from heygem.live.engine_step import mouth_into_frame
+    from heygem.types import EngineBatch
+
+    config = load_config()
+    engine = Wav2LipEngine(checkpoint, config.engine)
+    drawn = alone(checkpoint, requests)
+    for (frame_i420, face, mel), frame in zip(requests, drawn, strict=True):
+        def job_patch(frame_bgr, face=face, mel=mel):
+            return engine.generate(EngineBatch(np.zeros(1, np.int64), [frame_bgr], [face], mel[None], 25.0))[0]
+
+        expected = mouth_into_frame(frame_i420, face, config.blend, job_patch)
+        assert np.abs(expected.astype(int) - frame_i420).max() > 20, "a mouth was drawn"
+        np.testing.assert_array_equal(frame, expected)
 
 
 def alone(checkpoint, requests) -> list[np.ndarray]:

@@ -106,9 +106,9 @@ def test_musetalk_sessions_share_one_call_and_get_the_frames_they_would_get_alon
         engine = steps[0].engine
         assert steps[1].engine is engine
         calls: list[int] = []
-        patches = engine.patches
-        monkeypatch.setattr(engine, "patches", lambda frames, faces, windows: calls.append(len(faces)) or
-                            patches(frames, faces, windows))
+        mouths = engine.mouths
+        monkeypatch.setattr(engine, "mouths", lambda crops, windows: calls.append(len(crops)) or
+                            mouths(crops, windows))
         with ThreadPoolExecutor(2) as pool:
             together = list(pool.map(lambda step, request: step.render(*request), steps, requests))
         assert calls == [2], "one UNet and decoder call on both sessions' faces"

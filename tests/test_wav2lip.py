@@ -221,6 +221,29 @@ def test_generate_faces_equals_the_per_batch_forward_on_the_cpu(checkpoint_dir):
         engine.generate_faces(faces, mel_windows[:2])
 
 
+def test_mouths_from_crops_are_the_mouths_generate_draws(checkpoint_dir):
+    """``mouths`` (uint8 crops in, uint8 mouths out, the conversions inside the runner) gives what the
+    job's path gives before scaling to the box, byte for byte, in any batch split; bad shapes are refused."""
+    from heygem.engines.wav2lip.engine import crop_face, prepare_mel_windows, to_uint8_images
+
+    engine = Wav2LipEngine(checkpoint_dir / "official.pth", EngineConfig(device="cpu", batch_size=2))
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 256, (3, 180, 200, 3), dtype=np.uint8)
+    crops = np.stack([crop_face(frame, (20, 30, 140, 170)) for frame in frames])  # (3, 96, 96, 3)
+    mels = rng.standard_normal((3, 80, 16)).astype(np.float32)
+    expected = to_uint8_images(engine.generate_faces(prepare_faces(torch.from_numpy(crops)),
+                                                     prepare_mel_windows(mels))).numpy()
+    mouths = engine.mouths(crops, mels)  # a batch of 2, then a short one
+    assert mouths.shape == (3, 96, 96, 3) and mouths.dtype == np.uint8
+    np.testing.assert_array_equal(mouths, expected)
+    np.testing.assert_array_equal(engine.mouths(crops[2:], mels[2:]), expected[2:])
+    assert engine.mouths(crops[:0], mels[:0]).shape == (0, 96, 96, 3)
+    with pytest.raises(ValueError, match="uint8 crops"):
+        engine.mouths(crops.astype(np.float32), mels)
+    with pytest.raises(ValueError, match="mel windows"):
+        engine.mouths(crops, mels[:2])
+
+
 def test_out_of_memory_errors_are_recognised():
     assert is_out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))

@@ -34,7 +34,7 @@ from heygem.media.frames import paste_i420_window, write_region_i420, yuv420_to_
 from heygem.render.blend import blend_patch
 from heygem.runtime.device import gpu_expected
 from heygem.speech.audio import MEL_WINDOW
-from heygem.types import EngineBatch, Face
+from heygem.types import Face, FacePatch
 
 logger = logging.getLogger("heygem")
 
@@ -90,10 +90,13 @@ class LandmarkStep:
 
 
 class SeatedStep:
-    """A step whose frames go to the engine its sessions share (heygem.live.batching): the frame in BGR, its
-    face, its sound and the session's ``kept`` state handed to its seat (``self.seat``, a
-    heygem.live.batching.Seat, taken in the step's ``__init__``), the patch that comes back blended into the
-    frame in the session's thread."""
+    """A step whose mouths are drawn by the engine its sessions share (heygem.live.batching): in the session's
+    thread, the step's ``patch_of`` cuts what the engine reads from the frame (in BGR), hands it with the face,
+    the sound and the session's ``kept`` state to its seat (``self.seat``, a heygem.live.batching.Seat, taken in
+    the step's ``__init__``) and makes a patch of the mouth that comes back, which is blended into the frame
+    there too. Only the networks run in the shared thread, which every session waits on: each call of it lets
+    the interpreter's lock go and waits to take it back, so the per-face host work (crops, resizes, masks) runs
+    in the sessions' own threads, side by side."""
 
     kept = None  # the session's own state the engine's batch function reads and keeps (MuseTalk: WhisperWindows)
 
@@ -102,8 +105,12 @@ class SeatedStep:
         return self.seat.engine
 
     def render(self, frame_i420: np.ndarray, face: Face | None, sound) -> np.ndarray:
-        return mouth_into_frame(frame_i420, face, self.blend,
-                                lambda frame_bgr: self.seat.draw(MouthRequest(frame_bgr, face, sound, self.kept)))
+        return mouth_into_frame(frame_i420, face, self.blend, lambda frame_bgr: self.patch_of(frame_bgr, face, sound))
+
+    def patch_of(self, frame_bgr: np.ndarray, face: Face, sound) -> FacePatch | None:
+        """The patch of the mouth the shared engine draws for ``face`` in ``frame_bgr`` ((H, W, 3) uint8) and
+        ``sound``; None where the face's box lies outside the frame."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """The session leaves the engine; the last to leave keeps it loaded for the next session."""
@@ -113,8 +120,9 @@ class SeatedStep:
 class Wav2LipStep(SeatedStep):
     """The Wav2Lip generator, one frame at a time for the session and in one batch with the other sessions' due
     frames (heygem.live.batching: the sessions on one checkpoint share one generator and one thread, whose
-    call is Wav2LipEngine.generate on every due face, the 96x96 mouths scaled to their face boxes), blended into
-    the frame as a job's CPU path blends it (heygem.render.blend), without a restorer. Its mel window is a job's:
+    call is Wav2LipEngine.mouths on every due face's 96x96 crop; each session cuts its crop and scales its mouth
+    to the box in its own thread, as Wav2LipEngine.generate does for a job), blended into the frame as a job's
+    CPU path blends it (heygem.render.blend), without a restorer. Its mel window is a job's:
     the 16 columns (0.2 s) starting at the frame's time, which the generator was trained on, so a frame waits
     0.21 s for its sound. A window centred on the frame would wait 0.1 s less but show each mouth 0.1 s after
     its sound, which viewers notice (sound ahead of the picture shows from ~45 ms)."""
@@ -135,41 +143,56 @@ class Wav2LipStep(SeatedStep):
         stat = Path(weights).stat()
         key = ("wav2lip", str(Path(weights).resolve()), stat.st_mtime_ns, stat.st_size, options.device,
                options.precision, options.cuda_graph, options.cudnn, options.deterministic, batch_size, fps)
-        # loading, moving to the GPU and capturing the graph (a second or two) when no session has it loaded
-        self.seat = take_seat(key, lambda: Wav2LipEngine(weights, options),
-                              lambda engine: functools.partial(wav2lip_mouths, engine, fps))
+        def load():  # loading, moving to the GPU and capturing the graphs (a second or two), by the first session
+            engine = Wav2LipEngine(weights, options)
+            engine.warm_up_mouths()
+            return engine
+
+        self.seat = take_seat(key, load, lambda engine: functools.partial(wav2lip_mouths, engine))
         self.blend = config.blend
+
+    def patch_of(self, frame_bgr: np.ndarray, face: Face, sound) -> FacePatch | None:
+        """The box's 96x96 crop to the shared generator, its mouth scaled back to the box."""
+        from heygem.engines.wav2lip.engine import clip_box, crop_face, resize_to_box
+
+        box = clip_box(face.box, *frame_bgr.shape[:2])
+        if box is None:
+            return None
+        mouth = self.seat.draw(MouthRequest(crop_face(frame_bgr, box), face, sound))  # (96, 96, 3) BGR
+        return FacePatch(box=box, image_bgr=resize_to_box(mouth, box), mask=None, face=face)
 
 
 @dataclass(frozen=True)
 class MouthRequest:
     """One session's due frame, as its step hands it to the shared engine (heygem.live.batching)."""
 
-    frame_bgr: np.ndarray  # (H, W, 3) uint8 BGR
+    image_bgr: np.ndarray  # uint8 BGR: the frame (H, W, 3) (MuseTalk), the face's (96, 96, 3) crop (Wav2Lip)
     face: Face
     sound: np.ndarray | SoundWindow  # the step's sound: a mel window (80, columns) or the samples around the frame
     kept: object = None  # the session's own state the engine's batch reads and keeps (MuseTalk: WhisperWindows)
 
 
-def wav2lip_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
-    """The patch (or None) of each request, from one Wav2LipEngine.generate on all of them (their frames may
-    differ in size: sessions of several presenters); a request whose mel window is not (80, 16) gets its error
-    instead, the others their patches."""
+def wav2lip_mouths(engine, requests: list[MouthRequest]) -> list:
+    """The (96, 96, 3) uint8 mouth of each request's crop, from one Wav2LipEngine.mouths on all of them; a request
+    whose mel window is not (80, 16) or whose crop is not 96x96 gets its error instead, the others their mouths."""
+    from heygem.engines.wav2lip.engine import FACE_SIZE
+
     results: list = [None] * len(requests)
-    usable = []  # positions of the requests with a mel window of the generator's size
+    usable = []  # positions of the requests the generator can read
     for index, request in enumerate(requests):
         if np.shape(request.sound) != (80, MEL_WINDOW):
             results[index] = ValueError(f"a Wav2Lip frame reads an (80, {MEL_WINDOW}) mel window, "
                                         f"not {np.shape(request.sound)}")
+        elif np.shape(request.image_bgr) != (FACE_SIZE, FACE_SIZE, 3):
+            results[index] = ValueError(f"a Wav2Lip mouth is drawn from a ({FACE_SIZE}, {FACE_SIZE}, 3) crop, "
+                                        f"not {np.shape(request.image_bgr)}")
         else:
             usable.append(index)
     if usable:
-        patches = engine.generate(EngineBatch(
-            frame_indices=np.zeros(len(usable), np.int64), frames_bgr=[requests[row].frame_bgr for row in usable],
-            faces=[requests[row].face for row in usable], fps=fps,
-            mel_windows=np.stack([requests[row].sound for row in usable])))  # (F, 80, 16) mels
-        for row, patch in zip(usable, patches):
-            results[row] = patch
+        mouths = engine.mouths(np.stack([requests[row].image_bgr for row in usable]),
+                               np.stack([requests[row].sound for row in usable]))  # (F, 96, 96, 3)
+        for row, mouth in zip(usable, mouths):
+            results[row] = mouth
     return results
 
 
@@ -199,9 +222,10 @@ MUSETALK_FRAMES_PER_FEATURES = 2  # frames whose Whisper windows one encoder pas
 class MuseTalkStep(SeatedStep):
     """MuseTalk, one frame at a time for the session and in one batch with the other sessions' due frames
     (heygem.live.batching: the sessions on the same files share one engine and one thread), through the
-    engine's own public methods (heygem.engines.musetalk.engine: ``patches``: the crops' latents from memory
-    or the avatar cache, the UNet and the decoder on every due face at once), blended into the frame as a
-    job's CPU path blends it.
+    engine's own public methods (heygem.engines.musetalk.engine, the steps of ``patches``: each session cuts its
+    face's crop and makes its patch in its own thread; the shared thread runs ``mouths``, the crops' latents
+    from memory or the avatar cache, the UNet and the decoder on every due face at once), blended into the
+    frame as a job's CPU path blends it.
 
     Its mouths read Whisper's encoder states, not mel windows: the step takes the timeline's samples and
     the shared thread runs the encoder on them, once every MUSETALK_FRAMES_PER_FEATURES frames of a session,
@@ -243,6 +267,15 @@ class MuseTalkStep(SeatedStep):
         self.sound_before = round(MUSETALK_CONTEXT_SECONDS * fps) / fps  # whole frames: the windows' rows align
         self.lookahead = (MUSETALK_FRAMES_PER_FEATURES - 1) / fps + MUSETALK_SOUND_AFTER
         self.kept = WhisperWindows(fps)  # the windows its last encoder pass made
+
+    def patch_of(self, frame_bgr: np.ndarray, face: Face, sound) -> FacePatch | None:
+        """The face's 256x256 crop to the shared engine, the face it generates scaled and masked as a job's."""
+        engine = self.engine
+        rows, boxes, crops = engine.face_crops([frame_bgr], [face])
+        if not rows:
+            return None
+        face_rgb = self.seat.draw(MouthRequest(crops[0], face, sound, self.kept))  # (256, 256, 3) RGB
+        return engine.face_patch(frame_bgr, face, boxes[0], face_rgb)
 
 
 class WhisperWindows:
@@ -301,9 +334,8 @@ def whisper_passes(engine, sounds: list[SoundWindow], fps: float) -> list:
 
 
 def musetalk_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
-    """The patch (or None) of each request: the Whisper windows of the sessions that need a pass in one encoder
-    call (:func:`whisper_passes`), then one MuseTalkEngine.patches on every face (their frames may differ in
-    size: sessions of several presenters)."""
+    """The generated face ((256, 256, 3) uint8 RGB) of each request's crop: the Whisper windows of the sessions
+    that need a pass in one encoder call (:func:`whisper_passes`), then one MuseTalkEngine.mouths on every crop."""
     import torch
 
     with torch.inference_mode():
@@ -312,8 +344,7 @@ def musetalk_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:
             for request, windows in zip(missing, whisper_passes(engine, [request.sound for request in missing], fps)):
                 request.kept.keep(request.sound, windows)
         windows = torch.cat([request.kept.window(request.sound) for request in requests])  # (F, 50, 384)
-        return engine.patches([request.frame_bgr for request in requests], [request.face for request in requests],
-                              windows)
+        return list(engine.mouths(np.stack([request.image_bgr for request in requests]), windows))
 
 
 LIVE_STEPS = {"landmark": LandmarkStep, "wav2lip": Wav2LipStep, "musetalk": MuseTalkStep}

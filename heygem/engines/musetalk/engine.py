@@ -246,17 +246,24 @@ class MuseTalkEngine:
         rows, boxes, crops_bgr = self.face_crops(frames_bgr, faces)
         if not rows:
             return patches
-        latents = self.unet_input_latents(crops_bgr)  # (F, 8, 32, 32)
-        generated = self.generate_faces(latents, audio_windows[rows])  # (F, 3, 256, 256) RGB in [0, 1]
-        faces_rgb = (generated.float() * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        faces_rgb = self.mouths(crops_bgr, audio_windows[rows])  # (F, 256, 256, 3) RGB
         for row, box, face_rgb in zip(rows, boxes, faces_rgb):
-            patches[row] = self._patch(frames_bgr[row], faces[row], box, face_rgb)
+            patches[row] = self.face_patch(frames_bgr[row], faces[row], box, face_rgb)
         return patches
 
-    def _patch(self, frame_bgr: np.ndarray, face: Face, box: Box, face_rgb: np.ndarray) -> FacePatch:
-        """The patch for one face: the generated face resized to its box, with heygem's landmark lower-face
-        mask (heygem.render.blend) below the box's middle, or with face parsing MuseTalk's own mask over
-        its widened box."""
+    def mouths(self, crops_bgr: np.ndarray, audio_windows: torch.Tensor) -> np.ndarray:
+        """The generated faces of (F, 256, 256, 3) uint8 BGR crops (:meth:`face_crops`') and their (F, 50, 384)
+        audio windows: (F, 256, 256, 3) uint8 RGB, rounded from the decoder's [0, 1], what :meth:`face_patch`
+        scales to the box."""
+        latents = self.unet_input_latents(crops_bgr)  # (F, 8, 32, 32)
+        generated = self.generate_faces(latents, audio_windows)  # (F, 3, 256, 256) RGB in [0, 1]
+        return (generated.float() * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+    def face_patch(self, frame_bgr: np.ndarray, face: Face, box: Box, face_rgb: np.ndarray) -> FacePatch:
+        """The patch for one face: the generated face (``face_rgb``, (256, 256, 3) uint8 RGB) resized to its
+        box, with heygem's landmark lower-face mask (heygem.render.blend) below the box's middle, or with face
+        parsing MuseTalk's own mask over its widened box. Host work only (or the parser's own network): live
+        sessions call it from their own threads."""
         face_bgr = crop.face_to_box(face_rgb, box)
         if self.parser is None:
             patch = FacePatch(box=box, image_bgr=face_bgr, mask=None, face=face)

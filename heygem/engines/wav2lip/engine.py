@@ -61,6 +61,24 @@ def to_uint8_images(generated: torch.Tensor) -> torch.Tensor:
     return generated.float().mul(255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
+class MouthsFromCrops(torch.nn.Module):
+    """The generator with the conversions around it (:func:`prepare_faces`, :func:`to_uint8_images`) inside
+    one module: uint8 crops in, uint8 mouths out, so that a runner's CUDA graph holds the whole step and a
+    caller makes a handful of calls per batch rather than dozens. The same operations in the same order as
+    ``generate`` runs them, so the same mouths."""
+
+    def __init__(self, generator: torch.nn.Module, dtype: torch.dtype, channels_last: bool):
+        super().__init__()
+        self.generator = generator
+        self.dtype = dtype  # what the runner's buffers would have cast the faces to
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def forward(self, mel_windows: torch.Tensor, crops_bgr: torch.Tensor) -> torch.Tensor:
+        """(B, 1, 80, 16) mel windows and (B, 96, 96, 3) uint8 BGR crops -> (B, 96, 96, 3) uint8 BGR mouths."""
+        faces = prepare_faces(crops_bgr).to(self.dtype, memory_format=self.memory_format)  # (B, 6, 96, 96)
+        return to_uint8_images(self.generator(mel_windows, faces)).contiguous()
+
+
 def resize_to_box(image_bgr: np.ndarray, box: Box) -> np.ndarray:
     """Scale a 96x96 result to the box size.
 
@@ -116,6 +134,7 @@ class Wav2LipEngine:
         self.runner.warm_up(((1, 80, Wav2Lip.mel_window_frames), torch.float32),
                             ((6, FACE_SIZE, FACE_SIZE), torch.float32))
         self.model = model
+        self._mouths_runner: FixedBatchRunner | None = None  # made by the first call of ``mouths``
         logger.info("wav2lip engine on %s, batches of %d, %s%s%s", self.device, batch_size,
                     str(self.runner.compute_dtype or torch.float32).removeprefix("torch."),
                     ", channels-last", ", CUDA graph" if self.runner.use_cuda_graph else "")
@@ -140,6 +159,41 @@ class Wav2LipEngine:
         if len(faces) == 0:
             return torch.empty((0, 3, FACE_SIZE, FACE_SIZE), device=self.device)
         return self.runner(mel_windows, faces)  # the public model takes the audio first
+
+    def mouths(self, crops_bgr: np.ndarray, mel_windows: np.ndarray) -> np.ndarray:
+        """The generated mouths of faces already cropped: (F, 96, 96, 3) uint8 BGR crops (:func:`crop_face`'s)
+        and their (F, 80, 16) mel windows -> (F, 96, 96, 3) uint8 BGR, what ``generate`` scales to each box.
+
+        For callers that draw a few faces many times a second from a thread sharing the interpreter with
+        others (live sessions): the conversions run inside the runner's graph (:class:`MouthsFromCrops`),
+        so a call is about ten operations, each of which lets the interpreter's lock go and waits to take it
+        back, instead of some fifty plus two image resizes per face. Not thread-safe (one runner)."""
+        crops_bgr = np.asarray(crops_bgr)
+        mel_windows = np.asarray(mel_windows)
+        if crops_bgr.shape[1:] != (FACE_SIZE, FACE_SIZE, 3) or crops_bgr.dtype != np.uint8 \
+                or mel_windows.shape != (len(crops_bgr), 80, Wav2Lip.mel_window_frames):
+            raise ValueError(f"mouths takes (F, 96, 96, 3) uint8 crops and (F, 80, 16) mel windows, got "
+                             f"{crops_bgr.shape} {crops_bgr.dtype} and {mel_windows.shape}")
+        if len(crops_bgr) == 0:
+            return np.empty((0, FACE_SIZE, FACE_SIZE, 3), np.uint8)
+        runner = self._mouths_runner or self.warm_up_mouths()
+        crops = torch.from_numpy(np.ascontiguousarray(crops_bgr)).to(self.device)  # (F, 96, 96, 3) uint8
+        mels = prepare_mel_windows(mel_windows).to(self.device)  # (F, 1, 80, 16)
+        return runner(mels, crops).cpu().numpy()
+
+    def warm_up_mouths(self) -> FixedBatchRunner:
+        """Make the runner of :meth:`mouths` (the generator's own weights, as its runner cast them) and ready
+        its batch and graph: a live server calls it while it loads the engine, before the first frame."""
+        if self._mouths_runner is None:
+            main = self.runner
+            dtype = main.compute_dtype if main.cast_weights else torch.float32
+            runner = FixedBatchRunner(MouthsFromCrops(self.model, dtype, main.channels_last), self.device,
+                                      main.batch_size, precision=main.precision, use_cuda_graph=main.use_cuda_graph,
+                                      name="wav2lip mouths")
+            runner.warm_up(((1, 80, Wav2Lip.mel_window_frames), torch.float32),
+                           ((FACE_SIZE, FACE_SIZE, 3), torch.uint8))
+            self._mouths_runner = runner
+        return self._mouths_runner
 
     def close(self) -> None:
         """Nothing runs beside the generator: it stays loaded (kept for its thread's next job)."""

@@ -303,10 +303,11 @@ class WhisperWindows:
 
 def whisper_passes(engine, sounds: list[SoundWindow], fps: float) -> list:
     """For each sound, (MUSETALK_FRAMES_PER_FEATURES, 50, 384) float32: the Whisper windows of its frame and
-    the next ones, read from the encoder's states over the sound around them. One encoder call on all the
-    sounds (each padded to Whisper's 30 s, as ``engine.audio_features`` pads one); a single sound goes through
-    ``engine.audio_features`` itself. The same states, ``features.encoder_states`` on a batch instead of one
-    segment; the spectrograms are computed on the engine's device (the feature extractor's own option)."""
+    the next ones, read from the encoder's states over the sound around them, as a job's
+    ``engine.audio_features`` makes them (each sound padded to Whisper's 30 s). All the sounds in one pass of the
+    engine's encoder runner (``encoder_hidden_states``: a CUDA graph on a GPU), the spectrograms computed on the
+    engine's device (the feature extractor's own option), and only the windows of the frames asked for cut out,
+    there, before one copy back; a sound longer than 30 s takes ``engine.audio_features``."""
     import torch
 
     from heygem.engines.musetalk import audio_features as features
@@ -314,23 +315,27 @@ def whisper_passes(engine, sounds: list[SoundWindow], fps: float) -> list:
     frame_samples = SAMPLE_RATE / fps
     contexts = [int(round(sound.before / frame_samples)) for sound in sounds]  # whole frames before each frame
     counts = [context + MUSETALK_FRAMES_PER_FEATURES for context in contexts]
-    longest = max(len(sound.samples) for sound in sounds)
-    if len(sounds) == 1 or longest > features.SEGMENT_SECONDS * SAMPLE_RATE:
+    if max(len(sound.samples) for sound in sounds) > features.SEGMENT_SECONDS * SAMPLE_RATE:
         return [engine.audio_features(sound.samples, fps, count, features_on_device=True)[context:]
                 for sound, count, context in zip(sounds, counts, contexts)]
-    # the spectrograms on the engine's device: on its host each 30 s pass is tens of milliseconds of a core
     mels = engine.feature_extractor([sound.samples for sound in sounds], sampling_rate=SAMPLE_RATE,
                                     return_tensors="pt", device=str(engine.device)).input_features  # (B, 80, 3000)
     with torch.inference_mode():
-        hidden = engine.encoder(mels.to(device=engine.device, dtype=torch.float32), output_hidden_states=True)
-    states = torch.stack(hidden.hidden_states, dim=2).float().cpu()  # (B, 1500, L + 1, 384)
-    passes = []
-    for row, (sound, count, context) in enumerate(zip(sounds, counts, contexts)):
-        length = math.floor(len(sound.samples) / SAMPLE_RATE * features.FEATURE_RATE)
-        windows = features.frame_windows(states[row, :length], fps, count)  # (count, 50, 384)
-        windows = windows + features.positional_encoding(windows.shape[1], windows.shape[2])
-        passes.append(windows[context:])
-    return passes
+        states = engine.encoder_hidden_states(mels)  # (B, 1500, L + 1, 384) on the device
+        windows = []
+        for row, (sound, count, context) in enumerate(zip(sounds, counts, contexts)):
+            length = math.floor(len(sound.samples) / SAMPLE_RATE * features.FEATURE_RATE)
+            windows.append(features.frame_windows(states[row, :length], fps, count, first=context))  # (2, 50, 384)
+        windows = torch.stack(windows)  # (B, 2, 50, 384)
+        windows = (windows + _positional_encoding(windows.shape[2], windows.shape[3], windows.device)).cpu()
+    return list(windows)
+
+
+@functools.lru_cache(maxsize=4)
+def _positional_encoding(length: int, d_model: int, device):
+    from heygem.engines.musetalk import audio_features as features
+
+    return features.positional_encoding(length, d_model).to(device)
 
 
 def musetalk_mouths(engine, fps: float, requests: list[MouthRequest]) -> list:

@@ -48,22 +48,22 @@ def encoder_states(samples_16k: np.ndarray, feature_extractor, encoder, device, 
     return states[:math.floor(len(samples_16k) / SAMPLE_RATE * FEATURE_RATE)]
 
 
-def frame_windows(states: torch.Tensor, fps: float, frame_count: int) -> torch.Tensor:
-    """(frame_count, 2 * (2 * CONTEXT + 1) * (L + 1), D): each video frame's window of ``states``
-    (T, L + 1, D), flattened over time and layer as MuseTalk's UNet takes it; frames past the audio's
-    end see zeros."""
+def frame_windows(states: torch.Tensor, fps: float, frame_count: int, first: int = 0) -> torch.Tensor:
+    """(frame_count - first, 2 * (2 * CONTEXT + 1) * (L + 1), D): the windows of video frames ``first`` to
+    ``frame_count - 1`` of ``states`` (T, L + 1, D), on its device, flattened over time and layer as MuseTalk's
+    UNet takes them; frames past the audio's end see zeros."""
     whole_fps = int(fps)
     step = FEATURE_RATE / whole_fps
     padding = math.ceil(step)
     window = 2 * (2 * CONTEXT_FRAMES + 1)  # 10 rows of 20 ms: 2 video frames either side and the frame
-    starts = np.floor(np.arange(frame_count) * step).astype(np.int64)  # (F,)
+    starts = np.floor(np.arange(frame_count) * step).astype(np.int64)  # (F,), the padding's rows as every frame's
     before = padding * CONTEXT_FRAMES
     needed = int(starts[-1]) + window if frame_count else 0  # rows the last frame reads
     after = max(padding * RIGHT_PADDING_FACTOR * CONTEXT_FRAMES, needed - before - len(states))
     padded = torch.cat([states.new_zeros((before, *states.shape[1:])), states,
                         states.new_zeros((after, *states.shape[1:]))], dim=0)
-    rows = torch.from_numpy(starts)[:, None] + torch.arange(window)[None, :]  # (F, 10)
-    return padded[rows].flatten(1, 2)  # (F, 10 * (L + 1), D)
+    rows = torch.from_numpy(starts[first:])[:, None] + torch.arange(window)[None, :]  # (F - first, 10)
+    return padded[rows.to(states.device)].flatten(1, 2)  # (F - first, 10 * (L + 1), D)
 
 
 def positional_encoding(length: int, d_model: int) -> torch.Tensor:

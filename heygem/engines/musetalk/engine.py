@@ -41,7 +41,7 @@ from heygem.engines.musetalk.model_step import MouthModelStep, encode_faces
 from heygem.engines.musetalk.network_copy import NetworkCopy
 from heygem.face import avatar_cache
 from heygem.render.blend import lower_face_mask
-from heygem.runtime.device import autocast_dtype, configure_backends, pick_device, upload
+from heygem.runtime.device import FixedBatchRunner, autocast_dtype, configure_backends, pick_device, upload
 from heygem.runtime.kept import file_identity
 from heygem.types import Box, Face, FacePatch
 
@@ -79,6 +79,8 @@ class MuseTalkEngine:
         with self._timed("whisper"):
             self.encoder = loading.load_whisper_encoder(files).to(self.device)
             self.feature_extractor = loading.load_feature_extractor(files)
+        self._use_cuda_graph = config.cuda_graph
+        self._encoder_runner: FixedBatchRunner | None = None  # made by the first call of encoder_hidden_states
         self.parser = None
         if self.parsing_mode in ("jaw", "neck", "raw"):
             from heygem.engines.musetalk.parsing import FaceParser
@@ -167,6 +169,19 @@ class MuseTalkEngine:
         spectrogram computed on the engine's device (live sessions' short passes)."""
         return features.audio_features(samples_16k, fps, frame_count, self.feature_extractor, self.encoder,
                                        self.device, features_on_device=features_on_device)
+
+    def encoder_hidden_states(self, mels: torch.Tensor) -> torch.Tensor:
+        """(B, 80, 3000) log-mel spectrograms on the device -> (B, 1500, L + 1, 384) float32 on the device: every
+        hidden state of the Whisper encoder, as :func:`audio_features.encoder_states` stacks them, through a
+        runner of a fixed batch (the engine's), one CUDA graph replay on a GPU instead of the encoder's hundred
+        launches: live sessions run a pass every other frame from a thread that waits to take the interpreter's
+        lock back after each launch."""
+        if self._encoder_runner is None:
+            self._encoder_runner = FixedBatchRunner(
+                EncoderStates(self.encoder), self.device, self.batch_size, precision="fp32",  # the jobs' precision
+                use_cuda_graph=self._use_cuda_graph, name="whisper encoder")
+            self._encoder_runner.warm_up(((mels.shape[1], mels.shape[2]), torch.float32))
+        return self._encoder_runner(mels.to(device=self.device, dtype=torch.float32))
 
     def unet_input_latents(self, crops_bgr: np.ndarray) -> torch.Tensor:
         """(B, 256, 256, 3) uint8 BGR crops -> (B, 8, 32, 32) float32 UNet input on the CPU: the masked
@@ -277,6 +292,17 @@ class MuseTalkEngine:
 
     def close(self) -> None:
         """Nothing runs beside the networks: they stay loaded (kept for the thread's next job)."""
+
+
+class EncoderStates(torch.nn.Module):
+    """Whisper's encoder with every hidden state stacked: (B, 80, 3000) -> (B, 1500, L + 1, D)."""
+
+    def __init__(self, encoder: torch.nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        return torch.stack(self.encoder(mels, output_hidden_states=True).hidden_states, dim=2)
 
 
 def lower_half_only(mask: np.ndarray) -> np.ndarray:

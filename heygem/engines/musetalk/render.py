@@ -102,19 +102,23 @@ class MuseTalkDeviceRender(RegionRender):
     def _cut_group(self, group: list[FrameBatch]):
         """The host's part of a group, started: per batch its faces' rows, regions (cut out and
         uploaded), boxes on the regions and mask futures (None for a batch without a face), and every
-        face's crop future. None for a group that takes the CPU path's steps."""
+        face's crop future. Every region of the group has the same size (the group's largest box, on
+        heygem.render.gpu_blend's canvas), so the paste runs once on the whole group. None for a group
+        that takes the CPU path's steps."""
         import heygem.engines.musetalk.crop as crop
         from heygem.render import gpu_blend
 
         engine = self.prepared.engine
         if engine.parser is not None or self.prepared.restoration.name != "none":
             return None
+        sizes = {batch.frames_i420.shape[1:] for batch in group}
+        if len(sizes) != 1:
+            raise ValueError(f"a group of batches with frames of {len(sizes)} sizes")
+        frame_height, frame_width = group[0].frames_i420.shape[1] * 2 // 3, group[0].frames_i420.shape[2]
         pool = host_pool()
         feather = self.config.blend.feather
-        cuts = []  # per batch: (rows, regions, planes, boxes on the regions, mask futures), or None
-        crops = []  # every face's crop future, in the group's order
+        found = []  # per batch: (rows, boxes (F, 4) in the frames), or None
         for batch in group:
-            frame_height, frame_width = batch.frames_i420.shape[1] * 2 // 3, batch.frames_i420.shape[2]
             rows, boxes = [], []
             for row, face in enumerate(batch.faces):
                 box = (crop.musetalk_box(face, frame_height, frame_width, engine.extra_margin)
@@ -122,12 +126,23 @@ class MuseTalkDeviceRender(RegionRender):
                 if box is not None:
                     rows.append(row)
                     boxes.append(box)
-            if not rows:
+            found.append((rows, np.array(boxes, dtype=np.int64)) if rows else None)
+        every_box = [item[1] for item in found if item is not None]
+        if not every_box:
+            return [None] * len(group), []
+        every_box = np.concatenate(every_box)  # (F, 4), the group's faces in order
+        canvas = gpu_blend.face_canvas(np.arange(len(every_box)), every_box, frame_height, frame_width, "cpu")
+        every_origin = canvas.origin.numpy()  # (F, 2) even x, y
+        cuts = []  # per batch: (rows, regions, planes, boxes on the regions, mask futures), or None
+        crops = []  # every face's crop future, in the group's order
+        start = 0
+        for batch, item in zip(group, found):
+            if item is None:
                 cuts.append(None)
                 continue
-            boxes_host = np.array(boxes, dtype=np.int64)  # (F, 4) in the frames
-            canvas = gpu_blend.face_canvas(np.array(rows), boxes_host, frame_height, frame_width, "cpu")
-            origins = canvas.origin.numpy()  # (F, 2) even x, y
+            rows, boxes_host = item
+            origins = every_origin[start:start + len(rows)]
+            start += len(rows)
             regions = self._cut(batch, rows, origins, canvas.height, canvas.width, engine.device)
             planes = regions.pinned.to(engine.device, non_blocking=True)  # (F, Hc * 3/2, Wc) uint8
             boxes_on_regions = boxes_host - np.concatenate([origins, origins], axis=1)  # (F, 4)
@@ -143,7 +158,10 @@ class MuseTalkDeviceRender(RegionRender):
         return cuts, crops
 
     def _render_group(self, group: list[FrameBatch], cut) -> list[Downloading]:
-        """The networks and the paste for a group whose host part :meth:`_cut_group` started."""
+        """The networks and the paste for a group whose host part :meth:`_cut_group` started: one pass of
+        the networks and one paste over all the group's faces (a batch of 1080p frames holds 5 to 10 faces,
+        and the paste is some hundred small launches whatever it holds), then each batch's regions copied
+        back."""
         if cut is None:
             return self._render_on_cpu(group)
         cuts, crops = cut
@@ -156,17 +174,19 @@ class MuseTalkDeviceRender(RegionRender):
         generated = engine.generate_faces(latents, self.audio_windows(frames))
         # the CPU path's rounding to 8 bits, and RGB to BGR: (F, 3, 256, 256) in [0, 1]
         faces_bgr = (generated.float() * 255.0).round_().clamp_(0.0, 255.0).div_(255.0).flip(1)
+        present = [cut for cut in cuts if cut is not None]
+        planes = torch.cat([cut[2] for cut in present]) if len(present) > 1 else present[0][2]  # (F, Hc * 3/2, Wc)
+        boxes_on_regions = np.concatenate([cut[3] for cut in present])  # (F, 4)
+        masks = [mask.result() for cut in present for mask in cut[4]]  # made on the host while the device works
+        paste_faces(planes, boxes_on_regions, faces_bgr, masks, self.config.blend.color_match)
         downloads, start = [], 0
         for batch, cut in zip(group, cuts):
             if cut is None:
                 downloads.append(Downloading(batch))
                 continue
-            rows, regions, planes, boxes_on_regions, masks = cut
-            masks = [mask.result() for mask in masks]  # made on the host while the device works
-            paste_faces(planes, boxes_on_regions, faces_bgr[start:start + len(rows)], masks,
-                        self.config.blend.color_match)
+            rows, regions = cut[0], cut[1]
+            downloads.append(self._download(batch, regions, planes[start:start + len(rows)]))
             start += len(rows)
-            downloads.append(self._download(batch, regions, planes))
         return downloads
 
     def _render_on_cpu(self, group: list[FrameBatch]) -> list[Downloading]:

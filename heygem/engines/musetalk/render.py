@@ -84,20 +84,25 @@ class MuseTalkDeviceRender(RegionRender):
 
     def render(self, batches: Iterator[FrameBatch]) -> Iterator[Downloading]:
         """Each group of batches (:func:`model_groups`) through one pass of the networks, the next
-        group's regions cut out, uploaded and cropped on the host while the device runs this one's."""
-        ahead = None
+        group's regions cut out, uploaded and cropped on the host while the device runs this one's. A
+        group's batches are handed on only once the next group's work is queued on the device: handing
+        them on waits for the paste stage, which waits for the device, and the device would otherwise
+        idle while this thread cuts the group after."""
+        ahead = None  # (group, its host part): cut, not yet queued on the device
+        queued: list[Downloading] = []  # the group queued on the device before, not yet handed on
         for group in model_groups(batches, lambda: self.prepared.engine.batch_size):
             with torch.inference_mode():
                 cut = self._cut_group(group)
-                if ahead is not None:
-                    downloads = self._render_group(*ahead)
-            if ahead is not None:
-                yield from downloads
-            ahead = (group, cut)
+                following = self._render_group(*ahead) if ahead is not None else []
+            yield from queued
+            queued, ahead = following, (group, cut)
         if ahead is not None:
             with torch.inference_mode():
-                downloads = self._render_group(*ahead)
-            yield from downloads
+                following = self._render_group(*ahead)
+        else:
+            following = []
+        yield from queued
+        yield from following
 
     def _cut_group(self, group: list[FrameBatch]):
         """The host's part of a group, started: per batch its faces' rows, regions (cut out and

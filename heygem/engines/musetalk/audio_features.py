@@ -63,7 +63,8 @@ def frame_windows(states: torch.Tensor, fps: float, frame_count: int, first: int
     padded = torch.cat([states.new_zeros((before, *states.shape[1:])), states,
                         states.new_zeros((after, *states.shape[1:]))], dim=0)
     rows = torch.from_numpy(starts[first:])[:, None] + torch.arange(window)[None, :]  # (F - first, 10)
-    return padded[rows.to(states.device)].flatten(1, 2)  # (F - first, 10 * (L + 1), D)
+    # queued, not waited for: a blocking copy onto a GPU would wait for everything queued there (the encoder)
+    return padded[rows.to(states.device, non_blocking=True)].flatten(1, 2)  # (F - first, 10 * (L + 1), D)
 
 
 def positional_encoding(length: int, d_model: int) -> torch.Tensor:

@@ -118,3 +118,32 @@ def test_musetalk_sessions_share_one_call_and_get_the_frames_they_would_get_alon
     finally:
         for one in steps:
             one.close()
+
+
+def test_a_live_musetalk_frame_is_the_frame_a_jobs_patches_make(musetalk_weights):
+    """The session cuts the crop and makes the patch in its own thread, the shared thread runs the networks: the
+    frame is the one the engine's ``patches`` (a job's path) makes of the same frame, face and Whisper windows,
+    byte for byte."""
+    import torch
+
+    from heygem.config import apply_overrides, load_config
+    from heygem.live.audio_in import SoundWindow
+    from heygem.live.engine_step import MuseTalkStep, mouth_into_frame, whisper_passes
+    from heygem.live.face import BUNDLED_PORTRAIT, load_face
+
+    config = load_config()
+    face = load_face(BUNDLED_PORTRAIT, apply_overrides(config, {"media.output_height": 360}), "portrait")
+    frame_i420, portrait_face = face.frames_i420[0], face.faces[0]
+    speech = load_audio_16k(ASSETS / "speech_en.wav")[: 16000 * 3]
+    sound = SoundWindow(speech[: 30 * 640 + 4000], 30 * 640, before=30 * 640)
+    step = MuseTalkStep(config, 25.0, musetalk_weights / "musetalk")
+    try:
+        engine = step.engine
+        windows = torch.from_numpy(np.asarray(whisper_passes(engine, [sound], 25.0)[0][:1]))  # (1, 50, 384)
+        expected = mouth_into_frame(frame_i420, portrait_face, config.blend,
+                                    lambda frame_bgr: engine.patches([frame_bgr], [portrait_face], windows)[0])
+        frame = step.render(frame_i420, portrait_face, sound)
+    finally:
+        step.close()
+    assert np.abs(expected.astype(int) - frame_i420).max() > 20, "a mouth was drawn"
+    np.testing.assert_array_equal(frame, expected)

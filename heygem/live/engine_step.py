@@ -257,9 +257,10 @@ class MuseTalkStep(SeatedStep):
                options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
                options.musetalk_cheek_width, use_cache, feather, batch_size, fps)
 
-        def load():  # loading, moving to the GPU, autotuning and capturing the graph
+        def load():  # loading, moving to the GPU, autotuning and capturing the graphs
             engine = MuseTalkEngine(files, options, use_cache, feather)
             engine.wait_until_warm()
+            engine.warm_up_encoder()
             return engine
 
         self.seat = take_seat(key, load, lambda engine: functools.partial(musetalk_mouths, engine, fps))

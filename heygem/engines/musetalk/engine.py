@@ -176,12 +176,20 @@ class MuseTalkEngine:
         runner of a fixed batch (the engine's), one CUDA graph replay on a GPU instead of the encoder's hundred
         launches: live sessions run a pass every other frame from a thread that waits to take the interpreter's
         lock back after each launch."""
+        runner = self._encoder_runner or self.warm_up_encoder()
+        return runner(mels.to(device=self.device, dtype=torch.float32))
+
+    def warm_up_encoder(self) -> FixedBatchRunner:
+        """Make the runner of :meth:`encoder_hidden_states` and ready its batch and graph (a live server calls it
+        while it loads the engine, so the first session's first pass does not capture it)."""
         if self._encoder_runner is None:
-            self._encoder_runner = FixedBatchRunner(
-                EncoderStates(self.encoder), self.device, self.batch_size, precision="fp32",  # the jobs' precision
-                use_cuda_graph=self._use_cuda_graph, name="whisper encoder")
-            self._encoder_runner.warm_up(((mels.shape[1], mels.shape[2]), torch.float32))
-        return self._encoder_runner(mels.to(device=self.device, dtype=torch.float32))
+            runner = FixedBatchRunner(EncoderStates(self.encoder), self.device, self.batch_size,
+                                      precision="fp32",  # the jobs' precision: the same states
+                                      use_cuda_graph=self._use_cuda_graph, name="whisper encoder")
+            runner.warm_up(((self.feature_extractor.feature_size, self.feature_extractor.nb_max_frames),
+                            torch.float32))  # (80, 3000): Whisper's 30 s
+            self._encoder_runner = runner
+        return self._encoder_runner
 
     def unet_input_latents(self, crops_bgr: np.ndarray) -> torch.Tensor:
         """(B, 256, 256, 3) uint8 BGR crops -> (B, 8, 32, 32) float32 UNet input on the CPU: the masked

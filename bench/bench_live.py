@@ -30,8 +30,10 @@ Prints a Markdown table (medians over the sessions and counted rounds), the lowe
 what the server's process spent mid-run (the middle half of each round, the window "frames a call" reads):
 its CPU seconds over the wall seconds (cores busy), the share of that time the shared engine's thread spent
 in engine calls and the milliseconds a call (the engine is the wall when it is busy nearly all the time; when
-it is not, yet draws few frames a call, the sessions hand their frames in out of step), and its threads' cores
-by kind (from
+it is not, yet draws few frames a call, the sessions hand their frames in out of step), the session frames
+rendered (each from its due time, in its session's thread: the median and 95th percentile of a render, how
+long after its due time the 95th percentile frame was done, and the frames the video tracks' pacers skipped
+because their track fell more than a frame behind), and its threads' cores by kind (from
 /proc/self/task/*/stat, named after Python's threads: "heygem-live-<engine>" a shared engine's thread,
 "heygem-live-<session>_0" a session's render thread, "Thread-N (run)" uvicorn's event loop, where aiortc
 packs and paces every session's media, "asyncio_N" the loop's executor, where aiortc encodes). A thread near
@@ -141,6 +143,53 @@ def threads_by_kind(before: dict[int, float], after: dict[int, float], wall: flo
     return sorted(((kind, len(spent), sum(spent) / wall) for kind, spent in kinds.items()), key=lambda row: -row[2])
 
 
+RENDERED: list[tuple[float, float, float]] = []  # per session frame: (monotonic end, render s, s after its due time)
+SKIPPED: list[tuple[float, int]] = []  # per skip of a video track's pacer: (monotonic time, frames skipped)
+
+
+def watch_frames() -> None:
+    """Time every session frame's render in this process (heygem.live.sessions.LiveSession.render, which a video
+    track calls in the session's thread from the frame's due time) and count the frames the video tracks' pacers
+    skip (a track more than a frame behind skips to the frame due now): what a session's frames cost and how
+    late they were, beside what the clients received."""
+    from heygem.live import sessions, tracks
+
+    render = sessions.LiveSession.render
+    next_due = tracks._Pacer.next_due
+
+    def timed(self, wall_time: float, shown_seconds: float):
+        started = time.monotonic()
+        try:
+            return render(self, wall_time, shown_seconds)
+        finally:
+            ended = time.monotonic()
+            RENDERED.append((ended, ended - started, ended - wall_time))
+
+    async def counted(self):
+        expected = self.index
+        index, due = await next_due(self)
+        if self.on_grid and index > expected:  # the video tracks' pacers are on the grid, the audio tracks' not
+            SKIPPED.append((time.monotonic(), index - expected))
+        return index, due
+
+    sessions.LiveSession.render = timed
+    tracks._Pacer.next_due = counted
+
+
+def frame_times(start: float, stop: float) -> dict:
+    """The session frames rendered between two monotonic times: their render's median and 95th percentile ms, the
+    95th percentile of how long after its due time a frame was done, and the video frames the pacers skipped."""
+    renders = [(seconds, late) for ended, seconds, late in list(RENDERED) if start <= ended < stop]
+    skipped = sum(count for when, count in list(SKIPPED) if start <= when < stop)
+    if not renders:
+        return {"frames rendered": 0, "render ms": float("nan"), "render ms p95": float("nan"),
+                "late ms p95": float("nan"), "skipped": skipped}
+    seconds, late = (np.array(values) * 1000 for values in zip(*renders))
+    return {"frames rendered": len(renders), "render ms": float(np.median(seconds)),
+            "render ms p95": float(np.percentile(seconds, 95)), "late ms p95": float(np.percentile(late, 95)),
+            "skipped": skipped}
+
+
 def server_window(seconds: float) -> dict:
     """What this process (the server) did over the middle half of a round of ``seconds``: the frames its shared
     engines drew per call (heygem.live.batching; nan for an engine that draws in each session's thread), the
@@ -153,6 +202,7 @@ def server_window(seconds: float) -> dict:
     cpu_before, wall_before, threads_before = time.process_time(), time.monotonic(), thread_cpu_seconds()
     time.sleep(seconds / 2)
     cpu, wall = time.process_time() - cpu_before, time.monotonic() - wall_before
+    frame_times_seen = frame_times(wall_before, wall_before + wall)
     threads = threads_by_kind(threads_before, thread_cpu_seconds(), wall)
     calls = frames = 0
     busy = 0.0
@@ -162,7 +212,8 @@ def server_window(seconds: float) -> dict:
         frames += use.frames - (first.frames if first else 0)
         busy += use.busy_seconds - (first.busy_seconds if first else 0.0)
     return {"frames a call": frames / calls if calls else float("nan"), "cpu s": cpu, "wall s": wall,
-            "threads": threads, "engine busy": busy / wall, "ms a call": 1000 * busy / calls if calls else float("nan")}
+            "threads": threads, "engine busy": busy / wall, "ms a call": 1000 * busy / calls if calls else float("nan"),
+            "frame times": frame_times_seen}
 
 
 async def talk_all(url: str, speech: np.ndarray, seconds: float, sessions: int, box) -> list:
@@ -305,6 +356,7 @@ def main() -> None:
         write_random_musetalk(args.random_musetalk)
     speech = load_audio_16k(args.speech)
     box = portrait_mouth_box(args.height)
+    watch_frames()
     rows, servers = [], []
     with serving(Path(tempfile.mkdtemp(prefix="bench-live-")),
                  live=LiveSettings(max_sessions=args.sessions, output_height=args.height, engine=args.engine)) as url:
@@ -337,8 +389,12 @@ def main() -> None:
         kinds = ", ".join(f"{kind} x{count} {cores:.2f}" for kind, count, cores in server["threads"][:KINDS_SHOWN])
         engine = (f"shared engine busy {server['engine busy']:.2f} of the time, {server['ms a call']:.1f} ms a call"
                   if not math.isnan(server["ms a call"]) else "no shared engine")
+        times = server["frame times"]
         print(f"server process mid-run: {server['cpu s']:.2f} CPU s in {server['wall s']:.2f} s "
-              f"({server['cpu s'] / server['wall s']:.2f} cores); {engine}; its threads by kind (cores): {kinds}")
+              f"({server['cpu s'] / server['wall s']:.2f} cores); {engine}; session frames: {times['frames rendered']} "
+              f"rendered, {times['render ms']:.1f} ms each (95th percentile {times['render ms p95']:.1f}), done "
+              f"{times['late ms p95']:.1f} ms after their due time (95th percentile), {times['skipped']} skipped; "
+              f"its threads by kind (cores): {kinds}")
     if sampler is not None:
         print(sampler.report())
 

@@ -3,6 +3,7 @@ reports) holds only the server's work."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -62,3 +63,6 @@ def test_the_bench_serves_from_its_process_and_runs_each_client_in_another():
     server = next(line for line in lines if line.startswith("server process mid-run:"))
     assert "session render x2" in server, "the two sessions render in the server's process"
     assert "video-decoder" not in server, "no client decodes video in the server's process"
+    rendered, render_ms = re.search(r"session frames: (\d+) rendered, ([\d.]+) ms each", server).groups()
+    assert int(rendered) > 10 and float(render_ms) > 0, "the sessions' frames were timed as they were rendered"
+    assert re.search(r"(\d+) skipped;", server), "the frames the pacers skipped are counted"

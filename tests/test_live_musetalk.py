@@ -66,7 +66,12 @@ def test_the_live_whisper_windows_are_a_jobs_when_the_sound_read_is_the_whole_sp
         assert MUSETALK_FRAMES_PER_FEATURES == 2 and first.shape == (2, 50, 384)
         assert np.allclose(first, job[frame:frame + 2], atol=1e-5), "the windows of the frame's own rows and the next"
         later = SoundWindow(speech[: (frame + 5) * 640 + 4000], (frame + 5) * 640, before=(frame + 5) * 640)
+        calls = []
+        encoder = engine.encoder_hidden_states
+        engine.encoder_hidden_states = lambda mels: calls.append(len(mels)) or encoder(mels)
         together = whisper_passes(engine, [sound, later], 25.0)  # two sessions' passes in one encoder call
+        del engine.encoder_hidden_states
+        assert calls == [2], "one pass of the encoder runner for both sounds"
         assert np.allclose(together[0], first, atol=1e-4)
         assert np.allclose(together[1], whisper_passes(engine, [later], 25.0)[0], atol=1e-4), \
             "a sound of another length in the batch: its windows as its own pass makes them"

@@ -240,38 +240,3 @@ def test_a_shared_engine_counts_its_calls_frames_and_the_time_they_took():
         seat.leave()
     assert (use.sessions, use.calls, use.frames) == (1, 3, 3)
     assert use.busy_seconds >= 3 * 0.05
-
-
-def test_the_next_frame_renders_while_the_sender_handles_the_one_before():
-    """A session's video track starts rendering frame n + 1 at its due time even while the sender is still busy
-    with frame n (aiortc encodes and sends between two recv() calls), so that a render and an encode that take
-    most of a frame's period each do not add up to more than one."""
-    import asyncio
-
-    from heygem.live.tracks import presenter_video_track
-
-    rendered: list[float] = []
-    frame = np.zeros((48, 32), np.uint8)  # (H * 3/2, W) I420 of 32x32
-
-    def render(due, shown):
-        rendered.append(due)
-        return frame
-
-    async def run_in_thread(function, *args):
-        return await asyncio.to_thread(function, *args)
-
-    async def sender():
-        track = presenter_video_track(render, 25.0, run_in_thread)
-        try:
-            first = await track.recv()
-            before = len(rendered)
-            await asyncio.sleep(0.3)  # the sender encodes and sends frame 0: far longer than a period
-            during = len(rendered) - before
-            second = await track.recv()
-            return first.pts, second.pts, during
-        finally:
-            track.stop()
-
-    first_pts, second_pts, during = asyncio.run(sender())
-    assert during == 1, "frame 1 rendered while frame 0 was being sent, and only one frame ahead"
-    assert (first_pts, second_pts) == (0, 3600), "frames in order, one period apart on the 90 kHz clock"

@@ -5,8 +5,7 @@ late: the video frame due at wall time w shows the mouth of the sound at w - del
 due at w plays that same sound. ``delay`` is the engine's look-ahead (the sound it reads reaches that
 far past the frame's time: heygem.live.engine_step's ``lookahead``) plus ARRIVAL_MARGIN for the sound's
 packets to arrive. Frames are rendered in the session's own thread, so the event loop never waits on an
-engine; a frame that could not be rendered in time is skipped, never queued. The next frame renders while the
-sender encodes the one before it, so rendering and encoding each have a frame's period. Every video track's frames fall
+engine; a frame that could not be rendered in time is skipped, never queued. Every video track's frames fall
 due on one grid of frame times (multiples of the frame period on the monotonic clock), so the frames of
 sessions sharing an engine are due together and drawn in one call (heygem.live.batching).
 """
@@ -77,29 +76,15 @@ def presenter_video_track(render: Callable[[float, float], np.ndarray], fps: flo
             super().__init__()
             self.pacer = _Pacer(1.0 / fps, on_grid=True)
             self.frames_sent = 0
-            self.next = None  # the task rendering the next frame, started when the frame before it was handed over
 
         async def recv(self):
-            if self.next is None:
-                self.next = asyncio.ensure_future(self._render_next())
-            index, frame_i420 = await self.next
-            # the next frame renders from its due time while the sender encodes and sends this one: the two
-            # each get a frame's period, rather than both within one
-            self.next = asyncio.ensure_future(self._render_next())
+            index, due = await self.pacer.next_due()
+            frame_i420 = await run_in_thread(render, due, due - self.pacer.start)
             frame = av.VideoFrame.from_ndarray(frame_i420, format="yuv420p")
             frame.pts = int(round(index * VIDEO_CLOCK / fps))
             frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
             self.frames_sent += 1
             return frame
-
-        async def _render_next(self) -> tuple[int, np.ndarray]:
-            index, due = await self.pacer.next_due()
-            return index, await run_in_thread(render, due, due - self.pacer.start)
-
-        def stop(self):
-            if self.next is not None:
-                self.next.cancel()
-            super().stop()
 
     return PresenterVideoTrack()
 

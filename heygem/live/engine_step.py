@@ -143,6 +143,7 @@ class Wav2LipStep(SeatedStep):
         stat = Path(weights).stat()
         key = ("wav2lip", str(Path(weights).resolve()), stat.st_mtime_ns, stat.st_size, options.device,
                options.precision, options.cuda_graph, options.cudnn, options.deterministic, batch_size, fps)
+
         def load():  # loading, moving to the GPU and capturing the graphs (a second or two), by the first session
             engine = Wav2LipEngine(weights, options)
             engine.warm_up_mouths()
@@ -152,21 +153,21 @@ class Wav2LipStep(SeatedStep):
         self.blend = config.blend
 
     def patch_of(self, frame_bgr: np.ndarray, face: Face, sound) -> FacePatch | None:
-        """The box's 96x96 crop to the shared generator, its mouth scaled back to the box."""
-        from heygem.engines.wav2lip.engine import clip_box, crop_face, resize_to_box
+        """The box's 96x96 crop to the shared generator, its mouth scaled back to the box, as ``generate`` does."""
+        from heygem.engines.wav2lip.engine import face_crop, mouth_patch
 
-        box = clip_box(face.box, *frame_bgr.shape[:2])
-        if box is None:
+        cropped = face_crop(frame_bgr, face)
+        if cropped is None:
             return None
-        mouth = self.seat.draw(MouthRequest(crop_face(frame_bgr, box), face, sound))  # (96, 96, 3) BGR
-        return FacePatch(box=box, image_bgr=resize_to_box(mouth, box), mask=None, face=face)
+        box, crop = cropped
+        return mouth_patch(self.seat.draw(MouthRequest(crop, face, sound)), box, face)  # mouth (96, 96, 3) BGR
 
 
 @dataclass(frozen=True)
 class MouthRequest:
-    """One session's due frame, as its step hands it to the shared engine (heygem.live.batching)."""
+    """One session's due face, as its step hands it to the shared engine (heygem.live.batching)."""
 
-    image_bgr: np.ndarray  # uint8 BGR: the frame (H, W, 3) (MuseTalk), the face's (96, 96, 3) crop (Wav2Lip)
+    image_bgr: np.ndarray  # the face's uint8 BGR crop the engine reads: (96, 96, 3) Wav2Lip, (256, 256, 3) MuseTalk
     face: Face
     sound: np.ndarray | SoundWindow  # the step's sound: a mel window (80, columns) or the samples around the frame
     kept: object = None  # the session's own state the engine's batch reads and keeps (MuseTalk: WhisperWindows)

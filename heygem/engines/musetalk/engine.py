@@ -176,8 +176,7 @@ class MuseTalkEngine:
         runner of a fixed batch (the engine's), one CUDA graph replay on a GPU instead of the encoder's hundred
         launches: live sessions run a pass every other frame from a thread that waits to take the interpreter's
         lock back after each launch."""
-        runner = self._encoder_runner or self.warm_up_encoder()
-        return runner(mels.to(device=self.device, dtype=torch.float32))
+        return self.warm_up_encoder()(mels.to(device=self.device, dtype=torch.float32))
 
     def warm_up_encoder(self) -> FixedBatchRunner:
         """Make the runner of :meth:`encoder_hidden_states` and ready its batch and graph (a live server calls it

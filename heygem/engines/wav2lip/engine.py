@@ -24,7 +24,7 @@ from heygem.config import EngineConfig
 from heygem.models.wav2lip import Wav2Lip, fold_batchnorm
 from heygem.runtime import timeline
 from heygem.runtime.device import FixedBatchRunner, configure_backends, pick_device
-from heygem.types import Box, EngineBatch, FacePatch
+from heygem.types import Box, EngineBatch, Face, FacePatch
 from heygem.weights import load_state_dict_strict
 
 logger = logging.getLogger("heygem")
@@ -99,6 +99,19 @@ def clip_box(box: Box, frame_height: int, frame_width: int) -> Box | None:
     x1, x2 = max(0, x1), min(frame_width, x2)
     y1, y2 = max(0, y1), min(frame_height, y2)
     return (x1, y1, x2, y2) if x2 > x1 and y2 > y1 else None
+
+
+def face_crop(frame_bgr: np.ndarray, face: Face | None) -> tuple[Box, np.ndarray] | None:
+    """The face's box limited to the frame and its (96, 96, 3) uint8 crop (:func:`crop_face`), what the
+    generator reads; None without a face or where the box lies outside the frame."""
+    box = clip_box(face.box, *frame_bgr.shape[:2]) if face is not None else None
+    return None if box is None else (box, crop_face(frame_bgr, box))
+
+
+def mouth_patch(mouth_bgr: np.ndarray, box: Box, face: Face) -> FacePatch:
+    """The patch of a generated (96, 96, 3) mouth: scaled to its box (:func:`resize_to_box`), blended with the
+    blend stage's own mask."""
+    return FacePatch(box=box, image_bgr=resize_to_box(mouth_bgr, box), mask=None, face=face)
 
 
 # bench/bench_wav2lip.py --device cpu --variants fp32-cl on a 2-core CPU: 20.7 faces/s at 8 faces a
@@ -176,7 +189,7 @@ class Wav2LipEngine:
                              f"{crops_bgr.shape} {crops_bgr.dtype} and {mel_windows.shape}")
         if len(crops_bgr) == 0:
             return np.empty((0, FACE_SIZE, FACE_SIZE, 3), np.uint8)
-        runner = self._mouths_runner or self.warm_up_mouths()
+        runner = self.warm_up_mouths()
         crops = torch.from_numpy(np.ascontiguousarray(crops_bgr)).to(self.device)  # (F, 96, 96, 3) uint8
         mels = prepare_mel_windows(mel_windows).to(self.device)  # (F, 1, 80, 16)
         return runner(mels, crops).cpu().numpy()
@@ -207,22 +220,22 @@ class Wav2LipEngine:
 
         face_rows: list[int] = []  # frame positions in the batch that have a usable face box
         boxes: list[Box] = []
+        crops: list[np.ndarray] = []  # (96, 96, 3) uint8 each
         for row, face in enumerate(batch.faces):
-            box = clip_box(face.box, *batch.frames_bgr[row].shape[:2]) if face is not None else None
-            if box is not None:
+            cropped = face_crop(batch.frames_bgr[row], face)
+            if cropped is not None:
                 face_rows.append(row)
-                boxes.append(box)
+                boxes.append(cropped[0])
+                crops.append(cropped[1])
         if not face_rows:
             return patches
 
-        crops_bgr = torch.from_numpy(np.stack(
-            [crop_face(batch.frames_bgr[row], box) for row, box in zip(face_rows, boxes)]))  # (F, 96, 96, 3) uint8
+        crops_bgr = torch.from_numpy(np.stack(crops))  # (F, 96, 96, 3) uint8
         # Only uint8 pixels cross the bus; the float conversion happens on the device.
         faces = prepare_faces(crops_bgr.to(self.device))  # (F, 6, 96, 96)
         mel_windows = prepare_mel_windows(batch.mel_windows[face_rows]).to(self.device)  # (F, 1, 80, 16)
         generated = to_uint8_images(self.generate_faces(faces, mel_windows)).cpu().numpy()  # (F, 96, 96, 3) BGR
 
         for row, box, image_bgr in zip(face_rows, boxes, generated):
-            patches[row] = FacePatch(
-                box=box, image_bgr=resize_to_box(image_bgr, box), mask=None, face=batch.faces[row])
+            patches[row] = mouth_patch(image_bgr, box, batch.faces[row])
         return patches

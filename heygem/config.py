@@ -103,6 +103,8 @@ class EngineConfig:
                                    ("auto", "jaw", "neck", "raw", "landmarks"))
     musetalk_cheek_width: int = option(90, "--musetalk-cheek-width", "musetalk engine, jaw parsing: the cheeks' width kept out of the jaw mask, in pixels of the 512x512 parsing image (MuseTalk 1.5's 90)",
                                        minimum=0, maximum=256)
+    musetalk_compile: str = option("auto", "--musetalk-compile", "musetalk engine on a GPU: run the UNet and the decoder compiled by torch.compile (about twice the faces per second; the first batch of a process then waits about a minute for the compiler, some 15 s once torch's compile cache on this machine is warm); auto compiles where the engine is kept for many jobs (the server's workers, batch, Ray nodes) and for live sessions, not for a one-off command-line run",
+                                   ("auto", "always", "never"), group="advanced")
     mouth_strength: float = option(1.0, "--mouth-strength", "landmark engine: how wide the mouth opens, 1.0 is natural (0 to 3)",
                                    minimum=0, maximum=3)
     precision: str = option("auto", "--precision", "number format of the networks: auto is fp16 on a GPU and fp32 on the CPU",

@@ -531,3 +531,25 @@ def test_an_outcome_the_store_never_takes_is_raised_after_the_last_try(tmp_path,
     job = store.claim_next(owner)
     with pytest.raises(sqlite3.OperationalError):
         worker_module.run_job(store, job, owner)
+
+
+def test_a_workers_jobs_ask_for_the_compiled_musetalk_step_unless_they_say_otherwise(tmp_path, media):
+    # a worker keeps its engine for the next job, so --musetalk-compile's auto becomes always; a job's own
+    # always or never is kept (the fake generation touches no network)
+    seen: dict[str, str] = {}
+
+    def generation(face_path, audio_path, output_path, *, overrides, progress, should_stop):
+        seen[output_path.parent.name] = overrides.get("engine.musetalk_compile")
+        output_path.write_bytes(b"not really a video")
+
+    store = JobStore(tmp_path / "outputs")
+    asked = {store.create_job(media["face"], media["speech"], options): expected for options, expected in (
+        ({}, "always"), ({"engine.musetalk_compile": "auto"}, "always"),
+        ({"engine.musetalk_compile": "never"}, "never"), ({"engine.musetalk_compile": "always"}, "always"))}
+    workers = start_workers(store, 1, generate=generation)
+    try:
+        wait_for(store, list(asked), timeout=30)
+    finally:
+        for worker in workers:
+            worker.stop(wait=10)
+    assert seen == asked

@@ -191,9 +191,11 @@ def test_the_avatars_crop_latents_are_encoded_once_and_kept_for_the_next_job(mus
     assert latents.shape == (3, 8, 32, 32) and first.encoded == 2 and torch.equal(latents[0], latents[2])
     masked, whole = crop.vae_inputs(crops[:1])
     assert (masked[0, :, 128:] == -1).all() and torch.equal(masked[0, :, :128], whole[0, :, :128])
-    second = MuseTalkEngine(files, EngineConfig(device="cpu"))  # a new job, a new process: from the cache
+    # a new job, a new process: from the cache; --musetalk-compile always compiles on a GPU only
+    second = MuseTalkEngine(files, EngineConfig(device="cpu", musetalk_compile="always"))
     again = second.unet_input_latents(crops)
     assert second.encoded == 1 and torch.equal(again[:2], latents[:2])
+    assert not first.compiled and not second.compiled and second.step.runner.module is second.step.network
 
 
 def test_with_the_bisenet_files_the_patch_is_musetalks_jaw_mask_over_the_widened_square(tmp_path):

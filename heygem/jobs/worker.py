@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from heygem.engines.musetalk import kept_engine_compile
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import RESULT_SUBTITLES_NAME, SUBTITLES_NAME, is_disk_full, without_server_paths
 from heygem.jobs.speech import keep_speech, kept_text, speak_whole, voice_sample_path
@@ -109,6 +110,8 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             shutil.rmtree(stale, ignore_errors=True)
         overrides = dict(job.options)
         overrides.setdefault("media.stream", True)  # watched while it renders (heygem.jobs.stream)
+        # the worker keeps its engine for the next job: a compiled MuseTalk step pays for itself
+        overrides["engine.musetalk_compile"] = kept_engine_compile(overrides.get("engine.musetalk_compile", "auto"))
         timeline.clear()  # the job's start-up marks, logged at its end (times since the server started)
         if run_on != "auto":
             overrides["engine.device"] = run_on

@@ -27,6 +27,7 @@ import numpy as np
 
 from heygem.config import Config
 from heygem.engines import ENGINES, choose_engine
+from heygem.engines.musetalk import kept_engine_compile
 from heygem.errors import HeygemError
 from heygem.live.audio_in import SAMPLE_RATE, SoundWindow, lookahead_seconds
 from heygem.live.batching import take_seat
@@ -252,11 +253,13 @@ class MuseTalkStep(SeatedStep):
         if files is None:
             raise HeygemError(ENGINES["musetalk"].missing_weights())
         # the step's fixed batch (and its CUDA graph): the sessions drawn in one call, not a job's
-        options = dataclasses.replace(config.engine, batch_size=batch_size)
+        # and compiled unless asked not to be: a live server keeps its engine for every session
+        options = dataclasses.replace(config.engine, batch_size=batch_size,
+                                      musetalk_compile=kept_engine_compile(config.engine.musetalk_compile))
         use_cache, feather = config.run.avatar_cache, config.blend.feather
         key = ("musetalk", *files.identity, options.device, options.precision, options.cuda_graph,
                options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
-               options.musetalk_cheek_width, use_cache, feather, batch_size, fps)
+               options.musetalk_cheek_width, options.musetalk_compile, use_cache, feather, batch_size, fps)
 
         def load():  # loading, moving to the GPU, autotuning and capturing the graphs
             engine = MuseTalkEngine(files, options, use_cache, feather)

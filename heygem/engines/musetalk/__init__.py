@@ -52,6 +52,13 @@ def _import_early(device: str) -> None:
         logger.debug("musetalk: early imports failed (%s)", error)
 
 
+def kept_engine_compile(setting: str) -> str:
+    """--musetalk-compile for an engine kept for many jobs or live sessions: auto becomes always (torch.compile's
+    first batch, about a minute, is paid once and every batch after it runs about twice as fast); a one-off
+    command-line run keeps auto, which the engine reads as never."""
+    return "always" if setting == "auto" else setting
+
+
 class MuseTalkKind(EngineKind):
     name = "musetalk"
     synthesises_pixels = True  # its mouths are decoded pixels
@@ -108,7 +115,7 @@ class MuseTalkKind(EngineKind):
         use_cache = config.run.avatar_cache
         key = (*files.identity, options.device, options.batch_size, options.precision, options.cuda_graph,
                options.cudnn, options.deterministic, options.musetalk_margin, options.musetalk_parsing,
-               options.musetalk_cheek_width, use_cache, config.blend.feather)
+               options.musetalk_cheek_width, options.musetalk_compile, use_cache, config.blend.feather)
         feather = config.blend.feather
         return KEPT.shared(MUSETALK_ENGINE, key, lambda: MuseTalkEngine(files, options, use_cache, feather),
                            owner=owner)

@@ -11,7 +11,9 @@ Loading: the libraries' model modules (heygem.engines.musetalk.loading.import_li
 network from its copy beside the official files when one matches them (heygem.engines.musetalk.network_copy),
 else from the official files, strictly, writing the copy for the next start. On a GPU the first batch's
 autotuning and CUDA graph capture then run in a thread of their own while the first frames are decoded and
-tracked; the first call that needs the step waits for it. ``load_seconds`` says where the load went.
+tracked; the first call that needs the step waits for it. ``load_seconds`` says where the load went. With
+``--musetalk-compile`` always (what a server's workers and live sessions ask for) the UNet and decoder are
+compiled by torch.compile in that same warm-up (about a minute with a cold compile cache, once per process).
 
 The crop latents are the avatar's preparation: kept in memory for the job and in the avatar
 cache (heygem.face.avatar_cache) under the VAE's files and the crop's pixels, so a new script for
@@ -74,6 +76,9 @@ class MuseTalkEngine:
         self.load_seconds: dict[str, float] = {}  # phase of the load -> seconds
         with self._timed("libraries"):
             loading.import_libraries()
+        # torch.compile of the UNet and decoder where the engine serves many batches (the setting's auto is
+        # resolved by whoever keeps the engine: heygem.engines.musetalk.kept_engine_compile); on a GPU only
+        self.compiled = config.musetalk_compile == "always" and self.device.type == "cuda"
         self.step, self.weights_source = self._load_step(files, batch_size, config.cuda_graph)
         self.vae = self.step.network.vae
         with self._timed("whisper"):
@@ -97,9 +102,11 @@ class MuseTalkEngine:
         if self.device.type == "cuda":  # the first batch's autotuning and graph capture, beside the first frames
             self._warming = threading.Thread(target=self._warm_up, name="musetalk-warm-up", daemon=True)
             self._warming.start()
-        logger.info("musetalk engine %s on %s, %s, batches of %d, paste mask %s, from the %s, loaded in %.1f s",
+        logger.info("musetalk engine %s on %s, %s, batches of %d, paste mask %s, from the %s, loaded in %.1f s%s",
                     files.version, self.device, str(self.dtype).removeprefix("torch."), batch_size, self.parsing_mode,
-                    self.weights_source, time.perf_counter() - started)
+                    self.weights_source, time.perf_counter() - started,
+                    "; its step compiling (torch.compile: about a minute for the first batch, once per process)"
+                    if self.compiled else "")
 
     @contextmanager
     def _timed(self, phase: str):
@@ -125,7 +132,7 @@ class MuseTalkEngine:
                 with self._timed("build"):
                     return MouthModelStep(loading.build_unet(files), loading.build_vae(files), self.device, self.dtype,
                                           batch_size, fast=True, use_cuda_graph=use_cuda_graph,
-                                          network_state=state), "network copy"
+                                          compile_network=self.compiled, network_state=state), "network copy"
             except (RuntimeError, ValueError, KeyError) as error:  # a copy of other layers' names or shapes
                 logger.warning("musetalk: the network copy %s does not fit (%s); loading the official files",
                                copy.path.name, str(error).splitlines()[0] if str(error) else type(error).__name__)
@@ -136,7 +143,7 @@ class MuseTalkEngine:
             vae = loading.load_vae(files)
         with self._timed("to device"):
             step = MouthModelStep(unet, vae, self.device, self.dtype, batch_size, fast=True,
-                                  use_cuda_graph=use_cuda_graph)
+                                  use_cuda_graph=use_cuda_graph, compile_network=self.compiled)
         with self._timed("write copy"):
             copy.write(step.network_state())
         return step, "official files"

@@ -194,7 +194,8 @@ class MouthModelStep:
     torch.compile in its default mode, of the whole step (True or "all") or of the decoder alone
     ("decoder"). Compiled whole the step is about 2x faster per batch (557 against 282 faces/s on an H200)
     but the first batch of a process takes about a minute (15 s with torch's on-disk cache warm), more than
-    a 60 s video takes to run op by op: it pays for a kept engine serving many jobs, so it is off by default.
+    a 60 s video takes to run op by op: it pays for a kept engine serving many jobs, so the step leaves it off and
+    the engine asks for it where it is kept (``--musetalk-compile``).
 
     ``network_state`` (what :meth:`network_state` of a step of the same options returned) gives the step its
     tensors instead of ``unet``'s and ``vae``'s: they may then be built on the meta device. It is assigned after

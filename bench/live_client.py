@@ -149,7 +149,8 @@ async def talk(url: str, speech_16k: np.ndarray, seconds: float, mouth_box=None,
         tasks.append(asyncio.ensure_future(read()))
 
     await peer.setLocalDescription(await peer.createOffer())
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:
+    # a server that compiles its MuseTalk step answers its first sessions about a minute later
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300) as client:
         offer = {"sdp": peer.localDescription.sdp, "type": "offer"}
         if presenter:
             offer["presenter"] = presenter

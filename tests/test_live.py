@@ -41,15 +41,17 @@ def speech():
     return load_audio_16k(ASSETS / "speech_en.wav")[: 16000 * 4]  # 2.2 s of words, then a pause
 
 
-def loud_and_quiet(result, box_change, threshold=0.02, lag=None):
+def loud_and_quiet(result, box_change, threshold=0.02, lag=None, margin=0.0):
     """The mouth change of frames whose sound (as sent, ``lag`` before: by default the session's stated delay)
-    was speech, and of those in silence."""
+    was speech, and of those in silence (silent ``margin`` seconds either side too)."""
     sent_times, sent_rms = np.array(result.sent).T
     times, change = box_change
     lag = result.answer["delay_seconds"] + 0.05 if lag is None else lag
     heard = np.interp(times - lag, sent_times, sent_rms)  # the sound each frame shows
+    around = np.max([np.interp(times - lag + offset, sent_times, sent_rms)
+                     for offset in np.linspace(-margin, margin, 11)], axis=0)  # the loudest within the margin
     settled = times > times[0] + 1.0  # the first second's frames are blurry while the video's rate ramps up
-    return change[heard > threshold], change[(heard < 0.002) & settled]
+    return change[heard > threshold], change[(around < 0.002) & settled]
 
 
 def test_the_live_frame_height_is_a_server_option_checked_before_it_starts(tmp_path):
@@ -111,7 +113,11 @@ def test_the_mouth_follows_the_microphone_with_its_delay(live_url, mouth_box, sp
     assert len(result.audio_received) > 100, "the sound came back"
     lag, correlation = mouth_delay(result)  # measured: on a busy machine frames come later than the stated delay
     assert correlation > 0.4 and lag < 1.0
-    speaking, silent = loud_and_quiet(result, mouth_motion(result), lag=lag)
+    # silent: frames whose sound was silent 0.25 s either side too, since on a busy machine the frames come late
+    # by more or less than the measured lag (a 2-core CI run counted the mouth closing after the words as silent:
+    # the silent frames' median motion 1.19 against 3.41 while speaking)
+    speaking, silent = loud_and_quiet(result, mouth_motion(result), lag=lag, margin=0.25)
+    print(f"motion: speaking median {np.median(speaking):.2f}, silent {np.median(silent):.2f}, {len(silent)} silent")
     assert len(speaking) > 10 and len(silent) > 10
     assert np.median(speaking) > 3 * np.median(silent) + 0.3, "the mouth moves while the sound is speech"
     heard = np.array([rms for _, rms in result.audio_received])
@@ -321,7 +327,8 @@ def test_wav2lip_runs_live_where_forced_and_draws_the_mouth_only(tmp_path, no_we
     assert auto.name == "landmark" and "GPU" in auto.reason, "a job's wav2lip stays off live on a CPU unless forced"
 
     with serving(tmp_path / "outputs", live=LiveSettings(max_sessions=1, idle_seconds=30, engine="wav2lip")) as url:
-        result = asyncio.run(talk(url, speech, seconds=4.0))
+        # however busy the machine: 4 s, and on until nine frames came (a CI run got 7 in 4 s beside other tests)
+        result = asyncio.run(talk(url, speech, seconds=4.0, at_least_frames=9))
     assert result.answer["engine"] == "wav2lip" and "--live-engine" in result.answer["engine_reason"]
     assert result.answer["delay_seconds"] == pytest.approx(0.2525, abs=0.001), "16 columns: 0.2125 s, and 0.04 s"
     assert len(result.frames) > 8, "frames came back (on 2 CPU cores, fewer than 25 a second)"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import ASSETS, REPO, assert_playable_mp4, run_ffmpeg
 
+from heygem.config import apply_overrides, load_config
 from heygem.errors import GenerationCancelled, HeygemError
 from heygem.jobs.files import Upload, UploadTooLarge, sanitize_filename
 from heygem.jobs.store import CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobStore, process_owner
@@ -546,6 +547,20 @@ def test_a_workers_jobs_ask_for_the_compiled_musetalk_step_unless_they_say_other
     asked = {store.create_job(media["face"], media["speech"], options): expected for options, expected in (
         ({}, "always"), ({"engine.musetalk_compile": "auto"}, "always"),
         ({"engine.musetalk_compile": "never"}, "never"), ({"engine.musetalk_compile": "always"}, "always"))}
+    workers = start_workers(store, 1, generate=generation)
+    try:
+        wait_for(store, list(asked), timeout=30)
+    finally:
+        for worker in workers:
+            worker.stop(wait=10)
+    assert seen == asked
+
+    # a server whose own config says never: its jobs keep never unless they ask for always
+    seen.clear()
+    store = JobStore(tmp_path / "outputs-never", base_config=apply_overrides(load_config(),
+                                                                             {"engine.musetalk_compile": "never"}))
+    asked = {store.create_job(media["face"], media["speech"], options): expected for options, expected in (
+        ({}, "never"), ({"engine.musetalk_compile": "always"}, "always"))}
     workers = start_workers(store, 1, generate=generation)
     try:
         wait_for(store, list(asked), timeout=30)

@@ -110,8 +110,10 @@ def run_job(store: JobStore, job: Job, owner: str, device: str | None = None,
             shutil.rmtree(stale, ignore_errors=True)
         overrides = dict(job.options)
         overrides.setdefault("media.stream", True)  # watched while it renders (heygem.jobs.stream)
-        # the worker keeps its engine for the next job: a compiled MuseTalk step pays for itself
-        overrides["engine.musetalk_compile"] = kept_engine_compile(overrides.get("engine.musetalk_compile", "auto"))
+        # the worker keeps its engine for the next job: a compiled MuseTalk step pays for itself (unless the job or
+        # the server's own config says never)
+        overrides["engine.musetalk_compile"] = kept_engine_compile(
+            overrides.get("engine.musetalk_compile", store.base_config.engine.musetalk_compile))
         timeline.clear()  # the job's start-up marks, logged at its end (times since the server started)
         if run_on != "auto":
             overrides["engine.device"] = run_on

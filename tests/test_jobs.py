@@ -547,12 +547,7 @@ def test_a_workers_jobs_ask_for_the_compiled_musetalk_step_unless_they_say_other
     asked = {store.create_job(media["face"], media["speech"], options): expected for options, expected in (
         ({}, "always"), ({"engine.musetalk_compile": "auto"}, "always"),
         ({"engine.musetalk_compile": "never"}, "never"), ({"engine.musetalk_compile": "always"}, "always"))}
-    workers = start_workers(store, 1, generate=generation)
-    try:
-        wait_for(store, list(asked), timeout=30)
-    finally:
-        for worker in workers:
-            worker.stop(wait=10)
+    run_on_workers(store, list(asked), generation, count=1)
     assert seen == asked
 
     # a server whose own config says never: its jobs keep never unless they ask for always
@@ -561,10 +556,5 @@ def test_a_workers_jobs_ask_for_the_compiled_musetalk_step_unless_they_say_other
                                                                              {"engine.musetalk_compile": "never"}))
     asked = {store.create_job(media["face"], media["speech"], options): expected for options, expected in (
         ({}, "never"), ({"engine.musetalk_compile": "always"}, "always"))}
-    workers = start_workers(store, 1, generate=generation)
-    try:
-        wait_for(store, list(asked), timeout=30)
-    finally:
-        for worker in workers:
-            worker.stop(wait=10)
+    run_on_workers(store, list(asked), generation, count=1)
     assert seen == asked

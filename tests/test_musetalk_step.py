@@ -151,3 +151,24 @@ def test_encode_faces_takes_the_scaled_mean(networks):
     assert (latents - mean).abs().max() < 1e-6
     drawn = encode_faces(vae, faces, sample=True, generator=torch.Generator().manual_seed(7))
     assert 0 < (drawn - latents).abs().max()
+
+
+def test_a_compiled_step_that_cannot_compile_runs_op_by_op_with_one_warning(networks, monkeypatch, caplog):
+    # torch.compile fails where the machine lacks what the compiler needs (a C compiler, triton): the step says
+    # so once and runs op by op, the same faces as a step never compiled; the job does not fail
+    class CannotCompile(torch.nn.Module):
+        def forward(self, *inputs):
+            raise RuntimeError("compiler not found")  # as torch._inductor raises it, wrapped
+
+    monkeypatch.setattr(torch, "compile", lambda module, *args, **kwargs: CannotCompile())
+    unet, vae = networks
+    latents, audio = inputs(3, seed=5)
+    eager = MouthModelStep(copy.deepcopy(unet), copy.deepcopy(vae), "cpu", torch.float32, 2, fast=True)
+    compiled = MouthModelStep(copy.deepcopy(unet), copy.deepcopy(vae), "cpu", torch.float32, 2, fast=True,
+                              compile_network=True)
+    with caplog.at_level("WARNING", logger="heygem"):
+        faces = compiled(latents, audio)
+        again = compiled(latents, audio)
+    assert torch.equal(faces, eager(latents, audio)) and torch.equal(again, faces)
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "compiler not found" in warnings[0] and "op by op" in warnings[0]

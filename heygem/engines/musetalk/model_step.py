@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 
+from heygem.errors import HeygemError
 from heygem.runtime.device import FixedBatchRunner, run_in_batches
 
 logger = logging.getLogger("heygem")
@@ -254,12 +255,15 @@ class MouthModelStep:
                 _to_channels_last(vae)
             # torch.compile traces at the first call (inside the runner's warm-up), after the runner has cast
             # the weights; its kernels are then captured in the runner's CUDA graph like any others
+            self.compiled = compile_all
+            self._runner_options = dict(precision=_precision_name(dtype),
+                                        channels_last=False,  # the layouts are set above, network by network
+                                        use_cuda_graph=use_cuda_graph and on_gpu, name="MuseTalk model step",
+                                        pad_last_batch=pad_last_batch)
             module = torch.compile(self.network) if compile_all else self.network
-            self.runner = FixedBatchRunner(
-                module, self.device, batch_size, precision=_precision_name(dtype),
-                channels_last=False,  # the layouts are set above, network by network
-                use_cuda_graph=use_cuda_graph and on_gpu, name="MuseTalk model step", pad_last_batch=pad_last_batch)
+            self.runner = FixedBatchRunner(module, self.device, batch_size, **self._runner_options)
         else:
+            self.compiled = False
             self.runner = None
             self.network.to(dtype=dtype)
 
@@ -275,7 +279,24 @@ class MouthModelStep:
         import torch
 
         if self.runner is not None:
-            self.runner.warm_up(((8, LATENT_SIZE, LATENT_SIZE), torch.float32), ((50, 384), torch.float32))
+            layouts = ((8, LATENT_SIZE, LATENT_SIZE), torch.float32), ((50, 384), torch.float32)
+            self._compiled_or_eager(lambda: self.runner.warm_up(*layouts))
+
+    def _compiled_or_eager(self, run):
+        """``run()``; if the compiled step fails in it (torch.compile needs a C compiler and triton, which a
+        machine may lack), one warning, the step op by op from then on, and ``run()`` again."""
+        if not self.compiled:
+            return run()
+        try:
+            return run()
+        except HeygemError:  # out of memory even with a batch of 1: the eager step would fail as well
+            raise
+        except Exception as error:  # noqa: BLE001 - the compiler's failures come in many types
+            logger.warning("musetalk: the compiled step failed (%s: %s); running op by op", type(error).__name__,
+                           str(error).splitlines()[0] if str(error) else "no details")
+        self.compiled = False
+        self.runner = FixedBatchRunner(self.network, self.device, self.runner.batch_size, **self._runner_options)
+        return run()
 
     def __call__(self, unet_input_latents, audio_features):
         """unet_input_latents (B, 8, 32, 32): masked-face then reference latents, both times the scaling factor;
@@ -285,7 +306,8 @@ class MouthModelStep:
         if len(unet_input_latents) != len(audio_features):
             raise ValueError(f"{len(unet_input_latents)} latents but {len(audio_features)} audio windows")
         if self.runner is not None:
-            faces = self.runner(unet_input_latents.to(self.device), audio_features.to(self.device))
+            latents, audio = unet_input_latents.to(self.device), audio_features.to(self.device)
+            faces = self._compiled_or_eager(lambda: self.runner(latents, audio))
             self.batch_size = self.runner.batch_size
             return faces
 

@@ -78,8 +78,8 @@ class MuseTalkEngine:
             loading.import_libraries()
         # torch.compile of the UNet and decoder where the engine serves many batches (the setting's auto is
         # resolved by whoever keeps the engine: heygem.engines.musetalk.kept_engine_compile); on a GPU only
-        self.compiled = config.musetalk_compile == "always" and self.device.type == "cuda"
-        self.step, self.weights_source = self._load_step(files, batch_size, config.cuda_graph)
+        compile_step = config.musetalk_compile == "always" and self.device.type == "cuda"
+        self.step, self.weights_source = self._load_step(files, batch_size, config.cuda_graph, compile_step)
         self.vae = self.step.network.vae
         with self._timed("whisper"):
             self.encoder = loading.load_whisper_encoder(files).to(self.device)
@@ -106,7 +106,7 @@ class MuseTalkEngine:
                     files.version, self.device, str(self.dtype).removeprefix("torch."), batch_size, self.parsing_mode,
                     self.weights_source, time.perf_counter() - started,
                     "; its step compiling (torch.compile: about a minute for the first batch, once per process)"
-                    if self.compiled else "")
+                    if compile_step else "")
 
     @contextmanager
     def _timed(self, phase: str):
@@ -118,7 +118,13 @@ class MuseTalkEngine:
                 torch.cuda.synchronize(self.device)
             self.load_seconds[phase] = self.load_seconds.get(phase, 0.0) + time.perf_counter() - started
 
-    def _load_step(self, files: MuseTalkFiles, batch_size: int, use_cuda_graph: bool) -> tuple[MouthModelStep, str]:
+    @property
+    def compiled(self) -> bool:
+        """Whether the step runs compiled (False again once a compile failed and it went op by op)."""
+        return self.step.compiled
+
+    def _load_step(self, files: MuseTalkFiles, batch_size: int, use_cuda_graph: bool,
+                   compile_step: bool) -> tuple[MouthModelStep, str]:
         """The model step from the network copy when one matches the files (see network_copy), else from the
         official files, strictly, then the copy written; and which of the two it came from."""
         weights_dtype = self.dtype if self.device.type == "cuda" else torch.float32  # the CPU step autocasts
@@ -132,7 +138,7 @@ class MuseTalkEngine:
                 with self._timed("build"):
                     return MouthModelStep(loading.build_unet(files), loading.build_vae(files), self.device, self.dtype,
                                           batch_size, fast=True, use_cuda_graph=use_cuda_graph,
-                                          compile_network=self.compiled, network_state=state), "network copy"
+                                          compile_network=compile_step, network_state=state), "network copy"
             except (RuntimeError, ValueError, KeyError) as error:  # a copy of other layers' names or shapes
                 logger.warning("musetalk: the network copy %s does not fit (%s); loading the official files",
                                copy.path.name, str(error).splitlines()[0] if str(error) else type(error).__name__)
@@ -143,7 +149,7 @@ class MuseTalkEngine:
             vae = loading.load_vae(files)
         with self._timed("to device"):
             step = MouthModelStep(unet, vae, self.device, self.dtype, batch_size, fast=True,
-                                  use_cuda_graph=use_cuda_graph, compile_network=self.compiled)
+                                  use_cuda_graph=use_cuda_graph, compile_network=compile_step)
         with self._timed("write copy"):
             copy.write(step.network_state())
         return step, "official files"

@@ -50,11 +50,12 @@ LIVE_CSS = """
 LIVE_SCRIPT = """<script>
 window.heygemLive = (() => {
   const zh = (navigator.language || "").toLowerCase().startsWith("zh");
-  const words = zh ? {starting: "正在连接…（服务器在 GPU 上的第一个会话要先加载并编译引擎，最长约两分钟）",
+  const words = zh ? {starting: "正在连接…（服务器在 GPU 上的第一个会话要先加载引擎，MuseTalk 还要编译，最长约两分钟）",
                       live: "实时中", behind: "毫秒延迟", failed: "无法开始：",
                       ended: "已结束", engine: "引擎", noSession: "请先按开始"}
-                   : {starting: "Connecting… (a server's first session on a GPU engine loads and compiles it: "
-                                + "up to two minutes)", live: "Live", behind: "ms behind", failed: "Could not start: ",
+                   : {starting: "Connecting… (a server's first session on a GPU loads the engine, and compiles "
+                                + "MuseTalk's: up to two minutes)",
+                      live: "Live", behind: "ms behind", failed: "Could not start: ",
                       ended: "Ended", engine: "engine", noSession: "Press Start first"};
   const state = {peer: null, microphone: null, session: null, key: null};
   const keyed = (headers) => (state.key ? {...headers, "KEY_HEADER": state.key} : headers);

@@ -275,6 +275,22 @@ def test_warm_up_captures_the_graph_before_the_first_batch_and_changes_no_result
 
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_module_that_fails_before_capture_raises_its_own_error_not_a_capture_warning(caplog):
+    """A module failing in the passes before the capture (a compiler that cannot compile, say) fails op by op
+    too: its error reaches the caller, with no "CUDA graph capture failed" line naming the wrong cause."""
+    cuda = torch.device("cuda")
+
+    class Failing(torch.nn.Module):
+        def forward(self, images, codes):
+            raise RuntimeError("cannot compile")
+
+    runner = FixedBatchRunner(Failing(), cuda, batch_size=4, precision="fp32", use_cuda_graph=True)
+    with caplog.at_level(logging.WARNING, logger="heygem"), pytest.raises(RuntimeError, match="cannot compile"):
+        runner.warm_up(((3, 8, 8), torch.float32), ((4,), torch.float32))
+    assert not [record for record in caplog.records if "capture failed" in record.getMessage()]
+
+
 def test_choosing_a_render_path_imports_no_torch(tmp_path):
     """A cold start must not wait seconds for torch's import before it decodes and tracks: the render
     path's GPU guess looks at NVIDIA's device files and torch's presence only, and every engine's

@@ -444,17 +444,19 @@ class FixedBatchRunner:
 
         Warm-up runs on a side stream first, as CUDA graph capture wants: they let
         cuDNN choose its kernels and the allocator settle before anything is recorded.
+        A failure in those runs is the module's own (a compiled module's compiler, say), not the
+        capture's: it is raised to the caller, which would meet it op by op all the same.
         """
         import torch
 
+        side_stream = torch.cuda.Stream(self.device)
+        side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side_stream), torch.inference_mode():
+            for _ in range(3):
+                self.module(*batch.inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side_stream)
         graph = None
         try:
-            side_stream = torch.cuda.Stream(self.device)
-            side_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side_stream), torch.inference_mode():
-                for _ in range(3):
-                    self.module(*batch.inputs)
-            torch.cuda.current_stream(self.device).wait_stream(side_stream)
             with _CAPTURE_LOCK, _no_cyclic_collection():
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: other stages may use the GPU from their own threads while this one captures

@@ -10,10 +10,11 @@ back to the box and handed to the blend stage with the paste mask.
 Loading: the libraries' model modules (heygem.engines.musetalk.loading.import_libraries), then the mouth
 network from its copy beside the official files when one matches them (heygem.engines.musetalk.network_copy),
 else from the official files, strictly, writing the copy for the next start. On a GPU the first batch's
-autotuning and CUDA graph capture then run in a thread of their own while the first frames are decoded and
-tracked; the first call that needs the step waits for it. ``load_seconds`` says where the load went. With
-``--musetalk-compile`` always (what a server's workers and live sessions ask for) the UNet and decoder are
-compiled by torch.compile in that same warm-up (about a minute with a cold compile cache, once per process).
+autotuning and CUDA graph capture then run in a thread of their own while Whisper loads and the first
+frames are decoded and tracked; the first call that needs the step waits for it. ``load_seconds`` says where
+the load went. With ``--musetalk-compile`` always (what a server's workers and live sessions ask for) the UNet
+and decoder are compiled by torch.compile in that same warm-up (about a minute with a cold compile cache, once
+per process).
 
 The crop latents are the avatar's preparation: kept in memory for the job and in the avatar
 cache (heygem.face.avatar_cache) under the VAE's files and the crop's pixels, so a new script for
@@ -81,6 +82,11 @@ class MuseTalkEngine:
         compile_step = config.musetalk_compile == "always" and self.device.type == "cuda"
         self.step, self.weights_source = self._load_step(files, batch_size, config.cuda_graph, compile_step)
         self.vae = self.step.network.vae
+        self._warm_up_error: BaseException | None = None
+        self._warming = None
+        if self.device.type == "cuda":  # the first batch's autotuning and graph capture, beside what follows
+            self._warming = threading.Thread(target=self._warm_up, name="musetalk-warm-up", daemon=True)
+            self._warming.start()
         with self._timed("whisper"):
             self.encoder = loading.load_whisper_encoder(files).to(self.device)
             self.feature_extractor = loading.load_feature_extractor(files)
@@ -97,11 +103,6 @@ class MuseTalkEngine:
         self.latents_namespace = namespace if use_cache else None
         self.remembered: OrderedDict[str, np.ndarray] = OrderedDict()
         self.encoded = 0  # crops encoded by the VAE (the rest came from memory or the avatar cache)
-        self._warm_up_error: BaseException | None = None
-        self._warming = None
-        if self.device.type == "cuda":  # the first batch's autotuning and graph capture, beside the first frames
-            self._warming = threading.Thread(target=self._warm_up, name="musetalk-warm-up", daemon=True)
-            self._warming.start()
         logger.info("musetalk engine %s on %s, %s, batches of %d, paste mask %s, from the %s, loaded in %.1f s%s",
                     files.version, self.device, str(self.dtype).removeprefix("torch."), batch_size, self.parsing_mode,
                     self.weights_source, time.perf_counter() - started,
@@ -114,8 +115,8 @@ class MuseTalkEngine:
         try:
             yield
         finally:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":  # this thread's work only: the warm-up thread's runs beside it
+                torch.cuda.current_stream(self.device).synchronize()
             self.load_seconds[phase] = self.load_seconds.get(phase, 0.0) + time.perf_counter() - started
 
     @property

@@ -34,9 +34,6 @@ LIBRARY_MODULES = ("diffusers.models.unets.unet_2d_condition", "diffusers.models
                    "diffusers.models.attention_processor", "diffusers.models.upsampling",
                    "transformers.models.whisper.modeling_whisper",
                    "transformers.models.whisper.feature_extraction_whisper")
-# diffusers' subpackages whose __init__ imports every model of its kind (all its UNets, transformers and
-# autoencoders, which pull in its LoRA and single-file loaders, scipy and more); the engine needs two models
-EAGER_PACKAGES = ("diffusers.models.unets", "diffusers.models.transformers", "diffusers.models.autoencoders")
 _IMPORT_LOCK = threading.Lock()
 
 
@@ -55,13 +52,7 @@ def import_libraries() -> None:
     sys.modules: Python's own way to say a module cannot be imported, so the libraries' availability probes
     take the path they take on a machine without them). Both are optional for the libraries, never used by the
     engine, and importing them cost 5.3 of the 8.8 s the libraries took on an H100 host (docs/benchmarks.md).
-    diffusers' model subpackages (EAGER_PACKAGES) import every model of their kind in their ``__init__``; while
-    the engine's modules import, those packages are stand-ins that only find their submodules
-    (:func:`_package_without_init`), so only the modules the engine's classes are made of are imported. Every
-    stand-in and hidden entry is removed again afterwards, so a later ``import peft`` or ``from
-    diffusers.models.unets import UNet2DModel`` works as usual (the real ``__init__`` then runs and finds the
-    modules already imported). Should the libraries' layout not allow it, the modules are imported again the
-    ordinary way."""
+    The entries are removed again afterwards, so a later ``import peft`` works as usual."""
     import importlib
 
     with _IMPORT_LOCK:
@@ -70,54 +61,13 @@ def import_libraries() -> None:
         hidden = [name for name in UNUSED_OPTIONAL_PACKAGES if name not in sys.modules]
         for name in hidden:
             sys.modules[name] = None  # type: ignore[assignment]
-        stand_ins = {}
         try:
-            stand_ins = {name: _package_without_init(name) for name in EAGER_PACKAGES if name not in sys.modules}
-            stand_ins = {name: module for name, module in stand_ins.items() if module is not None}
-            sys.modules.update(stand_ins)
-            try:
-                for name in LIBRARY_MODULES:
-                    importlib.import_module(name)
-            except ImportError as error:  # a layout the stand-ins do not fit: the packages' own __init__ then
-                logger.debug("musetalk: the model modules need their packages' __init__ (%s)", error)
-                _remove(stand_ins)
-                stand_ins = {}
-                for name in LIBRARY_MODULES:
-                    importlib.import_module(name)
+            for name in LIBRARY_MODULES:
+                importlib.import_module(name)
         finally:
-            _remove(stand_ins)
             for name in hidden:
                 if name in sys.modules and sys.modules[name] is None:
                     del sys.modules[name]
-
-
-def _package_without_init(name: str):
-    """A module standing in for the package ``name``: its submodules are found where the package's are (same
-    search path), but its ``__init__`` is not run; None when the package cannot be found."""
-    import importlib.machinery
-    import importlib.util
-    import types
-
-    try:
-        spec = importlib.util.find_spec(name)  # imports the parents (diffusers and diffusers.models, both lazy)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    module = types.ModuleType(name)
-    module.__path__ = list(spec.submodule_search_locations)
-    module.__package__ = name
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    module.__spec__.submodule_search_locations = module.__path__
-    return module
-
-
-def _remove(stand_ins: dict) -> None:
-    """Take the stand-ins out of sys.modules (where they are still the entries), so the real packages import
-    when asked for."""
-    for name, module in stand_ins.items():
-        if sys.modules.get(name) is module:
-            del sys.modules[name]
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -359,3 +359,27 @@ def test_batches_without_faces(portrait):
     assert gpu_blend.crop_faces(planes, np.zeros(0, dtype=np.int64), no_boxes).shape == (0, 3, 96, 96)
     gpu_blend.paste_faces(planes, np.zeros(0, dtype=np.int64), no_boxes, torch.zeros((0, 3, 96, 96)), None)
     assert torch.equal(planes, before)
+
+
+def test_feather_masks_blur_on_the_device_as_blend_feathers_on_the_host():
+    # boxes of different sizes, so each face has its own sigma and kernel length (one of them wider than the
+    # canvas's slack around it), and one too small for its inset: the host's feather_mask, placed on the canvas
+    from heygem.render.blend import feather_mask, feather_sigma, feather_width, inset_mask, lower_face_hard_mask
+
+    canvas_height, canvas_width = 300, 260
+    boxes = np.array([[0, 0, 260, 300], [20, 30, 200, 250], [50, 60, 120, 140], [100, 100, 110, 112]])
+    inner = np.zeros((len(boxes), 1, canvas_height, canvas_width), np.float32)
+    expected = np.zeros_like(inner)
+    sigmas = []
+    for index, box in enumerate(boxes):
+        x1, y1, x2, y2 = (int(value) for value in box)
+        face = Face(box=(x1, y1, x2, y2), landmarks=lower_face_landmarks((x1, y1, x2, y2)))
+        hard = lower_face_hard_mask(FacePatch(box=(x1, y1, x2, y2), image_bgr=None, face=face))
+        width = feather_width(box, 0.15)
+        inner[index, 0, y1:y2, x1:x2] = inset_mask(hard, width)
+        expected[index, 0, y1:y2, x1:x2] = feather_mask(hard, width)
+        sigmas.append(feather_sigma(width))
+    soft = gpu_blend.feather_masks(torch.from_numpy(inner), boxes, np.array(sigmas)).numpy()
+    assert soft.shape == inner.shape and expected[:3].max() > 0.99  # the three larger masks reach 1 inside
+    assert np.abs(soft - expected).max() < 1e-5
+    assert (soft[expected == 0] == 0).all()  # nothing outside a mask, the box's border rows and columns included

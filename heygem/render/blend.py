@@ -20,30 +20,47 @@ LOWER_FACE_POINTS = [
 ]
 
 
-def feather_mask(mask: np.ndarray, feather_pixels: float) -> np.ndarray:
-    """Blur a binary (h, w) mask into a soft one that is 0 on the whole border; float32 in [0, 1]."""
-    import cv2
+def feather_sigma(feather_pixels: float) -> float:
+    """The Gaussian blur's sigma for a soft edge of ``feather_pixels``."""
+    return max(feather_pixels / 2.5, 0.5)
 
+
+def inset_mask(mask: np.ndarray, feather_pixels: float) -> np.ndarray:
+    """(h, w) float32: ``mask`` with a border of ceil(feather_pixels) cut away (all of it when the box is no
+    wider than twice that), so that the blurred edge stays inside the box: what :func:`feather_mask` blurs."""
     height, width = mask.shape
-    sigma = max(feather_pixels / 2.5, 0.5)
-    # shrink first so that the blurred edge stays inside the box
     inset = int(np.ceil(feather_pixels))
     inner = np.zeros_like(mask, dtype=np.float32)
     if height > 2 * inset and width > 2 * inset:
         inner[inset:height - inset, inset:width - inset] = mask[inset:height - inset, inset:width - inset]
-    soft = cv2.GaussianBlur(inner, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_CONSTANT)
+    return inner
+
+
+def feather_mask(mask: np.ndarray, feather_pixels: float) -> np.ndarray:
+    """Blur a binary (h, w) mask into a soft one that is 0 on the whole border; float32 in [0, 1]."""
+    import cv2
+
+    sigma = feather_sigma(feather_pixels)
+    soft = cv2.GaussianBlur(inset_mask(mask, feather_pixels), (0, 0), sigmaX=sigma, sigmaY=sigma,
+                            borderType=cv2.BORDER_CONSTANT)
     soft[0, :] = soft[-1, :] = 0.0
     soft[:, 0] = soft[:, -1] = 0.0
     return np.clip(soft, 0.0, 1.0)
 
 
-def lower_face_mask(patch: FacePatch, feather: float) -> np.ndarray:
-    """The default (h, w) mask for a patch: the lower face from landmarks, else an ellipse in the box."""
+def feather_width(box, feather: float) -> float:
+    """The soft edge's width in pixels for a box (x1, y1, x2, y2): ``feather`` of its shorter side, 2 at least."""
+    x1, y1, x2, y2 = box
+    return max(2.0, feather * min(y2 - y1, x2 - x1))
+
+
+def lower_face_hard_mask(patch: FacePatch) -> np.ndarray:
+    """(h, w) float32 over the patch's box: the lower face's hull from the landmarks, else an ellipse in the box,
+    filled with 1 (anti-aliased edges), 0 elsewhere: what :func:`lower_face_mask` feathers."""
     import cv2
 
     x1, y1, x2, y2 = patch.box
     height, width = y2 - y1, x2 - x1
-    feather_pixels = max(2.0, feather * min(height, width))
     hard = np.zeros((height, width), dtype=np.float32)
     face = patch.face
     if face is not None and face.landmarks is not None:
@@ -54,7 +71,12 @@ def lower_face_mask(patch: FacePatch, feather: float) -> np.ndarray:
         center = (int(width * 0.5), int(height * 0.7))
         axes = (int(width * 0.36), int(height * 0.26))
         cv2.ellipse(hard, center, axes, 0, 0, 360, 1.0, thickness=-1, lineType=cv2.LINE_AA)
-    return feather_mask(hard, feather_pixels)
+    return hard
+
+
+def lower_face_mask(patch: FacePatch, feather: float) -> np.ndarray:
+    """The default (h, w) mask for a patch: the lower face from landmarks, else an ellipse in the box."""
+    return feather_mask(lower_face_hard_mask(patch), feather_width(patch.box, feather))
 
 
 # A float32 sum of whole numbers is exact, in any order, while it stays below 2^24.

@@ -158,7 +158,9 @@ class MuseTalkDeviceRender(RegionRender):
                 return crop.crop_256(bgr, boxes_here[index])
 
             crops += [pool.submit(crop_region, index) for index in range(len(rows))]  # first: the networks wait
-            masks = [pool.submit(paste_mask, batch.faces[row], box, feather) for row, box in zip(rows, boxes_host)]
+            # the hard masks only (cheap); they are feathered on the device (gpu_blend.feather_masks)
+            masks = [pool.submit(inner_paste_mask, batch.faces[row], box, feather)
+                     for row, box in zip(rows, boxes_host)]
             cuts.append((rows, regions, planes, boxes_on_regions, masks))
         return cuts, crops
 
@@ -183,7 +185,8 @@ class MuseTalkDeviceRender(RegionRender):
         planes = torch.cat([cut[2] for cut in present]) if len(present) > 1 else present[0][2]  # (F, Hc * 3/2, Wc)
         boxes_on_regions = np.concatenate([cut[3] for cut in present])  # (F, 4)
         masks = [mask.result() for cut in present for mask in cut[4]]  # made on the host while the device works
-        paste_faces(planes, boxes_on_regions, faces_bgr, masks, self.config.blend.color_match)
+        blend = self.config.blend
+        paste_faces(planes, boxes_on_regions, faces_bgr, masks, blend.feather, blend.color_match)
         downloads, start = [], 0
         for batch, cut in zip(group, cuts):
             if cut is None:
@@ -234,15 +237,28 @@ def host_pool():
         return _HOST_POOL[0]
 
 
-def paste_mask(face, box, feather: float) -> np.ndarray:
-    """A face's (h, w) float32 paste mask over its box: the CPU path's own (blend.lower_face_mask kept
-    below the box's middle, engine.lower_half_only), made on the host from the landmarks."""
-    from heygem.engines.musetalk.engine import lower_half_only
-    from heygem.render.blend import lower_face_mask
+def inner_paste_mask(face, box, feather: float) -> np.ndarray:
+    """A face's (h, w) float32 hard paste mask over its box, before its soft edge: the CPU path's lower-face hull
+    (blend.lower_face_hard_mask) with its border cut away (blend.inset_mask), made on the host from the
+    landmarks (some 0.05 ms; the blur that feathers it, 5-7 ms of a core for a 1080p face, runs on the device)."""
+    from heygem.render.blend import feather_width, inset_mask, lower_face_hard_mask
     from heygem.types import FacePatch
 
     patch = FacePatch(box=tuple(int(v) for v in box), image_bgr=None, mask=None, face=face)
-    return lower_half_only(lower_face_mask(patch, feather))
+    return inset_mask(lower_face_hard_mask(patch), feather_width(patch.box, feather))
+
+
+def lower_half_ramp(boxes: np.ndarray, height: int, device) -> torch.Tensor:
+    """(F, 1, height, 1) float32: engine.lower_half_only's ramp of each box ((F, 4) on the canvas), over the
+    canvas's rows: 0 down to the box's middle row, 1 from a tenth of its height below, as float32 as the host's."""
+    from heygem.render.gpu_blend import to_device
+
+    box_heights = (boxes[:, 3] - boxes[:, 1]).astype(np.float64)
+    half = to_device((box_heights / 2).astype(np.float32), device)[:, None]  # (F, 1)
+    scale = to_device(np.maximum(1.0, 0.1 * box_heights).astype(np.float32), device)[:, None]  # (F, 1)
+    top = to_device(boxes[:, 1].astype(np.int64), device)[:, None]  # (F, 1)
+    rows = (torch.arange(height, device=device)[None] - top).float()  # (F, height): rows of each box
+    return ((rows - half) / scale).clamp_(0.0, 1.0)[:, None, :, None]
 
 
 def bilinear_matrices(source_size: int, lengths: np.ndarray, offsets: np.ndarray, target_size: int,
@@ -269,13 +285,16 @@ def bilinear_matrices(source_size: int, lengths: np.ndarray, offsets: np.ndarray
 
 
 def paste_faces(planes: torch.Tensor, boxes: np.ndarray, faces_bgr: torch.Tensor, masks: list[np.ndarray],
-                color_match: bool) -> None:
+                feather: float, color_match: bool) -> None:
     """Blend each generated face into its region of ``planes`` ((F, Hc * 3/2, Wc) I420, one face a
     region), in place, as the CPU path does: the (F, 3, S, S) BGR faces in [0, 1] resized to their
     boxes ((F, 4) on the regions) bilinearly and rounded, shifted to the frame's mean colour over the
-    mask's soft edge (``color_match``), alpha-blended with ``masks`` ((h, w) each, over its box) and
-    converted back to I420 as OpenCV does (each 2x2 block's top-left pixel for U and V)."""
+    mask's soft edge (``color_match``), alpha-blended with the CPU path's mask and converted back to I420 as
+    OpenCV does (each 2x2 block's top-left pixel for U and V). ``masks`` are the hard masks
+    (:func:`inner_paste_mask`, (h, w) each over its box), feathered here on the device with ``feather`` as
+    blend.lower_face_mask feathers them, then kept below each box's middle (engine.lower_half_only)."""
     from heygem.render import gpu_blend
+    from heygem.render.blend import feather_sigma, feather_width
 
     height, width = planes.shape[1] * 2 // 3, planes.shape[2]
     frame_index = np.arange(len(boxes))
@@ -290,7 +309,10 @@ def paste_faces(planes: torch.Tensor, boxes: np.ndarray, faces_bgr: torch.Tensor
     mask_view = mask_host.numpy()
     for index, ((x, y), (w, h), mask) in enumerate(zip(offsets, sizes, masks)):
         mask_view[index, 0, y:y + h, x:x + w] = mask
-    mask_canvas = mask_host.to(planes.device, non_blocking=True)  # (F, 1, Hc, Wc)
+    on_canvas = np.concatenate([offsets, offsets + sizes], axis=1)  # (F, 4) each box on its canvas
+    sigmas = np.array([feather_sigma(feather_width(box, feather)) for box in boxes])  # (F,)
+    mask_canvas = gpu_blend.feather_masks(mask_host.to(planes.device, non_blocking=True), on_canvas, sigmas)
+    mask_canvas *= lower_half_ramp(on_canvas, host.height, planes.device)  # (F, 1, Hc, Wc)
     y, u, v = gpu_blend.gather_canvas(planes, canvas)
     regions = gpu_blend.i420_to_bgr(y, u, v)  # (F, 3, Hc, Wc) BGR in 0..255
     size = faces_bgr.shape[-1]

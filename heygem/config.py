@@ -111,7 +111,7 @@ class EngineConfig:
                             ("auto", "fp32", "fp16", "bf16"), group="advanced")
     cuda_graph: bool = option(True, "--cuda-graph", "on a GPU, replay full batches of the generator as a CUDA graph (--no-cuda-graph runs it op by op)", group="advanced")
     cudnn: bool = option(True, "--cudnn", "use cuDNN for the convolutions on a GPU (--no-cudnn only to measure what it buys)", group="advanced")
-    cudnn_benchmark: bool = option(False, "--cudnn-benchmark", "on a GPU, let cuDNN time candidate kernels for each batch shape (benchmark mode; MuseTalk always does); off picks them by heuristics: on an H200 autotuning cost Wav2Lip 3.5 s at start and found no faster kernel", group="advanced")
+    cudnn_benchmark: bool = option(False, "--cudnn-benchmark", "on a GPU, let cuDNN time candidate kernels for each batch shape (benchmark mode; MuseTalk's compiled step always does); off picks them by heuristics: on an H200 autotuning cost Wav2Lip 3.5 s at start and found no faster kernel", group="advanced")
     deterministic: bool = option(False, "--deterministic", "the same output bits on every run: cuDNN's deterministic algorithms, no autotuning (slower)", group="advanced")
 
 

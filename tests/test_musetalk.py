@@ -186,6 +186,12 @@ def test_the_avatars_crop_latents_are_encoded_once_and_kept_for_the_next_job(mus
     monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path))
     files = find_musetalk_files(musetalk_weights / "musetalk")
     crops = np.random.default_rng(0).integers(0, 256, (3, 256, 256, 3), dtype=np.uint8)
+    import heygem.engines.musetalk.engine as engine_module
+
+    autotune = []
+    configure = engine_module.configure_backends
+    monkeypatch.setattr(engine_module, "configure_backends",
+                        lambda **options: autotune.append(options["autotune"]) or configure(**options))
     first = MuseTalkEngine(files, EngineConfig(device="cpu"))
     latents = first.unet_input_latents(crops[[0, 1, 0]])
     assert latents.shape == (3, 8, 32, 32) and first.encoded == 2 and torch.equal(latents[0], latents[2])
@@ -196,6 +202,19 @@ def test_the_avatars_crop_latents_are_encoded_once_and_kept_for_the_next_job(mus
     again = second.unet_input_latents(crops)
     assert second.encoded == 1 and torch.equal(again[:2], latents[:2])
     assert not first.compiled and not second.compiled and second.step.runner.module is second.step.network
+    assert autotune == [False, False]  # op by op: cuDNN's heuristics
+
+
+def test_cudnn_times_its_kernels_for_the_compiled_step_or_when_asked_and_uses_its_heuristics_op_by_op():
+    from heygem.engines.musetalk.engine import autotunes, compiles_step
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compiles_step(EngineConfig(musetalk_compile="always"), cuda)
+    assert not compiles_step(EngineConfig(musetalk_compile="always"), cpu)
+    assert not compiles_step(EngineConfig(musetalk_compile="auto"), cuda)  # a one-off run's
+    assert autotunes(EngineConfig(musetalk_compile="always"), cuda)
+    assert not autotunes(EngineConfig(musetalk_compile="auto"), cuda)
+    assert autotunes(EngineConfig(cudnn_benchmark=True), cuda) and autotunes(EngineConfig(cudnn_benchmark=True), cpu)
 
 
 def test_with_the_bisenet_files_the_patch_is_musetalks_jaw_mask_over_the_widened_square(tmp_path):

@@ -56,6 +56,19 @@ CPU_BATCH_SIZE = 4  # faces per UNet pass on the CPU
 PARSING_MODES = ("auto", "jaw", "neck", "raw", "landmarks")
 
 
+def compiles_step(config: EngineConfig, device: torch.device) -> bool:
+    """Whether the step runs compiled by torch.compile: --musetalk-compile always, on a GPU."""
+    return config.musetalk_compile == "always" and device.type == "cuda"
+
+
+def autotunes(config: EngineConfig, device: torch.device) -> bool:
+    """Whether cuDNN times its candidate kernels for the step's fixed batches (benchmark mode): when asked for
+    (--cudnn-benchmark) or when the step runs compiled (as its speeds were measured). Op by op its heuristics
+    serve: on one H100 a 1080p minute rendered in the same 7.2 s either way and the first batch came 1.5 s
+    sooner without the search (docs/benchmarks.md)."""
+    return config.cudnn_benchmark or compiles_step(config, device)
+
+
 class MuseTalkEngine:
     """MuseTalk 1.5 (or 1.0) from the official files, on ``config.device``."""
 
@@ -67,8 +80,11 @@ class MuseTalkEngine:
         started = time.perf_counter()
         self.files = files
         self.device = pick_device(config.device)
+        # torch.compile of the UNet and decoder where the engine serves many batches (the setting's auto is
+        # resolved by whoever keeps the engine: heygem.engines.musetalk.kept_engine_compile); on a GPU only
+        compile_step = compiles_step(config, self.device)
         configure_backends(deterministic=config.deterministic, cudnn=config.cudnn, device=self.device,
-                           autotune=True)  # fixed-size batches, long steps: as its speeds were measured
+                           autotune=autotunes(config, self.device))
         self.dtype = autocast_dtype(self.device, config.precision) or torch.float32
         self.extra_margin = config.musetalk_margin if files.version == "v15" else 0  # 1.0 has no margin
         self.parsing_mode = resolve_parsing_mode(config.musetalk_parsing, files)
@@ -77,9 +93,6 @@ class MuseTalkEngine:
         self.load_seconds: dict[str, float] = {}  # phase of the load -> seconds
         with self._timed("libraries"):
             loading.import_libraries()
-        # torch.compile of the UNet and decoder where the engine serves many batches (the setting's auto is
-        # resolved by whoever keeps the engine: heygem.engines.musetalk.kept_engine_compile); on a GPU only
-        compile_step = config.musetalk_compile == "always" and self.device.type == "cuda"
         self.step, self.weights_source = self._load_step(files, batch_size, config.cuda_graph, compile_step)
         self.vae = self.step.network.vae
         self._warm_up_error: BaseException | None = None

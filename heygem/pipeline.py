@@ -181,7 +181,8 @@ def generate(
                                       else None,
                                       continuing=part)
         timeline.mark("x264 started")
-        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, features_future)
+        prepared = Prepared(mel_future, engine_future, frame_count, fps, clock, restoration_future, features_future,
+                            source_key=face_stage.cache_key)
         render = engine.kind.render(prepared, config, restorer.name)
         # in the speech's pauses the face's own mouth, as filmed, whatever the engine drew (heygem.render.pauses)
         filmed_mouth = FilmedMouth(mouth_weights(samples_16k, fps, frame_count)

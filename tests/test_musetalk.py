@@ -468,3 +468,93 @@ def test_a_musetalk_job_makes_no_mel_and_its_whisper_windows_in_the_background(m
     assert summary.engine == "musetalk" and summary.frames == 20
     assert len(threads) == 1 and threads[0].startswith("heygem-background"), threads
     assert_playable_mp4(tmp_path / "out.mp4", 0.8)
+
+
+def test_the_device_path_crops_each_source_frame_once_and_a_later_job_on_the_same_clip_not_at_all(
+        musetalk_weights, speech_wav, tmp_path, monkeypatch):
+    """The 256x256 crop of a face is a function of the clip's frame and the box: the device path remembers,
+    per frame of the clip (the avatar cache's key, the source frame, the box), which crop's latents it used,
+    so a clip that loops under longer speech crops each frame once, and the next job on the same clip (a
+    worker's kept engine, a presenter's new script) crops none; the frames come out the same bytes."""
+    from types import SimpleNamespace
+
+    from heygem.config import Config, FaceConfig
+    from heygem.engines.musetalk.engine import MuseTalkEngine
+    from heygem.engines.musetalk.render import MuseTalkDeviceRender
+    from heygem.face.finder import FaceFinder
+    from heygem.media.frames import bgr_batch_to_i420
+    from heygem.render.restore import Restoration
+    from heygem.speech.audio import load_audio_16k
+    from heygem.types import FrameBatch
+
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path))
+    photo = cv2.imread(str(ASSETS / "astronaut.jpg"))[:510, :510]
+    with FaceFinder(FaceConfig(), still_images=True) as finder:
+        landmarks = finder.find(photo)
+    shifted = np.roll(photo, (6, -4), axis=(0, 1))  # a second frame of the clip: other pixels, other crop
+    faces = [Face(box=tuple(int(v) for v in (*points.min(axis=0), *points.max(axis=0))), landmarks=points)
+             for points in (landmarks, landmarks + np.array([-4.0, 6.0], np.float32))]
+    engine = MuseTalkEngine(find_musetalk_files(musetalk_weights / "musetalk"), EngineConfig(device="cpu"))
+    audio_windows = engine.audio_features(load_audio_16k(speech_wav)[:16000], 25.0, 25)
+    clip_i420 = bgr_batch_to_i420(np.stack([photo, shifted]))
+    sources = [0, 1, 1, 0, 0, 1]  # the clip played forwards, backwards, forwards
+
+    def batches():
+        for number in range(3):
+            rows = sources[2 * number:2 * number + 2]
+            yield FrameBatch(output_indices=np.array([2 * number, 2 * number + 1]), source_indices=np.array(rows),
+                             frames_i420=clip_i420[rows].copy(), faces=[faces[row] for row in rows])
+
+    cropped = []
+    crop_256 = crop.crop_256
+    monkeypatch.setattr(crop, "crop_256", lambda bgr, box: cropped.append(tuple(box)) or crop_256(bgr, box))
+
+    def run(source_key):
+        prepared = SimpleNamespace(engine=engine, engine_audio=audio_windows, restoration=Restoration("none", 0.0),
+                                   source_key=source_key)
+        render = MuseTalkDeviceRender(prepared, Config())
+        return np.stack([batch.frames_i420 for batch in render.paste(render.render(batches()))])
+
+    without = run(None)  # no key for the clip (no avatar cache): every face cropped
+    assert len(cropped) == 6
+    cropped.clear()
+    first = run("clip-a")
+    assert len(cropped) == 2  # each frame of the clip once
+    cropped.clear()
+    again = run("clip-a")
+    assert cropped == []  # the next job on the same clip
+    other = run("clip-b")
+    assert len(cropped) == 2  # another clip's frames are its own
+    for frames in (first, again, other):
+        assert np.array_equal(frames, without)
+    pasted = without.reshape(clip_i420[sources].shape).astype(np.int16) - clip_i420[sources].astype(np.int16)
+    assert np.abs(pasted).max() > 8  # mouths pasted
+
+
+def test_a_second_job_on_the_same_video_crops_no_face_on_the_device_path(musetalk_weights, face_video, speech_clip,
+                                                                          tmp_path, monkeypatch):
+    """Through the pipeline (the device path, run by torch on the CPU): the job's clip is known by its avatar
+    cache key, so the engine kept for the next job takes the latents of every frame it met without cutting
+    the crop again, and the video comes out the same."""
+    from heygem.pipeline import generate
+
+    monkeypatch.setenv("HEYGEM_WEIGHTS", str(musetalk_weights))
+    monkeypatch.setenv("HEYGEM_CACHE_DIR", str(tmp_path / "cache"))
+    cropped = []
+    crop_256 = crop.crop_256
+    monkeypatch.setattr(crop, "crop_256", lambda bgr, box: cropped.append(1) or crop_256(bgr, box))
+    overrides = {"engine.name": "musetalk", "restore.enabled": False, "run.render": "torch"}
+    first = generate(face_video, speech_clip, tmp_path / "first.mp4", overrides=overrides)
+    assert len(cropped) == first.frames - first.frames_without_face > 0
+    cropped.clear()
+    second = generate(face_video, speech_clip, tmp_path / "second.mp4", overrides=overrides)
+    assert second.frames == first.frames and cropped == []
+    assert decoded_frames(tmp_path / "first.mp4").tobytes() == decoded_frames(tmp_path / "second.mp4").tobytes()
+
+
+def decoded_frames(path):
+    """Every video frame of the MP4 at ``path``, (N, H, W, 3) uint8 RGB."""
+    import av
+
+    with av.open(str(path)) as container:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])

@@ -21,8 +21,12 @@ class Prepared:
     decoding and face tracking."""
 
     def __init__(self, mel_future: Future | None, engine_future: Future, frame_count: int, fps: float,
-                 clock: StageClock, restoration_future: Future | None = None, features_future: Future | None = None):
+                 clock: StageClock, restoration_future: Future | None = None, features_future: Future | None = None,
+                 source_key: str | None = None):
         self._mel_future = mel_future  # None for an engine that reads no mel windows
+        # the face video's avatar cache key (its content, the face options, size and rate): a source frame
+        # number of it names the same pixels in every job; None for a photo or with the avatar cache off
+        self.source_key = source_key
         self._features_future = features_future  # the engine's own audio features (EngineKind.audio_features)
         self._engine_future = engine_future
         self._restoration_future = restoration_future  # None: no restoration

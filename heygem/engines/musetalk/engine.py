@@ -52,6 +52,7 @@ logger = logging.getLogger("heygem")
 
 LATENT_SHAPE = (8, crop.FACE_SIZE // 8, crop.FACE_SIZE // 8)  # masked then reference latents
 REMEMBERED_CROPS = 4096  # crop latents kept in memory (32 KiB each)
+REMEMBERED_FRAMES = 4 * REMEMBERED_CROPS  # (clip, frame, box) -> crop digest entries (a few hundred bytes each)
 CPU_BATCH_SIZE = 4  # faces per UNet pass on the CPU
 PARSING_MODES = ("auto", "jaw", "neck", "raw", "landmarks")
 
@@ -115,6 +116,9 @@ class MuseTalkEngine:
         namespace = hashlib.sha256(b"musetalk-vae-latents-v1" + identity).hexdigest()
         self.latents_namespace = namespace if use_cache else None
         self.remembered: OrderedDict[str, np.ndarray] = OrderedDict()
+        # which crop a face of a clip's frame gave: (clip key, source frame, box) -> the crop's digest, so the
+        # device path needs no crop where the latents are still remembered (see remembered_latents)
+        self.frame_crops: OrderedDict[tuple, str] = OrderedDict()
         self.encoded = 0  # crops encoded by the VAE (the rest came from memory or the avatar cache)
         logger.info("musetalk engine %s on %s, %s, batches of %d, paste mask %s, from the %s, loaded in %.1f s%s",
                     files.version, self.device, str(self.dtype).removeprefix("torch."), batch_size, self.parsing_mode,
@@ -217,11 +221,29 @@ class MuseTalkEngine:
             self._encoder_runner = runner
         return self._encoder_runner
 
-    def unet_input_latents(self, crops_bgr: np.ndarray) -> torch.Tensor:
+    def remembered_latents(self, frame_key: tuple) -> np.ndarray | None:
+        """The (8, 32, 32) UNet input latents of the face at ``frame_key`` ((clip key, source frame, box): the
+        crop is a function of these) when a crop of it went through :meth:`unet_input_latents` with that key and
+        its latents are still in memory; else None (the crop is needed)."""
+        digest = self.frame_crops.get(frame_key)
+        latents = self.remembered.get(digest) if digest is not None else None
+        if latents is not None:
+            self.frame_crops.move_to_end(frame_key)
+            self.remembered.move_to_end(digest)
+        return latents
+
+    def unet_input_latents(self, crops_bgr: np.ndarray, frame_keys: list | None = None) -> torch.Tensor:
         """(B, 256, 256, 3) uint8 BGR crops -> (B, 8, 32, 32) float32 UNet input on the CPU: the masked
         crop's latents then the whole crop's, times the scaling factor; from memory or the avatar
-        cache where this crop was encoded before."""
+        cache where this crop was encoded before. ``frame_keys`` (one per crop, None where unknown): where
+        each crop came from, remembered for :meth:`remembered_latents`."""
         digests = [hashlib.sha256(np.ascontiguousarray(one).tobytes()).hexdigest() for one in crops_bgr]
+        for frame_key, digest in zip(frame_keys or [], digests):
+            if frame_key is not None:
+                self.frame_crops[frame_key] = digest
+                self.frame_crops.move_to_end(frame_key)
+        while len(self.frame_crops) > REMEMBERED_FRAMES:
+            self.frame_crops.popitem(last=False)
         found: dict[str, np.ndarray] = {}
         for digest in dict.fromkeys(digests):  # each distinct crop once
             latents = self.remembered.get(digest)

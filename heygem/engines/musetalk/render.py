@@ -78,6 +78,12 @@ class MuseTalkDeviceRender(RegionRender):
     takes the CPU path's steps instead.
     """
 
+    def __init__(self, prepared, config):
+        super().__init__(prepared, config)
+        # crops being cut for this job, by (clip key, source frame, box): a frame the clip shows again before
+        # its latents are known (the group ahead, a loop within a group) reuses the crop; dropped once known
+        self._pending_crops: dict[tuple, object] = {}
+
     def audio_windows(self, rows: np.ndarray) -> torch.Tensor:
         """The Whisper windows of output frames ``rows`` (made in the background once per job)."""
         return self.prepared.engine_audio[torch.from_numpy(np.asarray(rows))]
@@ -106,10 +112,15 @@ class MuseTalkDeviceRender(RegionRender):
 
     def _cut_group(self, group: list[FrameBatch]):
         """The host's part of a group, started: per batch its faces' rows, regions (cut out and
-        uploaded), boxes on the regions and mask futures (None for a batch without a face), and every
-        face's crop future. Every region of the group has the same size (the group's largest box, on
-        heygem.render.gpu_blend's canvas), so the paste runs once on the whole group. None for a group
-        that takes the CPU path's steps."""
+        uploaded), boxes on the regions and mask futures (None for a batch without a face), and per face
+        (its crop future or None, its frame key or None, its latents when already known). Every region of the
+        group has the same size (the group's largest box, on heygem.render.gpu_blend's canvas), so the paste
+        runs once on the whole group. None for a group that takes the CPU path's steps.
+
+        The crop (a 256x256 Lanczos resize on the host, then its digest for the avatar cache) is skipped where
+        the engine still holds the latents of that frame of the clip (``prepared.source_key``: the avatar
+        cache's key of the clip; MuseTalkEngine.remembered_latents): a clip that loops under longer speech, a
+        kept engine's next job on the same presenter."""
         import heygem.engines.musetalk.crop as crop
         from heygem.render import gpu_blend
 
@@ -139,7 +150,8 @@ class MuseTalkDeviceRender(RegionRender):
         canvas = gpu_blend.face_canvas(np.arange(len(every_box)), every_box, frame_height, frame_width, "cpu")
         every_origin = canvas.origin.numpy()  # (F, 2) even x, y
         cuts = []  # per batch: (rows, regions, planes, boxes on the regions, mask futures), or None
-        crops = []  # every face's crop future, in the group's order
+        crops = []  # every face's (crop future or None, frame key or None, latents or None), in the group's order
+        clip = getattr(self.prepared, "source_key", None)
         start = 0
         for batch, item in zip(group, found):
             if item is None:
@@ -157,7 +169,17 @@ class MuseTalkDeviceRender(RegionRender):
                 bgr = yuv420_to_bgr(host[index], width, height)
                 return crop.crop_256(bgr, boxes_here[index])
 
-            crops += [pool.submit(crop_region, index) for index in range(len(rows))]  # first: the networks wait
+            for index, (row, box) in enumerate(zip(rows, boxes_host)):  # first: the networks wait for them
+                key = (clip, int(batch.source_indices[row]), tuple(int(value) for value in box)) if clip else None
+                known = engine.remembered_latents(key) if key is not None else None
+                future = None
+                if known is None:
+                    future = self._pending_crops.get(key) if key is not None else None
+                    if future is None:
+                        future = pool.submit(crop_region, index)
+                        if key is not None:
+                            self._pending_crops[key] = future
+                crops.append((future, key, known))
             # the hard masks only (cheap); they are feathered on the device (gpu_blend.feather_masks)
             masks = [pool.submit(inner_paste_mask, batch.faces[row], box, feather)
                      for row, box in zip(rows, boxes_host)]
@@ -175,8 +197,18 @@ class MuseTalkDeviceRender(RegionRender):
         engine = self.prepared.engine
         if not crops:
             return [Downloading(batch) for batch in group]
-        crops_bgr = np.stack([future.result() for future in crops])  # (F, 256, 256, 3)
-        latents = engine.unet_input_latents(crops_bgr)  # (F, 8, 32, 32), from the avatar cache where stored
+        latents = [known for _, _, known in crops]  # (8, 32, 32) each where known, else None
+        wanted = [index for index, item in enumerate(latents) if item is None]
+        if wanted:
+            crops_bgr = np.stack([crops[index][0].result() for index in wanted])  # (W, 256, 256, 3)
+            keys = [crops[index][1] for index in wanted]
+            # (W, 8, 32, 32), from memory or the avatar cache where stored, else encoded
+            found = engine.unet_input_latents(crops_bgr, keys).numpy()
+            for index, item in zip(wanted, found):
+                latents[index] = item
+            for key in keys:
+                self._pending_crops.pop(key, None)
+        latents = torch.from_numpy(np.stack(latents))  # (F, 8, 32, 32)
         frames = np.concatenate([batch.output_indices[cut[0]] for batch, cut in zip(group, cuts) if cut is not None])
         generated = engine.generate_faces(latents, self.audio_windows(frames))
         # the CPU path's rounding to 8 bits, and RGB to BGR: (F, 3, 256, 256) in [0, 1]

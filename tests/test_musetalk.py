@@ -335,7 +335,7 @@ def test_the_device_render_path_matches_the_cpu_path_on_the_portrait(musetalk_we
     engine = MuseTalkEngine(find_musetalk_files(musetalk_weights / "musetalk"), EngineConfig(device="cpu"))
     samples = load_audio_16k(speech_wav)[:16000]
     prepared = SimpleNamespace(engine=engine, engine_audio=engine.audio_features(samples, 25.0, 25),
-                               restoration=Restoration("none", 0.0))
+                               restoration=Restoration("none", 0.0), source_key=None)
     frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 3, axis=0))
     batch = FrameBatch(output_indices=np.array([3, 4, 5]), source_indices=np.zeros(3, np.int64),
                        frames_i420=frames_i420.copy(), faces=[face, None, face])
@@ -392,7 +392,7 @@ def test_small_batches_of_big_frames_are_gathered_into_full_model_batches(museta
     # "CPU steps": a restorer (or face parsing) makes the device path take the CPU path's steps
     restoration = Restoration("sharpen", 0.5) if path.endswith("CPU steps") else Restoration("none", 0.0)
     audio_windows = engine.audio_features(load_audio_16k(speech_wav)[:16000], 25.0, 25)
-    prepared = SimpleNamespace(engine=engine, engine_audio=audio_windows, restoration=restoration)
+    prepared = SimpleNamespace(engine=engine, engine_audio=audio_windows, restoration=restoration, source_key=None)
     frames_i420 = bgr_batch_to_i420(np.repeat(photo[None], 2, axis=0))
     centre = landmarks.mean(axis=0)
     smaller = 0.8 * (landmarks - centre) + centre + np.array([-30.0, 20.0], np.float32)  # a face further away

@@ -151,7 +151,7 @@ class MuseTalkDeviceRender(RegionRender):
         every_origin = canvas.origin.numpy()  # (F, 2) even x, y
         cuts = []  # per batch: (rows, regions, planes, boxes on the regions, mask futures), or None
         crops = []  # every face's (crop future or None, frame key or None, latents or None), in the group's order
-        clip = getattr(self.prepared, "source_key", None)
+        clip = self.prepared.source_key
         start = 0
         for batch, item in zip(group, found):
             if item is None:
@@ -172,19 +172,23 @@ class MuseTalkDeviceRender(RegionRender):
             for index, (row, box) in enumerate(zip(rows, boxes_host)):  # first: the networks wait for them
                 key = (clip, int(batch.source_indices[row]), tuple(int(value) for value in box)) if clip else None
                 known = engine.remembered_latents(key) if key is not None else None
-                future = None
-                if known is None:
-                    future = self._pending_crops.get(key) if key is not None else None
-                    if future is None:
-                        future = pool.submit(crop_region, index)
-                        if key is not None:
-                            self._pending_crops[key] = future
+                future = None if known is not None else self._crop_future(key, pool, crop_region, index)
                 crops.append((future, key, known))
             # the hard masks only (cheap); they are feathered on the device (gpu_blend.feather_masks)
             masks = [pool.submit(inner_paste_mask, batch.faces[row], box, feather)
                      for row, box in zip(rows, boxes_host)]
             cuts.append((rows, regions, planes, boxes_on_regions, masks))
         return cuts, crops
+
+    def _crop_future(self, key: tuple | None, pool, crop_region, index: int):
+        """The future of a face's crop: the one already being cut for the same frame of the clip (``key``), else
+        ``crop_region(index)`` submitted to ``pool`` (and kept under ``key`` until its latents are known)."""
+        future = self._pending_crops.get(key) if key is not None else None
+        if future is None:
+            future = pool.submit(crop_region, index)
+            if key is not None:
+                self._pending_crops[key] = future
+        return future
 
     def _render_group(self, group: list[FrameBatch], cut) -> list[Downloading]:
         """The networks and the paste for a group whose host part :meth:`_cut_group` started: one pass of

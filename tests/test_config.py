@@ -18,6 +18,8 @@ def test_default_yaml_holds_every_default_with_a_comment():
         assert data[section][leaf.name] == getattr(getattr(defaults, section), leaf.name), (section, leaf.name)
         line = next(text for text in lines if text.strip().startswith(f"{leaf.name}:"))
         assert f"# {leaf.metadata['flag']}:" in line
+        # the comment is the option's help, word for word: one text for --help, the YAML and the page
+        assert line.endswith(f"# {leaf.metadata['flag']}: {leaf.metadata['help']}"), (section, leaf.name)
     assert load_config() == defaults
 
 
